@@ -1,0 +1,11 @@
+"""User-facing errors.
+
+Anything wrong with the user's input (a file, a config key, a checkpoint) raises
+:class:`InputError` with a one-line message that names the file and the problem.
+The command line catches it, prints ``error: <message>`` and exits with status 2,
+so users never see a bare traceback for a mistake in their data.
+"""
+
+
+class InputError(Exception):
+    """Bad user input: the message is one line naming the file and the problem."""
