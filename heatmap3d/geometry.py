@@ -1,0 +1,220 @@
+"""World and voxel coordinates, and grid changes: the one place where they are computed.
+
+Conventions (project-wide)
+--------------------------
+* **World coordinates** are RAS millimetres: +x Right, +y Anterior, +z Superior, in the
+  frame of the NIfTI affine exactly as nibabel returns it (``img.affine``). Files written in
+  LPS (3D Slicer >= 5 default, ITK) are converted to RAS when read (x and y negated) and back
+  when written; that happens in :mod:`heatmap3d.io`, never here.
+* **Voxel coordinates** are continuous indices in array-axis order ``(i, j, k)`` of an array
+  of shape ``(I, J, K)``. Voxel centres sit at integer coordinates (nibabel convention), so
+  voxel ``(0, 0, 0)`` covers ``[-0.5, 0.5]`` on every axis::
+
+      [x, y, z, 1] = affine @ [i, j, k, 1]        voxel = inv(affine) @ [x, y, z, 1]
+
+* **Spacing** is in mm: the column norms of ``affine[:3, :3]``.
+* **Missing landmarks** are NaN rows, never zeros; every function here passes NaN through.
+
+Design: world positions never move
+----------------------------------
+Every grid operation in this module (:func:`reorient_canonical`,
+:func:`resample_to_spacing`, :func:`crop_or_pad`, :func:`pad_to_multiple`) returns a new
+:class:`Volume` whose affine is updated so that the world position of the image content is
+unchanged. Landmarks are therefore kept in world mm from reading to writing and are never
+transformed alongside the image: whenever voxel coordinates are needed (targets for
+training, peaks of a prediction), they are computed from the *final* affine with
+``world_to_voxel(points, vol.affine)``, and predictions go back with ``voxel_to_world``.
+There is no second code path that could disagree with this one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from nibabel.affines import apply_affine, voxel_sizes
+from nibabel.orientations import apply_orientation, inv_ornt_aff, io_orientation
+from scipy import ndimage
+
+__all__ = [
+    "Volume",
+    "crop_or_pad",
+    "pad_to_multiple",
+    "reorient_canonical",
+    "resample_to_spacing",
+    "spacing_of",
+    "voxel_to_world",
+    "world_to_voxel",
+]
+
+_SPACING_ATOL = 1e-6  # mm; spacings closer than this count as equal (no resampling)
+
+
+@dataclass
+class Volume:
+    """A 3D image on a grid placed in world space.
+
+    Attributes:
+        data: ``(I, J, K)`` float32 intensities.
+        affine: ``(4, 4)`` float64 map from voxel ``(i, j, k, 1)`` to world RAS mm.
+    """
+
+    data: np.ndarray
+    affine: np.ndarray
+
+    def __post_init__(self) -> None:
+        self.data = np.asarray(self.data, dtype=np.float32)
+        self.affine = np.asarray(self.affine, dtype=np.float64)
+        if self.data.ndim != 3:
+            raise ValueError(f"Volume data must be 3D (I, J, K), got shape {self.data.shape}")
+        if self.affine.shape != (4, 4):
+            raise ValueError(f"Volume affine must be (4, 4), got {self.affine.shape}")
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        """Array shape ``(I, J, K)``."""
+        i, j, k = self.data.shape
+        return (int(i), int(j), int(k))
+
+    @property
+    def spacing(self) -> np.ndarray:
+        """``(3,)`` voxel size in mm along i, j, k."""
+        return spacing_of(self.affine)
+
+    def copy(self) -> Volume:
+        """Deep copy (data and affine)."""
+        return Volume(self.data.copy(), self.affine.copy())
+
+
+def voxel_to_world(points: np.ndarray, affine: np.ndarray) -> np.ndarray:
+    """Voxel ``(..., 3)`` (i, j, k) -> world RAS mm ``(..., 3)``. NaN rows stay NaN."""
+    return apply_affine(np.asarray(affine, dtype=np.float64), np.asarray(points, dtype=np.float64))
+
+
+def world_to_voxel(points: np.ndarray, affine: np.ndarray) -> np.ndarray:
+    """World RAS mm ``(..., 3)`` -> continuous voxel (i, j, k) ``(..., 3)``. NaN stays NaN."""
+    inverse = np.linalg.inv(np.asarray(affine, dtype=np.float64))
+    return apply_affine(inverse, np.asarray(points, dtype=np.float64))
+
+
+def spacing_of(affine: np.ndarray) -> np.ndarray:
+    """``(3,)`` voxel size in mm: the column norms of ``affine[:3, :3]``."""
+    return np.asarray(voxel_sizes(np.asarray(affine, dtype=np.float64)), dtype=np.float64)
+
+
+def reorient_canonical(vol: Volume) -> Volume:
+    """Flip/permute the array axes to the closest RAS+ orientation, exactly.
+
+    No interpolation: voxels are only reordered, and the affine is updated so every voxel
+    keeps its world position. For an oblique affine the result is the closest RAS+ axis
+    order (``nib.aff2axcodes(result.affine) == ('R', 'A', 'S')``); it stays oblique.
+    """
+    ornt = io_orientation(vol.affine)
+    data = apply_orientation(vol.data, ornt)
+    # inv_ornt_aff maps the new voxel indices to the old ones; compose with the old affine.
+    affine = vol.affine @ inv_ornt_aff(ornt, vol.shape)
+    # np.array copies: the result never shares memory with the input, even when already RAS.
+    return Volume(np.array(data, order="C"), affine)
+
+
+def _resampled_grid(
+    affine: np.ndarray, shape: Sequence[int], spacing: np.ndarray
+) -> tuple[np.ndarray, tuple[int, int, int]]:
+    """Affine and shape of a grid with ``spacing`` covering the same field of view.
+
+    Axis directions (unit columns of ``affine[:3, :3]``) are kept, so oblique stays oblique.
+    The number of voxels along each axis is the one whose extent (``n * spacing``, voxel
+    edges included) is closest to the old extent, and the new grid is centred on the old
+    one, so any extent mismatch (< one new voxel) is split evenly between both ends.
+    """
+    old_shape = np.asarray(shape, dtype=np.float64)
+    old_spacing = spacing_of(affine)
+    new_shape = np.maximum(1, np.rint(old_shape * old_spacing / spacing)).astype(int)
+    directions = affine[:3, :3] / old_spacing
+    centre_world = apply_affine(affine, (old_shape - 1) / 2)
+    new_affine = np.eye(4)
+    new_affine[:3, :3] = directions * spacing
+    new_affine[:3, 3] = centre_world - new_affine[:3, :3] @ ((new_shape - 1) / 2)
+    return new_affine, (int(new_shape[0]), int(new_shape[1]), int(new_shape[2]))
+
+
+def resample_to_spacing(vol: Volume, spacing: Sequence[float], *, order: int = 1) -> Volume:
+    """Resample ``vol`` to voxels of ``spacing`` mm ``(3,)``, keeping world positions.
+
+    The new grid keeps the input's axis directions and covers the same field of view
+    (see :func:`_resampled_grid`). Values come from :func:`scipy.ndimage.affine_transform`
+    with spline ``order`` (0 nearest, 1 trilinear, 3 cubic) and ``mode='nearest'``: new
+    sample points lie at most half an old voxel beyond the outermost old voxel centres, so
+    repeating the edge value is the right extrapolation there, whereas a constant 0 would
+    darken the border voxels into an artificial rim. Returns a copy when the spacing already
+    matches within 1e-6 mm.
+    """
+    target = np.asarray(spacing, dtype=np.float64).reshape(3)
+    if not np.all(np.isfinite(target)) or np.any(target <= 0):
+        raise ValueError(f"spacing must be 3 positive numbers in mm, got {spacing!r}")
+    if np.allclose(vol.spacing, target, rtol=0.0, atol=_SPACING_ATOL):
+        return vol.copy()
+    new_affine, new_shape = _resampled_grid(vol.affine, vol.shape, target)
+    # New voxel -> old voxel. Directions are shared, so the linear part is diagonal
+    # (target / old spacing); passing the diagonal lets scipy use its faster zoom-like path.
+    new_to_old = np.linalg.inv(vol.affine) @ new_affine
+    data = ndimage.affine_transform(
+        vol.data,
+        np.diag(new_to_old[:3, :3]),
+        offset=new_to_old[:3, 3],
+        output_shape=new_shape,
+        order=order,
+        mode="nearest",
+        output=np.float32,
+    )
+    return Volume(data, new_affine)
+
+
+def crop_or_pad(
+    vol: Volume,
+    shape: Sequence[int],
+    *,
+    start: Sequence[int] | None = None,
+    fill: float = 0.0,
+) -> Volume:
+    """Exact integer window of ``shape`` voxels starting at voxel ``start`` of ``vol``.
+
+    ``start`` may be negative or reach beyond the end; voxels outside ``vol`` are ``fill``.
+    ``start=None`` centres the window (``start = (I - shape) // 2`` per axis). The new
+    affine is the old one shifted by ``start`` voxels, so kept voxels keep their world
+    position and new voxel ``v`` is old voxel ``v + start``.
+    """
+    out_shape = np.asarray(shape, dtype=int).reshape(3)
+    if np.any(out_shape < 1):
+        raise ValueError(f"shape must be 3 positive integers, got {shape!r}")
+    old_shape = np.asarray(vol.shape)
+    begin = (old_shape - out_shape) // 2 if start is None else np.asarray(start, int).reshape(3)
+    out = np.full(tuple(out_shape), fill, dtype=np.float32)
+    src_lo = np.clip(begin, 0, old_shape)
+    src_hi = np.clip(begin + out_shape, 0, old_shape)
+    if np.all(src_hi > src_lo):
+        dst_lo = src_lo - begin
+        dst_hi = dst_lo + (src_hi - src_lo)
+        out[tuple(slice(a, b) for a, b in zip(dst_lo, dst_hi, strict=True))] = vol.data[
+            tuple(slice(a, b) for a, b in zip(src_lo, src_hi, strict=True))
+        ]
+    affine = vol.affine.copy()
+    affine[:3, 3] = apply_affine(vol.affine, begin.astype(np.float64))
+    return Volume(out, affine)
+
+
+def pad_to_multiple(
+    vol: Volume, multiple: int, *, fill: float = 0.0
+) -> tuple[Volume, tuple[int, int, int]]:
+    """Pad at the end of each axis up to a multiple of ``multiple`` voxels.
+
+    The origin voxel is unchanged (padding only at the end), so the affine is too.
+    Returns ``(padded volume, original shape)``; crop back with
+    ``crop_or_pad(padded, original_shape, start=(0, 0, 0))``.
+    """
+    if multiple < 1:
+        raise ValueError(f"multiple must be >= 1, got {multiple}")
+    original = vol.shape
+    target = [-(-n // multiple) * multiple for n in original]
+    return crop_or_pad(vol, target, start=(0, 0, 0), fill=fill), original
