@@ -1,0 +1,99 @@
+"""The ``heatmap3d`` command: synth, train, predict, evaluate.
+
+Mistakes in the user's input (:class:`~heatmap3d.errors.InputError`) are printed as one
+line, ``error: <file>: <problem>``, with exit status 2, never as a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from heatmap3d.errors import InputError
+
+
+def _add_synth(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("synth", help="generate the synthetic phantom dataset")
+    p.add_argument("out", type=Path, help="dataset folder to create")
+    p.add_argument("--n-train", type=int, default=40)
+    p.add_argument("--n-val", type=int, default=8)
+    p.add_argument("--n-test", type=int, default=4)
+    p.add_argument("--seed", type=int, default=0)
+
+
+def _add_train(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("train", help="train (run under torchrun for several processes)")
+    p.add_argument("--config", type=Path, help="YAML config (default: built-in defaults)")
+    p.add_argument("--resume", action="store_true", help="continue from <run>/last.pt if present")
+    p.add_argument("overrides", nargs="*", help="section.key=value, e.g. train.epochs=50")
+
+
+def _add_predict(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("predict", help="find landmarks on new scans")
+    p.add_argument("--checkpoint", type=Path, required=True, help="e.g. runs/demo/best.pt")
+    p.add_argument("scans", type=Path, nargs="+", help="NIfTI images (.nii / .nii.gz)")
+    p.add_argument("--out", type=Path, required=True, help="folder for <scan>.csv/.mrk.json")
+    p.add_argument("--device", default="auto", help="auto (CUDA if available), cuda, cpu")
+
+
+def _add_evaluate(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("evaluate", help="errors of predicted landmarks against the truth")
+    p.add_argument("--pred", type=Path, required=True, help="folder of predicted landmark files")
+    p.add_argument("--truth", type=Path, required=True, help="folder of true landmark files")
+    p.add_argument("--out", type=Path, help="where to write the CSVs (default PRED/evaluation)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="heatmap3d", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    for add in (_add_synth, _add_train, _add_predict, _add_evaluate):
+        add(sub)
+    return parser
+
+
+def _run(args: argparse.Namespace) -> None:
+    if args.command == "synth":
+        from heatmap3d.synthetic import generate_dataset
+
+        generate_dataset(
+            args.out, n_train=args.n_train, n_val=args.n_val, n_test=args.n_test, seed=args.seed
+        )
+        print(f"wrote {args.out}")
+    elif args.command == "train":
+        from heatmap3d.config import load_config
+        from heatmap3d.train import run
+
+        run(load_config(args.config, args.overrides), resume=args.resume)
+    elif args.command == "predict":
+        import torch
+
+        from heatmap3d.predict import Predictor, predict_files
+
+        device = args.device
+        if device == "auto":
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        predictor = Predictor.from_checkpoint(args.checkpoint, device)
+        predict_files(predictor, args.scans, args.out)
+        print(f"wrote {len(args.scans)} prediction(s) to {args.out}")
+    elif args.command == "evaluate":
+        from heatmap3d.evaluate import evaluate_dirs
+
+        print(evaluate_dirs(args.pred, args.truth, args.out))
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        _run(args)
+    except InputError as err:
+        rank = os.environ.get("RANK")
+        prefix = f"[rank {rank}] " if rank not in (None, "0") else ""
+        print(f"{prefix}error: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

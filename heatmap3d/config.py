@@ -1,0 +1,194 @@
+"""Configuration: nested dataclasses read from YAML, with ``section.key=value`` overrides.
+
+Every field has a default and a comment saying what it means and in which unit. Unknown
+keys are errors (a typo such as ``train.epoch=50`` must not be silently ignored), and
+values are checked against the field's type. The resolved config is stored in every
+checkpoint as plain Python types (:func:`to_dict`), so ``heatmap3d predict`` needs nothing
+but the checkpoint.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from heatmap3d.errors import InputError
+
+
+@dataclass
+class DataConfig:
+    root: str = "data/synthetic"  # dataset folder: images/, landmarks/, split.json
+    split_file: str = "split.json"  # relative to root: {"train": [ids], "val": [ids], ...}
+    landmarks: list[str] = field(default_factory=list)  # names, in channel order; [] = from data
+    spacing: list[float] = field(default_factory=lambda: [3.0, 3.0, 3.0])  # training grid, mm
+    patch_size: list[int] = field(default_factory=lambda: [32, 32, 32])  # training crop, voxels
+    random_crop: bool = True  # random crop position in training (else centred)
+    normalization: str = "mr"  # "mr" (percentile clip + z-score), "ct" (HU window), "none"
+    percentiles: list[float] = field(default_factory=lambda: [0.5, 99.5])  # for "mr"
+    ct_window: list[float] = field(default_factory=lambda: [-1000.0, 1000.0])  # HU, for "ct"
+    num_workers: int = -1  # DataLoader workers per process; -1 = from CPU count and world size
+    cache: bool = True  # keep preprocessed volumes in memory (decoded and resampled once)
+
+
+@dataclass
+class SyntheticConfig:
+    generate: bool = False  # generate the phantom dataset into data.root if it is absent
+    n_train: int = 40
+    n_val: int = 8
+    n_test: int = 4
+    seed: int = 0
+
+
+@dataclass
+class ModelConfig:
+    channels: int = 16  # feature channels at full resolution; doubled at each level
+    depth: int = 3  # number of 2x downsamplings (input sizes are padded to 2**depth)
+    norm: str = "instance"  # "instance" or "group" (BatchNorm is not offered: small batches)
+
+
+@dataclass
+class HeatmapConfig:
+    sigma: float = 6.0  # Gaussian sigma of the target heatmaps, mm
+
+
+@dataclass
+class TrainConfig:
+    epochs: int = 100
+    batch_size: int = 2  # per process
+    lr: float = 1e-3
+    weight_decay: float = 1e-5
+    grad_clip: float = 1.0  # max gradient norm; 0 disables clipping
+    seed: int = 0
+    val_every: int = 5  # validate every N epochs (and after the last)
+    out_dir: str = "runs"
+    name: str = "demo"  # run folder: out_dir/name (checkpoints, TensorBoard events)
+    amp: bool = True  # bf16 autocast on CUDA (ignored on CPU)
+    device: str = "auto"  # "auto", "cuda" or "cpu"
+
+
+@dataclass
+class Config:
+    data: DataConfig = field(default_factory=DataConfig)
+    synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    heatmap: HeatmapConfig = field(default_factory=HeatmapConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+
+    def __post_init__(self) -> None:
+        validate(self)
+
+
+def validate(cfg: Config) -> None:
+    """Check values that a type alone cannot; raise :class:`InputError` naming the key."""
+    checks = [
+        (len(cfg.data.spacing) == 3 and min(cfg.data.spacing) > 0, "data.spacing: 3 values > 0"),
+        (len(cfg.data.patch_size) == 3, "data.patch_size: 3 integers"),
+        (
+            all(p % 2**cfg.model.depth == 0 for p in cfg.data.patch_size),
+            f"data.patch_size: each must be a multiple of 2**model.depth = {2**cfg.model.depth}",
+        ),
+        (cfg.data.normalization in ("mr", "ct", "none"), "data.normalization: mr, ct or none"),
+        (len(set(cfg.data.landmarks)) == len(cfg.data.landmarks), "data.landmarks: duplicated"),
+        (cfg.model.norm in ("instance", "group"), "model.norm: instance or group"),
+        (cfg.model.depth >= 1 and cfg.model.channels >= 1, "model.depth, model.channels: >= 1"),
+        (cfg.heatmap.sigma > 0, "heatmap.sigma: > 0 (mm)"),
+        (cfg.train.epochs >= 1 and cfg.train.batch_size >= 1, "train.epochs, batch_size: >= 1"),
+        (cfg.train.val_every >= 1, "train.val_every: >= 1"),
+        (cfg.train.device in ("auto", "cuda", "cpu"), "train.device: auto, cuda or cpu"),
+    ]
+    for ok, message in checks:
+        if not ok:
+            raise InputError(f"invalid config value: {message}")
+
+
+def to_dict(cfg: Config) -> dict[str, Any]:
+    """The config as nested plain dicts/lists/scalars (safe for ``weights_only`` loading)."""
+    return dataclasses.asdict(cfg)
+
+
+def from_dict(raw: dict[str, Any], *, source: str = "config") -> Config:
+    """Build a :class:`Config` from nested dicts; unknown keys and wrong types are errors."""
+    return _build(Config, raw or {}, source, prefix="")
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
+    """Read a YAML config (or the defaults when ``path`` is None) and apply overrides.
+
+    Overrides are ``section.key=value`` strings; the value is parsed as YAML, so
+    ``train.epochs=50``, ``data.spacing=[2,2,2]`` and ``train.amp=false`` all work.
+    """
+    raw: dict[str, Any] = {}
+    source = "defaults"
+    if path is not None:
+        source = str(path)
+        try:
+            raw = yaml.safe_load(Path(path).read_text()) or {}
+        except FileNotFoundError:
+            raise InputError(f"{path}: config file not found") from None
+        except yaml.YAMLError as err:
+            raise InputError(f"{path}: not valid YAML ({_first_line(err)})") from None
+        if not isinstance(raw, dict):
+            raise InputError(f"{path}: a config must be a mapping of sections")
+    for item in overrides or []:
+        _apply_override(raw, item)
+    return from_dict(raw, source=source)
+
+
+def _apply_override(raw: dict[str, Any], item: str) -> None:
+    key, sep, value = item.partition("=")
+    parts = key.strip().split(".")
+    if not sep or len(parts) != 2 or not all(parts):
+        raise InputError(f"override {item!r}: expected section.key=value, e.g. train.epochs=50")
+    section = raw.setdefault(parts[0], {})
+    if not isinstance(section, dict):
+        raise InputError(f"override {item!r}: {parts[0]} is not a section")
+    try:
+        section[parts[1]] = yaml.safe_load(value)
+    except yaml.YAMLError:
+        raise InputError(f"override {item!r}: cannot parse the value") from None
+
+
+def _build(cls: type, raw: Any, source: str, prefix: str) -> Any:
+    if not isinstance(raw, dict):
+        raise InputError(f"{source}: {prefix.rstrip('.') or 'config'} must be a mapping")
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(raw) - names)
+    if unknown:
+        keys = ", ".join(prefix + k for k in unknown)
+        raise InputError(f"{source}: unknown config key(s) {keys}; known: {sorted(names)}")
+    kwargs = {}
+    for name, value in raw.items():
+        hint = hints[name]
+        if dataclasses.is_dataclass(hint):
+            kwargs[name] = _build(hint, value, source, f"{prefix}{name}.")
+        else:
+            kwargs[name] = _coerce(value, hint, f"{prefix}{name}", source)
+    return cls(**kwargs)
+
+
+def _coerce(value: Any, hint: Any, key: str, source: str) -> Any:
+    """Check ``value`` against a simple type hint (scalars and ``list[scalar]``)."""
+    origin = typing.get_origin(hint)
+    if origin in (list, types.GenericAlias) or origin is list:
+        (inner,) = typing.get_args(hint)
+        if not isinstance(value, (list, tuple)):
+            raise InputError(f"{source}: {key} must be a list, got {value!r}")
+        return [_coerce(v, inner, key, source) for v in value]
+    if hint is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if hint is str and isinstance(value, (int, float)) and not isinstance(value, bool):
+        return str(value)
+    if not isinstance(value, hint) or (hint is not bool and isinstance(value, bool)):
+        raise InputError(f"{source}: {key} must be {hint.__name__}, got {value!r}")
+    return value
+
+
+def _first_line(err: Exception) -> str:
+    return str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__

@@ -1,0 +1,198 @@
+"""Dataset layout, the landmark Dataset and the DataLoaders.
+
+Layout of a dataset folder (``data.root``)::
+
+    images/<case>.nii.gz        (or .nii)
+    landmarks/<case>.mrk.json   (or .fcsv, .csv, .json; world mm, RAS or LPS)
+    split.json                  {"train": [case ids], "val": [case ids], "test": [...]}
+
+The Dataset returns images and landmark *coordinates*, never heatmaps: the Gaussian
+targets are made on the device inside the training step (:mod:`heatmap3d.heatmaps`),
+which is far cheaper than shipping K volumes per sample through worker processes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, Subset
+
+from heatmap3d.config import DataConfig
+from heatmap3d.distributed import DistInfo
+from heatmap3d.errors import InputError
+from heatmap3d.geometry import Volume, crop_or_pad, pad_to_multiple, world_to_voxel
+from heatmap3d.io import Landmarks, find_landmark_file, load_volume, read_landmarks
+from heatmap3d.preprocess import preprocess
+
+IMAGE_SUFFIXES = (".nii.gz", ".nii")
+
+
+@dataclass(frozen=True)
+class Case:
+    case_id: str
+    image: Path
+    landmarks: Path
+
+
+def read_split(root: Path, split_file: str) -> dict[str, list[str]]:
+    """The case ids of each split, from ``root/split_file``."""
+    path = root / split_file
+    if not path.is_file():
+        raise InputError(f"{path}: split file not found (see data/README.md for the layout)")
+    try:
+        split = json.loads(path.read_text())
+    except json.JSONDecodeError as err:
+        raise InputError(f"{path}: not valid JSON ({err.msg}, line {err.lineno})") from None
+    if not isinstance(split, dict) or not all(
+        isinstance(v, list) and all(isinstance(c, str) for c in v) for v in split.values()
+    ):
+        raise InputError(f'{path}: expected {{"train": [case ids], "val": [case ids]}}')
+    return split
+
+
+def find_cases(root: Path, ids: list[str], split_name: str) -> list[Case]:
+    """The image and landmark file of each case id; errors name what is missing."""
+    if not ids:
+        raise InputError(f"{root}: split {split_name!r} is empty")
+    cases = []
+    for case_id in ids:
+        image = next(
+            (
+                root / "images" / f"{case_id}{s}"
+                for s in IMAGE_SUFFIXES
+                if (root / "images" / f"{case_id}{s}").is_file()
+            ),
+            None,
+        )
+        if image is None:
+            raise InputError(f"{root / 'images' / case_id}.nii.gz: image not found")
+        cases.append(Case(case_id, image, find_landmark_file(root / "landmarks", case_id)))
+    return cases
+
+
+def load_case(case: Case, names: list[str]) -> tuple[Volume, Landmarks]:
+    """Read a case; check its landmark names and that every landmark lies in its image."""
+    vol = load_volume(case.image)
+    lm = read_landmarks(case.landmarks).select(names, source=str(case.landmarks))
+    vox = world_to_voxel(lm.points, vol.affine)
+    shape = np.array(vol.shape)
+    outside = np.isfinite(vox).all(1) & ((vox < -0.5) | (vox > shape - 0.5)).any(1)
+    if outside.any():
+        bad = ", ".join(
+            f"{lm.names[k]} at voxel {np.round(vox[k], 1).tolist()}"
+            for k in np.flatnonzero(outside)
+        )
+        raise InputError(
+            f"{case.landmarks}: landmark outside its image {case.image.name} "
+            f"(shape {vol.shape}): {bad}; is the file's coordinate system (RAS/LPS) right?"
+        )
+    return vol, lm
+
+
+class LandmarkDataset(Dataset):
+    """Preprocessed images with landmark voxel coordinates.
+
+    Each item is a dict:
+    - ``image``: float32 ``(1, I, J, K)``, normalised;
+    - ``coords``: float32 ``(K, 3)`` voxel coordinates in the item's grid (NaN if missing);
+    - ``mask``: bool ``(K,)``, landmark present and inside the item's grid;
+    - ``world``: float64 ``(K, 3)``, the true landmarks in world RAS mm;
+    - ``affine``: float64 ``(4, 4)``, voxel -> world of the item's grid;
+    - ``index``: int, position of the case in ``cases``.
+
+    In training each item is a ``patch_size`` crop (at a random position when
+    ``random_crop``); otherwise the whole volume, padded at the end to ``multiple``.
+    """
+
+    def __init__(
+        self,
+        cases: list[Case],
+        names: list[str],
+        cfg: DataConfig,
+        *,
+        train: bool,
+        multiple: int = 1,
+    ) -> None:
+        self.cases, self.names, self.cfg = cases, names, cfg
+        self.train, self.multiple = train, multiple
+        self._cache: dict[int, tuple[Volume, np.ndarray]] = {}
+
+    def __len__(self) -> int:
+        return len(self.cases)
+
+    def volume(self, index: int) -> tuple[Volume, np.ndarray]:
+        """The preprocessed volume and world landmarks ``(K, 3)`` of case ``index``."""
+        if index in self._cache:
+            return self._cache[index]
+        vol, lm = load_case(self.cases[index], self.names)
+        item = (preprocess(vol, self.cfg), lm.points)
+        if self.cfg.cache:
+            self._cache[index] = item
+        return item
+
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor | int]:
+        vol, world = self.volume(index)
+        if self.train:
+            vol = crop_or_pad(vol, self.cfg.patch_size, start=self._crop_start(vol))
+        else:
+            vol, _ = pad_to_multiple(vol, self.multiple)
+        coords = world_to_voxel(world, vol.affine)
+        inside = np.isfinite(coords).all(1) & (
+            (coords >= 0) & (coords <= np.array(vol.shape) - 1)
+        ).all(1)
+        return {
+            "image": torch.from_numpy(np.ascontiguousarray(vol.data, np.float32))[None],
+            "coords": torch.from_numpy(np.where(inside[:, None], coords, np.nan)).float(),
+            "mask": torch.from_numpy(inside),
+            "world": torch.from_numpy(np.asarray(world, np.float64)),
+            "affine": torch.from_numpy(np.asarray(vol.affine, np.float64)),
+            "index": index,
+        }
+
+    def _crop_start(self, vol: Volume) -> list[int] | None:
+        if not self.cfg.random_crop:
+            return None  # centred
+        # torch's RNG: seeded per worker by the DataLoader, so crops are reproducible.
+        return [
+            int(torch.randint(min(0, n - p), max(0, n - p) + 1, ()).item())
+            for n, p in zip(vol.shape, self.cfg.patch_size)
+        ]
+
+
+def default_workers(world: DistInfo) -> int:
+    """Loader workers per process: the node's cores shared among its ranks, minus the rank."""
+    return max(0, min(4, (os.cpu_count() or 1) // world.local_world_size - 1))
+
+
+def train_loader(
+    dataset: LandmarkDataset, batch_size: int, world: DistInfo, workers: int, seed: int
+) -> tuple[DataLoader, DistributedSampler]:
+    """Shuffled, rank-disjoint batches; call ``sampler.set_epoch(epoch)`` every epoch."""
+    sampler = DistributedSampler(
+        dataset, num_replicas=world.world_size, rank=world.rank, shuffle=True, seed=seed
+    )
+    loader = DataLoader(
+        dataset,
+        batch_size=batch_size,
+        sampler=sampler,
+        num_workers=workers,
+        pin_memory=world.device.type == "cuda",
+        persistent_workers=workers > 0,
+        generator=torch.Generator().manual_seed(seed + world.rank),
+        drop_last=False,
+    )
+    return loader, sampler
+
+
+def shard(dataset: Dataset, world: DistInfo) -> Subset:
+    """This rank's share of ``dataset``: items rank, rank + W, ... (no padding, no repeats).
+
+    A DistributedSampler would pad the last round with repeated items, and metrics
+    averaged over it would count those cases twice.
+    """
+    return Subset(dataset, list(range(world.rank, len(dataset), world.world_size)))

@@ -1,0 +1,51 @@
+"""Getting a dataset ready on every rank before training starts.
+
+Rank 0 generates the synthetic dataset when asked and it is absent, and reads every case
+once to check it; the other ranks wait at a barrier and then learn the outcome. A bad file
+thus stops every rank with the same one-line message, instead of one rank failing in the
+middle of an epoch while the others wait in a collective.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from heatmap3d import distributed
+from heatmap3d.config import Config
+from heatmap3d.data import Case, find_cases, load_case, read_split
+from heatmap3d.distributed import DistInfo
+from heatmap3d.errors import InputError
+from heatmap3d.io import read_landmarks
+from heatmap3d.synthetic import generate_dataset
+
+
+def prepare_dataset(cfg: Config, world: DistInfo) -> tuple[list[str], list[Case], list[Case]]:
+    """Landmark names and the train and validation cases, checked, on every rank."""
+    root = Path(cfg.data.root)
+    outcome: tuple | str
+    if world.is_main:
+        try:
+            outcome = _prepare_on_main(cfg, root)
+        except InputError as err:
+            outcome = str(err)
+    else:
+        outcome = None
+    distributed.barrier()
+    outcome = distributed.broadcast_object(outcome)
+    if isinstance(outcome, str):
+        raise InputError(outcome)
+    return outcome
+
+
+def _prepare_on_main(cfg: Config, root: Path) -> tuple[list[str], list[Case], list[Case]]:
+    if cfg.synthetic.generate and not (root / cfg.data.split_file).is_file():
+        s = cfg.synthetic
+        print(f"generating the synthetic dataset in {root} (seed {s.seed})")
+        generate_dataset(root, n_train=s.n_train, n_val=s.n_val, n_test=s.n_test, seed=s.seed)
+    split = read_split(root, cfg.data.split_file)
+    train = find_cases(root, split.get("train", []), "train")
+    val = find_cases(root, split.get("val", []), "val")
+    names = list(cfg.data.landmarks) or read_landmarks(train[0].landmarks).names
+    for case in train + val:
+        load_case(case, names)  # raises InputError naming the file
+    return names, train, val

@@ -1,0 +1,112 @@
+"""The only module that touches the process group.
+
+Launch with ``torchrun`` (env:// rendezvous: RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR are
+set by it) or as a plain ``python`` process, which runs as a world of one without any
+process group. The rules the rest of the code relies on:
+
+- the *local* rank picks the GPU (``cuda:LOCAL_RANK``);
+- the *global* rank 0 alone writes checkpoints, logs and predictions (:attr:`DistInfo.is_main`);
+- every collective here is called by every rank, in the same order.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+# A dead peer must end the job within minutes, not after the default 30 minutes.
+DEFAULT_TIMEOUT = datetime.timedelta(minutes=10)
+
+
+@dataclass(frozen=True)
+class DistInfo:
+    rank: int  # global rank: 0 writes
+    local_rank: int  # rank on this node: picks the GPU
+    world_size: int
+    local_world_size: int
+    device: torch.device
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def is_distributed(self) -> bool:
+        return self.world_size > 1
+
+
+def _env_int(name: str, default: int) -> int:
+    return int(os.environ.get(name, default))
+
+
+def launched_by_torchrun() -> bool:
+    return "RANK" in os.environ and "WORLD_SIZE" in os.environ
+
+
+def setup(device: str = "auto", timeout: datetime.timedelta = DEFAULT_TIMEOUT) -> DistInfo:
+    """Initialise the process group (if launched by torchrun) and pick this rank's device.
+
+    ``device`` is "auto" (CUDA when available, else CPU), "cuda" or "cpu". The backend
+    follows the device: NCCL for CUDA, gloo for CPU.
+    """
+    rank, world = _env_int("RANK", 0), _env_int("WORLD_SIZE", 1)
+    local_rank = _env_int("LOCAL_RANK", 0)
+    local_world = _env_int("LOCAL_WORLD_SIZE", world)
+    use_cuda = device == "cuda" or (device == "auto" and torch.cuda.is_available())
+    if use_cuda:
+        if not torch.cuda.is_available():
+            raise RuntimeError("train.device=cuda but no CUDA GPU is visible")
+        torch.cuda.set_device(local_rank)
+        dev = torch.device("cuda", local_rank)
+    else:
+        dev = torch.device("cpu")
+        # Processes on one node share its cores; oversubscription makes every rank slower.
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world))
+    if launched_by_torchrun() and not dist.is_initialized():
+        dist.init_process_group(
+            backend="nccl" if use_cuda else "gloo",
+            timeout=timeout,
+            device_id=dev if use_cuda else None,
+        )
+    return DistInfo(rank, local_rank, world, local_world, dev)
+
+
+def teardown() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def barrier() -> None:
+    if dist.is_initialized():
+        dist.barrier()
+
+
+def all_gather_objects(obj: Any) -> list[Any]:
+    """Every rank's ``obj``, in rank order (a list of one without a process group)."""
+    if not dist.is_initialized():
+        return [obj]
+    out: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def broadcast_object(obj: Any, src: int = 0) -> Any:
+    """Rank ``src``'s ``obj`` on every rank."""
+    if not dist.is_initialized():
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=src)
+    return box[0]
+
+
+def all_reduce_sum(values: torch.Tensor) -> torch.Tensor:
+    """Element-wise sum over ranks (a copy; the input is left unchanged)."""
+    out = values.detach().clone()
+    if dist.is_initialized():
+        dist.all_reduce(out, op=dist.ReduceOp.SUM)
+    return out

@@ -1,0 +1,91 @@
+"""A 3D U-Net that maps an image to one heatmap per landmark.
+
+Built from small blocks. Normalisation is InstanceNorm or GroupNorm, never BatchNorm:
+3D volumes leave room for batches of one or two per GPU, where batch statistics are noise
+(and under DDP they would differ between ranks).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from heatmap3d.config import ModelConfig
+
+
+def _norm(kind: str, channels: int) -> nn.Module:
+    if kind == "group":
+        return nn.GroupNorm(min(8, channels), channels)
+    return nn.InstanceNorm3d(channels, affine=True)
+
+
+class ConvBlock(nn.Sequential):
+    """Two 3x3x3 convolutions, each followed by normalisation and LeakyReLU."""
+
+    def __init__(self, cin: int, cout: int, norm: str) -> None:
+        super().__init__(
+            nn.Conv3d(cin, cout, 3, padding=1, bias=False),
+            _norm(norm, cout),
+            nn.LeakyReLU(0.01, inplace=True),
+            nn.Conv3d(cout, cout, 3, padding=1, bias=False),
+            _norm(norm, cout),
+            nn.LeakyReLU(0.01, inplace=True),
+        )
+
+
+class Down(nn.Sequential):
+    """Halve the resolution with a strided convolution, then a conv block."""
+
+    def __init__(self, cin: int, cout: int, norm: str) -> None:
+        super().__init__(nn.Conv3d(cin, cin, 2, stride=2), ConvBlock(cin, cout, norm))
+
+
+class Up(nn.Module):
+    """Double the resolution (transposed conv), concatenate the skip, then a conv block."""
+
+    def __init__(self, cin: int, cskip: int, cout: int, norm: str) -> None:
+        super().__init__()
+        self.up = nn.ConvTranspose3d(cin, cskip, 2, stride=2)
+        self.block = ConvBlock(2 * cskip, cout, norm)
+
+    def forward(self, x: torch.Tensor, skip: torch.Tensor) -> torch.Tensor:
+        return self.block(torch.cat([self.up(x), skip], dim=1))
+
+
+class UNet3D(nn.Module):
+    """3D U-Net: ``(B, in_channels, I, J, K)`` -> heatmaps ``(B, out_channels, I, J, K)``.
+
+    I, J and K must be multiples of ``2**depth`` (pad with
+    :func:`heatmap3d.geometry.pad_to_multiple`). Channels double at each level.
+    """
+
+    def __init__(self, in_channels: int, out_channels: int, cfg: ModelConfig) -> None:
+        super().__init__()
+        widths = [cfg.channels * 2**level for level in range(cfg.depth + 1)]
+        self.multiple = 2**cfg.depth
+        self.stem = ConvBlock(in_channels, widths[0], cfg.norm)
+        self.downs = nn.ModuleList(
+            Down(widths[i], widths[i + 1], cfg.norm) for i in range(cfg.depth)
+        )
+        self.ups = nn.ModuleList(
+            Up(widths[i + 1], widths[i], widths[i], cfg.norm) for i in reversed(range(cfg.depth))
+        )
+        self.head = nn.Conv3d(widths[0], out_channels, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if any(s % self.multiple for s in x.shape[2:]):
+            raise ValueError(
+                f"input size {tuple(x.shape[2:])} is not a multiple of {self.multiple}"
+            )
+        skips = [self.stem(x)]
+        for down in self.downs:
+            skips.append(down(skips[-1]))
+        x = skips.pop()
+        for up in self.ups:
+            x = up(x, skips.pop())
+        return self.head(x)
+
+
+def build_model(cfg: ModelConfig, num_landmarks: int) -> UNet3D:
+    """The network for ``num_landmarks`` heatmaps from a single-channel image."""
+    return UNet3D(1, num_landmarks, cfg)

@@ -1,0 +1,22 @@
+"""Preprocessing shared by training, validation and prediction.
+
+One function, so that a scan seen at prediction time goes through exactly the steps the
+training scans went through: canonical orientation, resampling to the training spacing,
+intensity normalisation. World positions never change (see :mod:`heatmap3d.geometry`):
+landmarks stay in world mm and get voxel coordinates from the returned affine.
+"""
+
+from __future__ import annotations
+
+from heatmap3d.config import DataConfig
+from heatmap3d.geometry import Volume, reorient_canonical, resample_to_spacing
+from heatmap3d.normalize import normalize_intensity
+
+
+def preprocess(vol: Volume, cfg: DataConfig) -> Volume:
+    """Canonical (RAS+) orientation, ``cfg.spacing`` mm grid, normalised float32 intensities."""
+    vol = resample_to_spacing(reorient_canonical(vol), cfg.spacing, order=1)
+    data = normalize_intensity(
+        vol.data, cfg.normalization, percentiles=cfg.percentiles, ct_window=cfg.ct_window
+    )
+    return Volume(data, vol.affine)

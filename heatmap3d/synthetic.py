@@ -1,0 +1,151 @@
+"""Synthetic phantom scans with known landmarks, for the demo and the tests.
+
+Each subject is one "anatomy" defined in template millimetres (a body with five inner
+structures of distinct shape and intensity), placed in the scanner by a random pose
+(rotation, isotropic scale, translation) and imaged on a random grid: anisotropic
+spacing, axes permuted and flipped in the NIfTI affine, sometimes oblique. The image is
+blurred (partial volume), scaled, biased and noised. Landmarks are geometric points of
+the structures (centres, a cone apex, a surface pole), so their true world position is
+known exactly. Output is what users give: ``.nii.gz`` images, landmark files in world mm
+(CSV in RAS and Slicer ``.mrk.json`` in LPS, alternately) and a ``split.json``.
+Everything is deterministic given the seed.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from scipy.ndimage import gaussian_filter
+from scipy.spatial.transform import Rotation
+from tqdm import tqdm
+
+from heatmap3d.geometry import Volume, voxel_to_world
+from heatmap3d.io import Landmarks, save_volume, write_landmarks
+
+LANDMARK_NAMES = [
+    "bright_sphere",
+    "shell_centre",
+    "dark_cube",
+    "cone_apex",
+    "dark_sphere",
+    "top_pole",
+]
+# Template positions of the landmarks, mm (same order as LANDMARK_NAMES).
+_TEMPLATE_POINTS = np.array(
+    [[-18, 12, 6], [18, 10, -6], [2, -20, 8], [-14, -8, 16], [16, -14, -14], [0, 0, 32]],
+    dtype=float,
+)
+_BODY_AXES = np.array([42.0, 36.0, 32.0])  # ellipsoid semi-axes, mm
+_FOV_MM = 104.0  # field of view along each image axis
+_SPACINGS = [(1.5, 1.5, 2.5), (2.0, 2.0, 2.0), (1.2, 1.2, 3.0), (1.8, 1.8, 1.8)]
+
+
+@dataclass
+class Pose:
+    rotation: np.ndarray  # (3, 3)
+    scale: float
+    translation: np.ndarray  # (3,) mm
+
+    def apply(self, template: np.ndarray) -> np.ndarray:
+        """Template mm ``(N, 3)`` -> world mm ``(N, 3)``."""
+        return self.scale * template @ self.rotation.T + self.translation
+
+    def invert(self, world: np.ndarray) -> np.ndarray:
+        """World mm ``(N, 3)`` -> template mm ``(N, 3)``."""
+        return (world - self.translation) @ self.rotation / self.scale
+
+
+def random_pose(rng: np.random.Generator, max_angle_deg: float = 20.0) -> Pose:
+    angles = rng.uniform(-max_angle_deg, max_angle_deg, size=3)
+    return Pose(
+        rotation=Rotation.from_euler("xyz", angles, degrees=True).as_matrix(),
+        scale=float(rng.uniform(0.9, 1.1)),
+        translation=rng.uniform(-8.0, 8.0, size=3),
+    )
+
+
+def random_grid(rng: np.random.Generator) -> tuple[np.ndarray, tuple[int, int, int]]:
+    """A random image grid: affine ``(4, 4)`` and shape, centred near the world origin.
+
+    Spacing is anisotropic, array axes are permuted and flipped relative to RAS, and one
+    grid in three is oblique (rotated by up to 15 degrees).
+    """
+    spacing = np.array(_SPACINGS[rng.integers(len(_SPACINGS))])[rng.permutation(3)]
+    directions = np.eye(3)[:, rng.permutation(3)] * rng.choice([-1.0, 1.0], size=3)
+    if rng.random() < 1 / 3:
+        tilt = Rotation.from_euler("xyz", rng.uniform(-15, 15, size=3), degrees=True)
+        directions = tilt.as_matrix() @ directions
+    shape = tuple(int(np.ceil(_FOV_MM / s)) for s in spacing)
+    affine = np.eye(4)
+    affine[:3, :3] = directions * spacing
+    centre_vox = (np.array(shape) - 1) / 2
+    affine[:3, 3] = rng.uniform(-3, 3, size=3) - affine[:3, :3] @ centre_vox
+    return affine, shape  # type: ignore[return-value]
+
+
+def render(template: np.ndarray) -> np.ndarray:
+    """Noise-free intensity at template points ``(N, 3)`` mm -> ``(N,)``."""
+    x = template
+    value = np.zeros(len(x))
+    body = ((x / _BODY_AXES) ** 2).sum(1) <= 1.0
+    value[body] = 100.0
+    p = _TEMPLATE_POINTS
+    r0 = np.linalg.norm(x - p[0], axis=1)
+    value[r0 <= 7.0] = 230.0  # bright sphere
+    r1 = np.linalg.norm(x - p[1], axis=1)
+    value[(r1 <= 8.0) & (r1 > 4.5)] = 180.0  # shell with a dark core
+    value[r1 <= 4.5] = 55.0
+    value[np.abs(x - p[2]).max(1) <= 6.0] = 30.0  # dark cube
+    # Cone standing on a base 24 mm below its apex, radius 8 mm at the base.
+    h = p[3][2] - x[:, 2]
+    radial = np.linalg.norm(x[:, :2] - p[3][:2], axis=1)
+    value[(h >= 0) & (h <= 24) & (radial <= h * 8 / 24)] = 160.0
+    value[np.linalg.norm(x - p[4], axis=1) <= 5.0] = 15.0  # dark sphere
+    return value
+
+
+def generate_case(rng: np.random.Generator) -> tuple[Volume, Landmarks]:
+    """One subject: an int16-valued image volume and its landmarks in world RAS mm."""
+    affine, shape = random_grid(rng)
+    pose = random_pose(rng)
+    ijk = np.stack(np.meshgrid(*[np.arange(n) for n in shape], indexing="ij"), -1)
+    world = voxel_to_world(ijk.reshape(-1, 3).astype(float), affine)
+    image = render(pose.invert(world)).reshape(shape)
+    image = gaussian_filter(image, sigma=0.6)  # partial volume at structure edges
+    bias = 1.0 + 0.002 * world.reshape(*shape, 3) @ rng.uniform(-1, 1, size=3)
+    image = image * bias * rng.uniform(0.8, 1.25) + rng.uniform(-20, 20)
+    image += rng.normal(0.0, 6.0, size=shape)
+    data = np.round(image).clip(-32768, 32767).astype(np.int16).astype(np.float32)
+    points = pose.apply(_TEMPLATE_POINTS)
+    return Volume(data, affine), Landmarks(list(LANDMARK_NAMES), points)
+
+
+def generate_dataset(
+    root: str | Path, *, n_train: int, n_val: int, n_test: int, seed: int, progress: bool = True
+) -> Path:
+    """Write a phantom dataset to ``root``: images/, landmarks/, split.json.
+
+    Case ``i`` depends only on ``(seed, i)``. ``split.json`` is written last, so its
+    presence means the dataset is complete.
+    """
+    root = Path(root)
+    (root / "images").mkdir(parents=True, exist_ok=True)
+    (root / "landmarks").mkdir(parents=True, exist_ok=True)
+    ids = [f"case{i:03d}" for i in range(n_train + n_val + n_test)]
+    for i, case in enumerate(tqdm(ids, desc="synthetic data", disable=not progress)):
+        vol, lm = generate_case(np.random.default_rng([seed, i]))
+        save_volume(root / "images" / f"{case}.nii.gz", vol)
+        if i % 2 == 0:
+            write_landmarks(root / "landmarks" / f"{case}.csv", lm, coordinate_system="RAS")
+        else:
+            write_landmarks(root / "landmarks" / f"{case}.mrk.json", lm, coordinate_system="LPS")
+    split = {
+        "train": ids[:n_train],
+        "val": ids[n_train : n_train + n_val],
+        "test": ids[n_train + n_val :],
+    }
+    (root / "split.json").write_text(json.dumps(split, indent=2) + "\n")
+    return root

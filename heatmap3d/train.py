@@ -1,0 +1,247 @@
+"""Training under DistributedDataParallel: :func:`run` is the whole life cycle.
+
+The same code runs as one plain process (``python train_ddp.py``) or as N processes under
+``torchrun``. Global rank 0 alone writes (checkpoints, TensorBoard, predictions); the
+checks are explicit ``if self.world.is_main``. Every collective (DDP's gradient
+all-reduce, the loss sum, the validation gather, barriers) is reached by every rank.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch.nn.parallel import DistributedDataParallel
+from tqdm import tqdm
+
+from heatmap3d import checkpoint, distributed
+from heatmap3d.config import Config, to_dict
+from heatmap3d.data import LandmarkDataset, default_workers, shard, train_loader
+from heatmap3d.dataset_setup import prepare_dataset
+from heatmap3d.distributed import DistInfo
+from heatmap3d.errors import InputError
+from heatmap3d.evaluate import report_predictions
+from heatmap3d.heatmaps import heatmap_loss
+from heatmap3d.metrics import LandmarkStats, radial_errors, summarize
+from heatmap3d.model import build_model
+from heatmap3d.monitor import make_monitor, slice_panel
+from heatmap3d.predict import Predictor, autocast, locate_landmarks
+
+
+def run(cfg: Config, *, resume: bool = False) -> list[LandmarkStats] | None:
+    """Train, validate, checkpoint, then evaluate the best model on the validation scans.
+
+    Returns the per-landmark statistics of the best checkpoint (on every rank).
+    """
+    world = distributed.setup(cfg.train.device)
+    try:
+        trainer = Trainer(cfg, world, resume=resume)
+        trainer.fit()
+        return trainer.final_report()
+    finally:
+        distributed.teardown()
+
+
+class Trainer:
+    def __init__(self, cfg: Config, world: DistInfo, *, resume: bool = False) -> None:
+        self.world = world
+        names, train_cases, val_cases = prepare_dataset(cfg, world)
+        # The resolved names go into the checkpoint's config, so predict needs nothing else.
+        self.cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, landmarks=names))
+        self.names, self.val_cases = names, val_cases
+        self.run_dir = Path(cfg.train.out_dir) / cfg.train.name
+        torch.manual_seed(cfg.train.seed)
+        self.model = build_model(cfg.model, len(names)).to(world.device)
+        # A single process (python train_ddp.py) has no process group to wrap the model in.
+        self.ddp = self.model
+        if world.is_distributed:
+            self.ddp = DistributedDataParallel(
+                self.model, device_ids=[world.local_rank] if world.device.type == "cuda" else None
+            )
+        self.opt = torch.optim.AdamW(
+            self.model.parameters(), lr=cfg.train.lr, weight_decay=cfg.train.weight_decay
+        )
+        self.sched = torch.optim.lr_scheduler.CosineAnnealingLR(self.opt, T_max=cfg.train.epochs)
+        self.start_epoch, self.best_mre = 0, math.inf
+        if resume:
+            self._resume()
+        workers = cfg.data.num_workers if cfg.data.num_workers >= 0 else default_workers(world)
+        train_set = LandmarkDataset(train_cases, names, cfg.data, train=True)
+        self.loader, self.sampler = train_loader(
+            train_set, cfg.train.batch_size, world, workers, cfg.train.seed
+        )
+        self.val_set = LandmarkDataset(val_cases, names, cfg.data, train=False)
+        self.monitor = make_monitor(world, self.run_dir)
+
+    # -- training ---------------------------------------------------------------------------
+
+    def fit(self) -> None:
+        epochs = self.cfg.train.epochs
+        bar = tqdm(
+            range(self.start_epoch, epochs),
+            desc="train",
+            unit="epoch",
+            initial=self.start_epoch,
+            total=epochs,
+            disable=not self.world.is_main,
+        )
+        for epoch in bar:
+            self.sampler.set_epoch(epoch)  # a different, reproducible shuffle every epoch
+            loss = self._train_epoch(epoch)
+            self.sched.step()
+            postfix = {"loss": f"{loss:.3g}"}
+            if (epoch + 1) % self.cfg.train.val_every == 0 or epoch + 1 == epochs:
+                stats = self.validate(epoch + 1)
+                mre = stats[-1].mre
+                postfix["val_mre_mm"] = f"{mre:.2f}"
+                if mre < self.best_mre:
+                    self.best_mre = mre
+                    self._save("best.pt", epoch + 1)
+            self._save("last.pt", epoch + 1)
+            bar.set_postfix(postfix)
+        self.monitor.close()
+
+    def _train_epoch(self, epoch: int) -> float:
+        self.ddp.train()
+        device, step0 = self.world.device, epoch * len(self.loader)
+        sums = torch.zeros(2, dtype=torch.float64, device=device)  # loss * n, n
+        start = time.perf_counter()
+        for i, batch in enumerate(self.loader):
+            loss = self._step(batch)
+            n = batch["image"].shape[0]
+            sums += torch.tensor([loss.item() * n, n], dtype=torch.float64, device=device)
+            self.monitor.scalar("train/loss", loss.item(), step0 + i)
+        total = distributed.all_reduce_sum(sums)  # every rank, once per epoch
+        seconds = time.perf_counter() - start
+        mean_loss = (total[0] / total[1]).item()
+        self.monitor.scalar("train/epoch_loss", mean_loss, epoch + 1)
+        self.monitor.scalar("train/lr", self.opt.param_groups[0]["lr"], epoch + 1)
+        self.monitor.scalar("train/samples_per_s", total[1].item() / seconds, epoch + 1)
+        return mean_loss
+
+    def _step(self, batch: dict) -> torch.Tensor:
+        device = self.world.device
+        image = batch["image"].to(device, non_blocking=True)
+        coords = batch["coords"].to(device, non_blocking=True)
+        mask = batch["mask"].to(device, non_blocking=True)
+        with autocast(device, self.cfg.train.amp):
+            pred = self.ddp(image)
+        loss = heatmap_loss(
+            pred.float(),
+            coords,
+            sigma=self.cfg.heatmap.sigma,
+            spacing=self.cfg.data.spacing,
+            mask=mask,
+        )
+        self.opt.zero_grad(set_to_none=True)
+        loss.backward()
+        if self.cfg.train.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.train.grad_clip)
+        self.opt.step()
+        return loss.detach()
+
+    # -- validation -------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def validate(self, epoch: int) -> list[LandmarkStats]:
+        """Per-landmark errors over the validation scans, each counted exactly once.
+
+        Rank r predicts scans r, r + W, ...; the results are gathered by case id.
+        """
+        self.model.eval()
+        mine = {}
+        for index in shard(self.val_set, self.world).indices:
+            vol, truth = self.val_set.volume(index)
+            pred = locate_landmarks(
+                self.model,
+                vol,
+                self.names,
+                device=self.world.device,
+                multiple=self.model.multiple,
+                amp=self.cfg.train.amp,
+            )
+            mine[self.val_cases[index].case_id] = (pred.landmarks.points, truth)
+            if index == 0:  # case 0 is always on rank 0: draw it
+                self._log_picture(vol, truth, pred.voxels, epoch)
+        results = {}
+        for part in distributed.all_gather_objects(mine):
+            results.update(part)
+        ids = sorted(results)
+        errors = radial_errors(
+            np.stack([results[c][0] for c in ids]), np.stack([results[c][1] for c in ids])
+        )
+        stats = summarize(errors, self.names)
+        overall = stats[-1]
+        self.monitor.scalar("val/mre_mm", overall.mre, epoch)
+        self.monitor.scalar("val/median_mm", overall.median, epoch)
+        for t in (2.0, 4.0):
+            self.monitor.scalar(f"val/sdr_{t:g}mm", overall.sdr[t], epoch)
+        return stats
+
+    def _log_picture(self, vol, truth: np.ndarray, pred_vox: np.ndarray, epoch: int) -> None:
+        from heatmap3d.geometry import world_to_voxel
+
+        panel = slice_panel(vol.data, world_to_voxel(truth, vol.affine), pred_vox)
+        self.monitor.image("val/landmarks", panel, epoch)
+
+    # -- checkpoints ------------------------------------------------------------------------
+
+    def _save(self, name: str, epoch: int) -> None:
+        if not self.world.is_main:
+            return
+        checkpoint.save(
+            self.run_dir / name,
+            {
+                "model": self.model.state_dict(),
+                "optimizer": self.opt.state_dict(),
+                "scheduler": self.sched.state_dict(),
+                "epoch": epoch,
+                "best_mre": self.best_mre,
+                "landmarks": list(self.names),
+                "config": to_dict(self.cfg),
+                "written_by": {"rank": self.world.rank, "world_size": self.world.world_size},
+            },
+        )
+
+    def _resume(self) -> None:
+        path = self.run_dir / "last.pt"
+        if not path.is_file():
+            if self.world.is_main:
+                print(f"resume: {path} does not exist yet; starting from scratch")
+            return
+        ckpt = checkpoint.load(path)
+        if list(ckpt["landmarks"]) != self.names:
+            raise InputError(f"{path}: landmarks {ckpt['landmarks']} differ from {self.names}")
+        if ckpt["config"]["model"] != dataclasses.asdict(self.cfg.model):
+            raise InputError(f"{path}: model {ckpt['config']['model']} differs from the config")
+        self.model.load_state_dict(ckpt["model"])
+        self.opt.load_state_dict(ckpt["optimizer"])
+        self.sched.load_state_dict(ckpt["scheduler"])
+        self.start_epoch, self.best_mre = int(ckpt["epoch"]), float(ckpt["best_mre"])
+        if self.world.is_main:
+            print(f"resume: continuing from {path} after epoch {self.start_epoch}")
+
+    # -- final evaluation -------------------------------------------------------------------
+
+    def final_report(self) -> list[LandmarkStats] | None:
+        """Predict the validation scans with ``best.pt`` as a user would, and evaluate."""
+        best = self.run_dir / "best.pt"
+        distributed.barrier()  # rank 0 has finished writing it
+        if not best.is_file():
+            return None
+        predictor = Predictor.from_checkpoint(best, self.world.device)
+        mine = {}
+        for index in shard(self.val_set, self.world).indices:
+            case = self.val_cases[index]
+            mine[case.case_id] = predictor.predict_file(case.image)
+        results = {}
+        for part in distributed.all_gather_objects(mine):
+            results.update(part)
+        stats = None
+        if self.world.is_main:
+            stats = report_predictions(results, self.val_cases, self.names, self.run_dir)
+        return distributed.broadcast_object(stats)
