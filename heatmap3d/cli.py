@@ -1,4 +1,4 @@
-"""The ``heatmap3d`` command: synth, train, predict, evaluate.
+"""The ``heatmap3d`` command: synth, train, predict, evaluate, check.
 
 Mistakes in the user's input (:class:`~heatmap3d.errors.InputError`) are printed as one
 line, ``error: <file>: <problem>``, with exit status 2, never as a traceback.
@@ -45,10 +45,21 @@ def _add_evaluate(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", type=Path, help="where to write the CSVs (default PRED/evaluation)")
 
 
+def _add_check(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "check",
+        help="read a whole dataset and report every problem (exit 1 if any error)",
+    )
+    p.add_argument("data", type=Path, help="dataset folder: images/, landmarks/, split.json")
+    p.add_argument("--split-file", default="split.json", help="relative to DATA")
+    p.add_argument("--landmarks", default="", help="expected names a,b,c (default: most common)")
+    p.add_argument("--manifest", type=Path, help="write this JSON manifest if there are no errors")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="heatmap3d", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
-    for add in (_add_synth, _add_train, _add_predict, _add_evaluate):
+    for add in (_add_synth, _add_train, _add_predict, _add_evaluate, _add_check):
         add(sub)
     return parser
 
@@ -81,6 +92,12 @@ def _run(args: argparse.Namespace) -> None:
         from heatmap3d.evaluate import evaluate_dirs
 
         print(evaluate_dirs(args.pred, args.truth, args.out))
+    elif args.command == "check":
+        from heatmap3d.check import run_check
+
+        status = run_check(args.data, args.split_file, args.landmarks, args.manifest)
+        if status:  # 1: the data has problems (main's 2 stays for mistakes in the command)
+            raise SystemExit(status)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -25,6 +25,9 @@ from heatmap3d.errors import InputError
 class DataConfig:
     root: str = "data/synthetic"  # dataset folder: images/, landmarks/, split.json
     split_file: str = "split.json"  # relative to root: {"train": [ids], "val": [ids], ...}
+    # JSON written by `heatmap3d check --manifest`; if set, the cases and landmark names come
+    # from it (absolute paths of checked files) instead of root/split_file.
+    manifest: str = ""
     landmarks: list[str] = field(default_factory=list)  # names, in channel order; [] = from data
     spacing: list[float] = field(default_factory=lambda: [3.0, 3.0, 3.0])  # training grid, mm
     patch_size: list[int] = field(default_factory=lambda: [32, 32, 32])  # training crop, voxels
@@ -54,7 +57,7 @@ class ModelConfig:
 
 @dataclass
 class HeatmapConfig:
-    sigma: float = 6.0  # Gaussian sigma of the target heatmaps, mm
+    sigma: float = 9.0  # Gaussian sigma of the target heatmaps, mm (about 3 voxels trains well)
 
 
 @dataclass

@@ -1,0 +1,475 @@
+"""``heatmap3d check``: read a whole dataset and report every problem, before training.
+
+Training stops at the first bad file (:func:`heatmap3d.dataset_setup.prepare_dataset`),
+which makes fixing a large dataset a loop of one fix per run. The checker instead reads
+every case listed in the split file and collects every problem it finds as a
+:class:`Finding`: an *error* makes the dataset unusable for training, a *warning* is
+legal but worth a look. Checks, one function each:
+
+* split file: missing or invalid, ``train``/``val`` missing or empty, a case listed twice;
+* per case: image and landmark file present; the image readable, 3D, finite, with a
+  non-singular affine (:func:`heatmap3d.io.load_volume` raises for these) and not very
+  anisotropic; the landmark file parses (duplicated names are a parse error);
+* across cases: landmark names equal to the reference set (``--landmarks``, else the
+  most common set); missing (NaN) landmarks; landmarks outside the image, with a hint
+  when negating x and y (LPS read as RAS) or permuting the voxel axes would put them all
+  inside; landmarks within 2 voxels of the image border.
+
+A clean dataset can be frozen into a *manifest* (:func:`write_manifest`): absolute paths
+of every case's files and the landmark names, which training reads instead of
+``split.json`` when ``data.manifest`` is set (:func:`read_manifest`).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+from collections import Counter
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from heatmap3d.data import IMAGE_SUFFIXES, Case, read_split
+from heatmap3d.errors import InputError
+from heatmap3d.geometry import Volume, world_to_voxel
+from heatmap3d.io import LANDMARK_SUFFIXES, Landmarks, load_volume, read_landmarks
+
+__all__ = [
+    "CheckReport",
+    "Finding",
+    "check_dataset",
+    "read_manifest",
+    "run_check",
+    "write_manifest",
+]
+
+ERROR, WARNING = "error", "warning"
+REQUIRED_SPLITS = ("train", "val")  # training needs both; other splits (test) may be empty
+MAX_ANISOTROPY = 3.0  # warn when the largest voxel side is more than this times the smallest
+BORDER_VOXELS = 2.0  # warn when a landmark is closer than this to the image edge, in voxels
+MANIFEST_FORMAT = 1
+_MAX_LISTED = 6  # landmarks named in one message; the rest are counted
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One problem: ``severity`` is "error" or "warning"; ``path`` is the file at fault."""
+
+    severity: str
+    path: Path
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.severity}: {self.path}: {self.message}"
+
+
+@dataclass
+class CheckReport:
+    """What :func:`check_dataset` found.
+
+    Attributes:
+        root: the dataset folder, as given.
+        n_cases: number of distinct case ids in the split file.
+        names: reference landmark names, in channel order ([] if none could be read).
+        splits: split name -> the cases whose image and landmark file exist.
+        findings: every problem, grouped by file.
+    """
+
+    root: Path
+    n_cases: int = 0
+    names: list[str] = field(default_factory=list)
+    splits: dict[str, list[Case]] = field(default_factory=dict)
+    findings: list[Finding] = field(default_factory=list)
+
+    @property
+    def errors(self) -> list[Finding]:
+        return [f for f in self.findings if f.severity == ERROR]
+
+    @property
+    def warnings(self) -> list[Finding]:
+        return [f for f in self.findings if f.severity == WARNING]
+
+    def summary(self) -> str:
+        """``N cases, E errors, W warnings`` (fixed plurals, easy to grep)."""
+        return f"{self.n_cases} cases, {len(self.errors)} errors, {len(self.warnings)} warnings"
+
+    def text(self) -> str:
+        """Every finding on its own line, then the summary line."""
+        return "\n".join([*(str(f) for f in self.findings), self.summary()])
+
+
+@dataclass
+class _CaseData:
+    """What pass 1 read of one case: the image grid (no voxels kept) and the landmarks."""
+
+    case: Case
+    shape: tuple[int, int, int] | None = None
+    affine: np.ndarray | None = None
+    landmarks: Landmarks | None = None
+
+
+class _Collector:
+    """Accumulates findings (and the split read) while the checks run."""
+
+    def __init__(self, result: CheckReport) -> None:
+        self.result = result
+        self.split: dict[str, list[str]] = {}
+
+    def error(self, path: Path, message: str) -> None:
+        self.result.findings.append(Finding(ERROR, path, message))
+
+    def warning(self, path: Path, message: str) -> None:
+        self.result.findings.append(Finding(WARNING, path, message))
+
+    def input_error(self, path: Path, err: InputError) -> None:
+        """An InputError as a finding; its message starts with the path, said only once."""
+        message = str(err)
+        prefix = f"{path}: "
+        self.error(path, message[len(prefix) :] if message.startswith(prefix) else message)
+
+
+def check_dataset(
+    root: str | Path, *, split_file: str = "split.json", landmarks: list[str] | None = None
+) -> CheckReport:
+    """Read every case of ``root/split_file`` and report every problem (see module doc).
+
+    ``landmarks`` are the expected names (in channel order); None or [] means the most
+    common name set in the dataset. Never raises :class:`InputError` for a bad file: each
+    one becomes a :class:`Finding`.
+    """
+    root = Path(root)
+    found = _Collector(CheckReport(root))
+    ids = _check_split(root / split_file, found)
+    data = [d for case_id in ids if (d := _read_case(root, case_id, found)) is not None]
+    names, source = _reference_names([d.landmarks for d in data], landmarks)
+    for d in data:
+        _check_case(d, names, source, found)
+    result = found.result
+    result.n_cases, result.names = len(ids), names
+    result.splits = {
+        name: [d.case for d in data if d.case.case_id in members]
+        for name, members in found.split.items()
+    }
+    # Stable sort by file: every problem of one file is listed together, in check order.
+    result.findings.sort(key=lambda f: str(f.path))
+    return result
+
+
+def run_check(data: Path, split_file: str, landmarks: str, manifest: Path | None) -> int:
+    """``heatmap3d check``: print the report; exit status 1 if any error, else 0.
+
+    ``landmarks`` is the comma-separated expected names ("" = most common set). The
+    manifest is written only for a dataset without errors. Raises :class:`InputError` for
+    mistakes in the command itself (no such folder, duplicated ``--landmarks``).
+    """
+    if not Path(data).is_dir():
+        raise InputError(f"{data}: dataset folder not found")
+    names = [n.strip() for n in landmarks.split(",") if n.strip()]
+    if len(set(names)) != len(names):
+        raise InputError(f"--landmarks: duplicated names in {landmarks!r}")
+    report = check_dataset(data, split_file=split_file, landmarks=names)
+    print(report.text())
+    if report.errors:
+        if manifest is not None:
+            print(f"{manifest}: not written (fix the errors first)")
+        return 1
+    if manifest is not None:
+        write_manifest(report, manifest)
+        print(f"wrote {manifest}")
+    return 0
+
+
+# --------------------------------------------------------------------------------------
+# The split file
+# --------------------------------------------------------------------------------------
+
+
+def _check_split(path: Path, report: _Collector) -> list[str]:
+    """Distinct case ids of every split, in order; split problems become findings."""
+    try:
+        split = read_split(path.parent, path.name)
+    except InputError as err:
+        report.input_error(path, err)
+        return []
+    report.split = split
+    for name in REQUIRED_SPLITS:
+        if not split.get(name):
+            state = "empty" if name in split else "missing"
+            report.error(path, f"split {name!r} is {state}; training needs train and val cases")
+    _check_split_members(path, split, report)
+    return list(dict.fromkeys(itertools.chain.from_iterable(split.values())))
+
+
+def _check_split_members(path: Path, split: dict[str, list[str]], report: _Collector) -> None:
+    """A case id may appear once, in one split (else it would leak from train into val)."""
+    homes: dict[str, list[str]] = {}
+    for name, ids in split.items():
+        for case_id, count in Counter(ids).items():
+            if count > 1:
+                report.error(path, f"case {case_id!r} is listed {count} times in {name!r}")
+            homes.setdefault(case_id, []).append(name)
+    for case_id, names in homes.items():
+        if len(names) > 1:
+            report.error(path, f"case {case_id!r} is in more than one split: {names}")
+
+
+# --------------------------------------------------------------------------------------
+# Pass 1: read each case
+# --------------------------------------------------------------------------------------
+
+
+def _read_case(root: Path, case_id: str, report: _Collector) -> _CaseData | None:
+    """Find and read one case's files; None when a file is missing."""
+    case = _locate_case(root, case_id, report)
+    if case is None:
+        return None
+    data = _CaseData(case)
+    vol = _read_image(case.image, report)
+    if vol is not None:
+        data.shape, data.affine = vol.shape, vol.affine
+        _check_spacing(case.image, vol, report)
+    data.landmarks = _read_landmark_file(case.landmarks, report)
+    return data
+
+
+def _locate_case(root: Path, case_id: str, report: _Collector) -> Case | None:
+    """The case's image and landmark file; an error for each one that is missing."""
+    images = [root / "images" / f"{case_id}{s}" for s in IMAGE_SUFFIXES]
+    tried = [root / "landmarks" / f"{case_id}{s}" for s in LANDMARK_SUFFIXES]
+    image = next((p for p in images if p.is_file()), None)
+    marks = next((p for p in tried if p.is_file()), None)
+    if image is None:
+        report.error(images[0], f"image of case {case_id!r} not found (nor {images[1].name})")
+    if marks is None:
+        names = ", ".join(p.name for p in tried)
+        report.error(root / "landmarks" / case_id, f"no landmark file (tried {names})")
+    return Case(case_id, image, marks) if image is not None and marks is not None else None
+
+
+def _read_image(path: Path, report: _Collector) -> Volume | None:
+    try:
+        return load_volume(path)
+    except InputError as err:  # unreadable, truncated, not 3D, NaN/Inf, bad affine
+        report.input_error(path, err)
+        return None
+
+
+def _check_spacing(path: Path, vol: Volume, report: _Collector) -> None:
+    spacing = vol.spacing
+    ratio = float(spacing.max() / spacing.min())
+    if ratio > MAX_ANISOTROPY:
+        report.warning(
+            path,
+            f"very anisotropic spacing {np.round(spacing, 3).tolist()} mm "
+            f"(max/min {ratio:.1f} > {MAX_ANISOTROPY:g}); thin structures may be lost "
+            "when resampled to the training spacing",
+        )
+
+
+def _read_landmark_file(path: Path, report: _Collector) -> Landmarks | None:
+    try:
+        return read_landmarks(path)
+    except InputError as err:  # syntax, coordinates, coordinate system, duplicated names
+        report.input_error(path, err)
+        return None
+
+
+# --------------------------------------------------------------------------------------
+# Pass 2: landmark names and positions
+# --------------------------------------------------------------------------------------
+
+
+def _reference_names(
+    sets: list[Landmarks | None], given: list[str] | None
+) -> tuple[list[str], str]:
+    """(reference names, where they come from): ``given``, else the most common set."""
+    if given:
+        return list(given), "--landmarks"
+    counts = Counter(frozenset(lm.names) for lm in sets if lm is not None)
+    if not counts:
+        return [], ""
+    common, count = counts.most_common(1)[0]
+    first = next(lm for lm in sets if lm is not None and frozenset(lm.names) == common)
+    return list(first.names), f"the names of {count} of {sum(counts.values())} landmark files"
+
+
+def _check_case(data: _CaseData, names: list[str], source: str, report: _Collector) -> None:
+    lm = data.landmarks
+    if lm is None:
+        return
+    _check_names(data.case.landmarks, lm, names, source, report)
+    _check_missing(data.case.landmarks, lm, report)
+    if data.affine is not None and data.shape is not None:
+        _check_positions(data.case, lm, data.shape, data.affine, report)
+
+
+def _check_names(
+    path: Path, lm: Landmarks, names: list[str], source: str, report: _Collector
+) -> None:
+    missing = [n for n in names if n not in set(lm.names)]
+    unexpected = [n for n in lm.names if n not in set(names)]
+    if missing:
+        report.error(path, f"landmark names missing: {_names(missing)} (expected from {source})")
+    if unexpected:
+        report.error(
+            path,
+            f"landmark names not in the dataset's set: {_names(unexpected)} (set from {source})",
+        )
+
+
+def _names(names: list[str]) -> str:
+    """``['a', 'b']``, cut after a few names (a wrong file may differ in all 32)."""
+    more = len(names) - _MAX_LISTED
+    return str(names[:_MAX_LISTED]) + (f" and {more} more" if more > 0 else "")
+
+
+def _check_missing(path: Path, lm: Landmarks, report: _Collector) -> None:
+    absent = [n for n, p in zip(lm.names, lm.points) if not np.all(np.isfinite(p))]
+    if absent:
+        report.warning(path, f"landmark missing (no position): {_names(absent)}")
+
+
+def _check_positions(
+    case: Case, lm: Landmarks, shape: tuple[int, int, int], affine: np.ndarray, report: _Collector
+) -> None:
+    """Outside the image: error (with a hint); closer than 2 voxels to its edge: warning."""
+    defined = np.all(np.isfinite(lm.points), axis=1)
+    names = [n for n, ok in zip(lm.names, defined) if ok]
+    world = lm.points[defined]
+    vox = world_to_voxel(world, affine)
+    # Voxel centres are integers, so the image covers [-0.5, n - 0.5] along each axis.
+    margin = np.minimum(vox + 0.5, np.asarray(shape) - 0.5 - vox).min(axis=1)
+    outside = margin < 0
+    if outside.any():
+        where = _listing(names, vox, outside)
+        report.error(
+            case.landmarks,
+            f"landmark outside its image {case.image.name} (shape {shape}): {where}"
+            + _outside_hint(world, vox, shape, affine),
+        )
+    near = (margin >= 0) & (margin < BORDER_VOXELS)
+    if near.any():
+        report.warning(
+            case.landmarks,
+            f"landmark within {BORDER_VOXELS:g} voxels of the border of {case.image.name} "
+            f"(shape {shape}): {_listing(names, vox, near)}",
+        )
+
+
+def _listing(names: list[str], vox: np.ndarray, chosen: np.ndarray) -> str:
+    rows = [f"{names[k]} at voxel {np.round(vox[k], 1).tolist()}" for k in np.flatnonzero(chosen)]
+    more = len(rows) - _MAX_LISTED
+    return ", ".join(rows[:_MAX_LISTED]) + (f" and {more} more" if more > 0 else "")
+
+
+def _inside(vox: np.ndarray, shape: tuple[int, ...] | np.ndarray) -> bool:
+    """Whether every voxel point ``(N, 3)`` lies in an image of ``shape``."""
+    upper = np.asarray(shape) - 0.5
+    return bool(np.all((vox >= -0.5) & (vox <= upper)))
+
+
+def _outside_hint(
+    world: np.ndarray, vox: np.ndarray, shape: tuple[int, int, int], affine: np.ndarray
+) -> str:
+    """Which common mix-up would put every landmark inside, as text ('' if none)."""
+    hints = []
+    if _inside(world_to_voxel(world * np.array([-1.0, -1.0, 1.0]), affine), shape):
+        hints.append(
+            "with x and y negated all would be inside: the file is probably LPS but read as "
+            "RAS (or the reverse); fix its coordinate system"
+        )
+    for order in itertools.permutations(range(3)):
+        if order != (0, 1, 2) and _inside(vox, np.asarray(shape)[list(order)]):
+            hints.append(
+                f"all would be inside if the image array were transposed to axis order {order}: "
+                "were its axes reversed or permuted (e.g. saved from a z,y,x array) without "
+                "changing the affine?"
+            )
+            break
+    return "".join(f"; hint: {h}" for h in hints) or (
+        "; is the file's coordinate system (RAS/LPS) right?"
+    )
+
+
+# --------------------------------------------------------------------------------------
+# Manifest
+# --------------------------------------------------------------------------------------
+
+
+def _absolute(path: Path) -> str:
+    # abspath, not resolve(): keeps symlinks (a dataset of links stays a dataset of links).
+    return os.path.abspath(path)
+
+
+def write_manifest(report: CheckReport, path: str | Path) -> None:
+    """Write the checked dataset as JSON: absolute paths, landmark names, check time.
+
+    Format::
+
+        {"format": 1, "root": "/abs/root", "landmarks": ["AC", ...],
+         "splits": {"train": [{"id": "case000", "image": "/abs/...", "landmarks": "/abs/..."}],
+                    "val": [...], ...},
+         "checked": "2026-01-01T12:00:00+00:00"}
+
+    Raises :class:`InputError` when the report has errors or the file cannot be written.
+    """
+    path = Path(path)
+    if report.errors:
+        raise InputError(f"{path}: not written: the dataset has {len(report.errors)} errors")
+    splits = {
+        name: [
+            {"id": c.case_id, "image": _absolute(c.image), "landmarks": _absolute(c.landmarks)}
+            for c in cases
+        ]
+        for name, cases in report.splits.items()
+    }
+    doc = {
+        "format": MANIFEST_FORMAT,
+        "root": _absolute(report.root),
+        "landmarks": list(report.names),
+        "splits": splits,
+        "checked": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    }
+    try:
+        path.write_text(json.dumps(doc, indent=2) + "\n")
+    except OSError as err:
+        raise InputError(f"{path}: cannot write the manifest ({err.strerror})") from None
+
+
+def read_manifest(path: str | Path) -> tuple[list[str], dict[str, list[Case]]]:
+    """Landmark names and split name -> cases of a manifest from :func:`write_manifest`.
+
+    Raises :class:`InputError` naming the file when it is missing, not JSON, or not a
+    format-1 manifest.
+    """
+    path = Path(path)
+    try:
+        doc = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise InputError(f"{path}: manifest not found (write it with heatmap3d check)") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise InputError(f"{path}: cannot read the manifest ({err})") from None
+    if not isinstance(doc, dict) or doc.get("format") != MANIFEST_FORMAT:
+        raise InputError(f"{path}: not a format-{MANIFEST_FORMAT} manifest of heatmap3d check")
+    names = doc.get("landmarks")
+    splits = doc.get("splits")
+    if not _is_str_list(names) or not isinstance(splits, dict):
+        raise InputError(f"{path}: manifest needs a 'landmarks' list and a 'splits' object")
+    return names, {name: _manifest_cases(path, name, entries) for name, entries in splits.items()}
+
+
+def _is_str_list(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(v, str) for v in value)
+
+
+def _manifest_cases(path: Path, split: str, entries: Any) -> list[Case]:
+    keys = ("id", "image", "landmarks")
+    if not isinstance(entries, list) or not all(
+        isinstance(e, dict) and all(isinstance(e.get(k), str) for k in keys) for e in entries
+    ):
+        raise InputError(f"{path}: split {split!r}: expected a list of {{id, image, landmarks}}")
+    return [Case(e["id"], Path(e["image"]), Path(e["landmarks"])) for e in entries]

@@ -1,0 +1,113 @@
+"""Bad input ends with one line naming the file and the problem, and exit status 2."""
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import nibabel as nib
+import numpy as np
+import pytest
+
+from heatmap3d.cli import main
+from heatmap3d.synthetic import generate_dataset
+
+ROOT = Path(__file__).resolve().parents[1]
+DEMO = str(ROOT / "configs" / "demo.yaml")
+
+
+@pytest.fixture(scope="module")
+def clean(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("clean") / "data"
+    return generate_dataset(root, n_train=2, n_val=1, n_test=0, seed=2, progress=False)
+
+
+@pytest.fixture
+def data(clean, tmp_path) -> Path:
+    return Path(shutil.copytree(clean, tmp_path / "data"))
+
+
+def train(capsys, root: Path, *overrides: str) -> str:
+    args = [
+        "train",
+        "--config",
+        DEMO,
+        f"data.root={root}",
+        "synthetic.generate=false",
+        "train.device=cpu",
+        *overrides,
+    ]
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and "\n" not in err, err
+    return err
+
+
+def test_missing_image(capsys, data):
+    (data / "images" / "case001.nii.gz").unlink()
+    assert "case001.nii.gz: image not found" in train(capsys, data)
+
+
+def test_image_not_3d(capsys, data):
+    path = data / "images" / "case000.nii.gz"
+    nib.save(nib.Nifti1Image(np.zeros((4, 4, 4, 2), np.float32), np.eye(4)), path)
+    err = train(capsys, data)
+    assert "case000.nii.gz" in err and "3D" in err
+
+
+def test_landmark_outside_image(capsys, data):
+    path = data / "landmarks" / "case000.csv"
+    lines = path.read_text().splitlines()
+    name, x, y, z = lines[2].split(",")[:4]
+    lines[2] = ",".join([name, str(float(x) + 500), y, z])
+    path.write_text("\n".join(lines) + "\n")
+    err = train(capsys, data)
+    assert "case000.csv" in err and "outside" in err and name in err
+
+
+def test_landmark_names_do_not_match_the_config(capsys, data):
+    err = train(capsys, data, "data.landmarks=[bright_sphere, nasion]")
+    assert "case000.csv" in err and "shell_centre" in err
+
+
+def test_unknown_config_key(capsys, data):
+    err = train(capsys, data, "train.epoch=3")
+    assert "unknown config key" in err and "train.epoch" in err
+
+
+def test_empty_split(capsys, data):
+    (data / "split.json").write_text('{"train": ["case000"], "val": []}')
+    assert "split 'val' is empty" in train(capsys, data)
+
+
+def test_predict_missing_checkpoint_and_scan(capsys, tmp_path):
+    assert (
+        main(
+            ["predict", "--checkpoint", str(tmp_path / "x.pt"), "s.nii.gz", "--out", str(tmp_path)]
+        )
+        == 2
+    )
+    assert "x.pt: checkpoint not found" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_no_traceback_from_the_launcher(tmp_path):
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "train_ddp.py",
+            f"data.root={tmp_path / 'nowhere'}",
+            "synthetic.generate=false",
+            "train.device=cpu",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2
+    assert "Traceback" not in proc.stderr
+    assert (
+        proc.stderr.strip()
+        == f"error: {tmp_path / 'nowhere' / 'split.json'}: split file not found (see data/README.md for the layout)"
+    )

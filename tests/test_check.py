@@ -1,0 +1,465 @@
+"""``heatmap3d check``: every kind of problem, written as a real broken file, is reported.
+
+Each test breaks a copy of a small valid synthetic dataset (3 train + 2 val cases) and
+runs the command as a user would (``cli.main``), then asserts that the report names the
+file and the problem, and the exit status (1 with errors, 0 with only warnings, 2 for a
+mistake in the command itself).
+"""
+
+import gzip
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import nibabel as nib
+import numpy as np
+import pytest
+import torch
+
+from heatmap3d.check import check_dataset, read_manifest
+from heatmap3d.cli import main
+from heatmap3d.config import Config, DataConfig
+from heatmap3d.dataset_setup import prepare_dataset
+from heatmap3d.distributed import DistInfo
+from heatmap3d.errors import InputError
+from heatmap3d.geometry import Volume, resample_to_spacing, voxel_to_world
+from heatmap3d.io import Landmarks, load_volume, read_landmarks, save_volume, write_landmarks
+from heatmap3d.synthetic import generate_dataset
+
+REAL = Path(__file__).resolve().parents[2] / "shared" / "data" / "real"
+CPU_WORLD = DistInfo(0, 0, 1, 1, torch.device("cpu"))
+
+
+@pytest.fixture(scope="module")
+def pristine(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("pristine") / "data"
+    return generate_dataset(root, n_train=3, n_val=2, n_test=0, seed=0, progress=False)
+
+
+@pytest.fixture
+def data(pristine, tmp_path) -> Path:
+    """A fresh copy of the valid dataset, to break."""
+    return Path(shutil.copytree(pristine, tmp_path / "data"))
+
+
+def check(root: Path, capsys, *extra: str) -> tuple[int, str]:
+    """Run ``heatmap3d check root *extra``; (exit status, stdout + stderr)."""
+    try:
+        status = main(["check", str(root), *extra])
+    except SystemExit as done:  # status 1 leaves through SystemExit, as at the shell
+        status = done.code
+    out = capsys.readouterr()
+    return status, out.out + out.err
+
+
+def lines_about(out: str, path: Path, severity: str = "error") -> list[str]:
+    return [line for line in out.splitlines() if line.startswith(f"{severity}: {path}: ")]
+
+
+def image(root: Path, case: str) -> Path:
+    return root / "images" / f"{case}.nii.gz"
+
+
+def save_raw(path: Path, array: np.ndarray, affine: np.ndarray) -> None:
+    """Write a NIfTI with exactly this sform (no qform: nibabel cannot make one of a bad
+    affine), bypassing io.save_volume's checks."""
+    img = nib.Nifti1Image(array, None)
+    img.set_sform(affine, code=2)
+    img.to_filename(path)
+
+
+def edit_csv(root: Path, case: str, old: str, new: str) -> Path:
+    path = root / "landmarks" / f"{case}.csv"
+    path.write_text(path.read_text().replace(old, new))
+    return path
+
+
+# --------------------------------------------------------------------------------------
+# A clean dataset, and the report format
+# --------------------------------------------------------------------------------------
+
+
+def test_valid_dataset_has_no_findings(data, capsys):
+    status, out = check(data, capsys)
+    assert status == 0
+    assert out.strip() == "5 cases, 0 errors, 0 warnings"
+
+
+def test_every_problem_is_reported_not_just_the_first(data, capsys):
+    raw = image(data, "case001").read_bytes()
+    image(data, "case001").write_bytes(raw[: len(raw) // 2])
+    renamed = edit_csv(data, "case002", "top_pole", "top_pol")
+    (data / "landmarks" / "case003.mrk.json").unlink()
+    status, out = check(data, capsys)
+    assert status == 1
+    assert lines_about(out, image(data, "case001"))
+    assert len(lines_about(out, renamed)) == 2  # a name missing and a name unexpected
+    assert lines_about(out, data / "landmarks" / "case003")
+    assert out.splitlines()[-1] == "5 cases, 4 errors, 0 warnings"
+
+
+# --------------------------------------------------------------------------------------
+# Images
+# --------------------------------------------------------------------------------------
+
+
+def test_truncated_image(data, capsys):
+    raw = image(data, "case001").read_bytes()
+    image(data, "case001").write_bytes(raw[: len(raw) // 2])
+    status, out = check(data, capsys)
+    assert status == 1
+    (line,) = lines_about(out, image(data, "case001"))
+    assert "cannot read image" in line
+
+
+def test_image_that_is_not_gzip_at_all(data, capsys):
+    image(data, "case001").write_bytes(b"not an image")
+    status, out = check(data, capsys)
+    assert status == 1
+    assert "cannot read image" in lines_about(out, image(data, "case001"))[0]
+
+
+def test_4d_image(data, capsys):
+    vol = load_volume(image(data, "case002"))
+    save_raw(image(data, "case002"), np.stack([vol.data, vol.data], -1), vol.affine)
+    status, out = check(data, capsys)
+    assert status == 1
+    assert "expected a 3D image" in lines_about(out, image(data, "case002"))[0]
+
+
+def test_nan_voxels(data, capsys):
+    vol = load_volume(image(data, "case000"))
+    vol.data[3, 4, 5] = np.nan
+    vol.data[6, 7, 8] = np.inf
+    save_volume(image(data, "case000"), vol)
+    status, out = check(data, capsys)
+    assert status == 1
+    assert "2 voxels are NaN or Inf" in lines_about(out, image(data, "case000"))[0]
+
+
+def test_zero_spacing(data, capsys):
+    vol = load_volume(image(data, "case000"))
+    affine = vol.affine.copy()
+    affine[:3, 1] = 0.0
+    save_raw(image(data, "case000"), vol.data, affine)
+    status, out = check(data, capsys)
+    assert status == 1
+    assert "zero voxel spacing" in lines_about(out, image(data, "case000"))[0]
+
+
+def test_singular_affine(data, capsys):
+    vol = load_volume(image(data, "case000"))
+    affine = vol.affine.copy()
+    affine[:3, 2] = affine[:3, 0]  # two voxel axes pointing the same way
+    save_raw(image(data, "case000"), vol.data, affine)
+    status, out = check(data, capsys)
+    assert status == 1
+    assert "affine is singular" in lines_about(out, image(data, "case000"))[0]
+
+
+def test_missing_image(data, capsys):
+    image(data, "case004").unlink()
+    status, out = check(data, capsys)
+    assert status == 1
+    assert "image of case 'case004' not found" in lines_about(out, image(data, "case004"))[0]
+
+
+def test_very_anisotropic_spacing_is_a_warning(data, capsys):
+    vol = load_volume(image(data, "case004"))  # 2 mm isotropic
+    save_volume(image(data, "case004"), resample_to_spacing(vol, [2.0, 2.0, 7.0]))
+    status, out = check(data, capsys)
+    assert status == 0
+    (line,) = lines_about(out, image(data, "case004"), "warning")
+    assert "very anisotropic spacing" in line and "max/min 3.5 > 3" in line
+    assert ", 0 errors," in out.splitlines()[-1]
+
+
+# --------------------------------------------------------------------------------------
+# Landmark files
+# --------------------------------------------------------------------------------------
+
+
+def test_missing_landmark_file(data, capsys):
+    (data / "landmarks" / "case003.mrk.json").unlink()
+    status, out = check(data, capsys)
+    assert status == 1
+    (line,) = lines_about(out, data / "landmarks" / "case003")
+    assert "no landmark file" in line and "case003.mrk.json" in line
+
+
+def test_unparseable_landmark_file(data, capsys):
+    path = edit_csv(data, "case002", "name,x,y,z", "name;x;y;z")
+    status, out = check(data, capsys)
+    assert status == 1
+    assert "header lacks columns" in lines_about(out, path)[0]
+
+
+def test_non_numeric_coordinate(data, capsys):
+    path = data / "landmarks" / "case000.csv"
+    lines = path.read_text().splitlines()
+    lines[3] = lines[3].split(",")[0] + ",12.5,abc,3"
+    path.write_text("\n".join(lines) + "\n")
+    status, out = check(data, capsys)
+    assert status == 1
+    assert "non-numeric coordinate 'abc'" in lines_about(out, path)[0]
+
+
+def test_renamed_landmark(data, capsys):
+    path = edit_csv(data, "case002", "top_pole", "top_pol")
+    status, out = check(data, capsys)
+    assert status == 1
+    found = lines_about(out, path)
+    assert any("landmark names missing: ['top_pole']" in line for line in found)
+    assert any("not in the dataset's set: ['top_pol']" in line for line in found)
+    assert all("4 of 5 landmark files" in line for line in found)  # where the set came from
+
+
+def test_duplicated_landmark(data, capsys):
+    path = edit_csv(data, "case000", "dark_cube", "cone_apex")
+    status, out = check(data, capsys)
+    assert status == 1
+    assert "duplicated landmark names ['cone_apex']" in lines_about(out, path)[0]
+
+
+def test_names_given_on_the_command_line_are_the_reference(data, capsys):
+    names = "bright_sphere,shell_centre,dark_cube,cone_apex,dark_sphere,top_pole,extra"
+    status, out = check(data, capsys, "--landmarks", names)
+    assert status == 1
+    assert out.count("landmark names missing: ['extra'] (expected from --landmarks)") == 5
+
+
+def test_missing_landmark_is_a_warning(data, capsys):
+    path = data / "landmarks" / "case000.csv"
+    lm = read_landmarks(path)
+    lm.points[2] = np.nan
+    write_landmarks(path, lm)
+    status, out = check(data, capsys)
+    assert status == 0
+    (line,) = lines_about(out, path, "warning")
+    assert "landmark missing (no position): ['dark_cube']" in line
+
+
+def test_landmark_near_the_border_is_a_warning(data, capsys):
+    path = data / "landmarks" / "case000.csv"
+    vol = load_volume(image(data, "case000"))
+    lm = read_landmarks(path)
+    lm.points[0] = voxel_to_world(np.array([1.0, 20.0, 30.0]), vol.affine)
+    write_landmarks(path, lm)
+    status, out = check(data, capsys)
+    assert status == 0
+    (line,) = lines_about(out, path, "warning")
+    assert "within 2 voxels of the border of case000.nii.gz" in line
+    assert "bright_sphere at voxel [1.0, 20.0, 30.0]" in line
+
+
+# --------------------------------------------------------------------------------------
+# Landmarks outside the image, and the hints
+# --------------------------------------------------------------------------------------
+
+
+def test_lps_file_labelled_ras_gets_the_lps_hint(data, capsys):
+    # The synthetic field of view is centred near the world origin, where negating x and
+    # y keeps points inside; move the scan and its landmarks 60 mm right and anterior.
+    vol = load_volume(image(data, "case000"))
+    lm = read_landmarks(data / "landmarks" / "case000.csv")
+    shift = np.array([60.0, 60.0, 0.0])
+    vol.affine[:3, 3] += shift
+    save_volume(image(data, "case000"), vol)
+    path = data / "landmarks" / "case000.csv"
+    write_landmarks(path, Landmarks(lm.names, lm.points + shift), coordinate_system="LPS")
+    path.write_text(path.read_text().replace("coordinate_system = LPS", "coordinate_system = RAS"))
+    status, out = check(data, capsys)
+    assert status == 1
+    (line,) = lines_about(out, path)
+    assert "landmark outside its image case000.nii.gz" in line
+    assert "hint: with x and y negated all would be inside" in line
+
+
+def test_transposed_image_gets_the_axis_order_hint(data, capsys):
+    vol = load_volume(image(data, "case001"))  # shape (87, 87, 35)
+    save_volume(image(data, "case001"), Volume(vol.data.transpose(2, 1, 0).copy(), vol.affine))
+    status, out = check(data, capsys)
+    assert status == 1
+    (line,) = lines_about(out, data / "landmarks" / "case001.mrk.json")
+    assert "landmark outside its image case001.nii.gz (shape (35, 87, 87))" in line
+    assert "hint: all would be inside if the image array were transposed" in line
+
+
+# --------------------------------------------------------------------------------------
+# The split file
+# --------------------------------------------------------------------------------------
+
+
+def write_split(root: Path, split: object) -> Path:
+    path = root / "split.json"
+    path.write_text(json.dumps(split))
+    return path
+
+
+def test_empty_val_split(data, capsys):
+    path = write_split(data, {"train": ["case000", "case001", "case002"], "val": []})
+    status, out = check(data, capsys)
+    assert status == 1
+    assert "split 'val' is empty" in lines_about(out, path)[0]
+
+
+def test_case_in_two_splits(data, capsys):
+    split = {"train": ["case000", "case001", "case002"], "val": ["case002", "case003"]}
+    path = write_split(data, split)
+    status, out = check(data, capsys)
+    assert status == 1
+    (line,) = lines_about(out, path)
+    assert "case 'case002' is in more than one split: ['train', 'val']" in line
+    assert out.splitlines()[-1].startswith("4 cases, 1 errors")
+
+
+def test_missing_split_file(data, capsys):
+    (data / "split.json").unlink()
+    status, out = check(data, capsys)
+    assert status == 1
+    assert "split file not found" in lines_about(out, data / "split.json")[0]
+    assert out.splitlines()[-1] == "0 cases, 1 errors, 0 warnings"
+
+
+def test_invalid_split_file(data, capsys):
+    (data / "split.json").write_text('{"train": ["case000",]}')
+    status, out = check(data, capsys)
+    assert status == 1
+    assert "not valid JSON" in lines_about(out, data / "split.json")[0]
+
+
+def test_other_split_file_name(data, capsys):
+    write_split(data, {"train": ["case000"], "val": ["case001"]})
+    (data / "small.json").write_text(json.dumps({"train": ["case002"], "val": ["case003"]}))
+    status, out = check(data, capsys, "--split-file", "small.json")
+    assert status == 0
+    assert out.strip() == "2 cases, 0 errors, 0 warnings"
+
+
+# --------------------------------------------------------------------------------------
+# The command itself
+# --------------------------------------------------------------------------------------
+
+
+def test_missing_dataset_folder_is_a_usage_error(tmp_path, capsys):
+    status, out = check(tmp_path / "nowhere", capsys)
+    assert status == 2
+    assert f"error: {tmp_path / 'nowhere'}: dataset folder not found" in out
+
+
+def test_exit_status_at_the_shell(data):
+    (data / "landmarks" / "case003.mrk.json").unlink()
+    done = subprocess.run(
+        [sys.executable, "-m", "heatmap3d.cli", "check", str(data)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 1, done.stderr
+    assert done.stdout.splitlines()[-1] == "5 cases, 1 errors, 0 warnings"
+
+
+# --------------------------------------------------------------------------------------
+# Manifest, and training reading it
+# --------------------------------------------------------------------------------------
+
+
+def test_manifest_lists_absolute_paths(data, tmp_path, capsys):
+    out_path = tmp_path / "manifest.json"
+    status, out = check(data, capsys, "--manifest", str(out_path))
+    assert status == 0 and f"wrote {out_path}" in out
+    doc = json.loads(out_path.read_text())
+    assert doc["format"] == 1 and doc["root"] == str(data)
+    assert doc["landmarks"][0] == "bright_sphere" and len(doc["landmarks"]) == 6
+    assert [e["id"] for e in doc["splits"]["train"]] == ["case000", "case001", "case002"]
+    assert [e["id"] for e in doc["splits"]["val"]] == ["case003", "case004"]
+    assert doc["splits"]["test"] == []
+    first = doc["splits"]["train"][0]
+    assert first["image"] == str(image(data, "case000"))
+    assert first["landmarks"] == str(data / "landmarks" / "case000.csv")
+    assert doc["checked"].endswith("+00:00")
+
+
+def test_no_manifest_when_there_are_errors(data, tmp_path, capsys):
+    (data / "landmarks" / "case003.mrk.json").unlink()
+    status, out = check(data, capsys, "--manifest", str(tmp_path / "m.json"))
+    assert status == 1 and "not written" in out
+    assert not (tmp_path / "m.json").exists()
+
+
+def manifest_config(manifest: Path, landmarks: list[str] | None = None) -> Config:
+    # data.root points nowhere: the cases must come from the manifest alone.
+    data = DataConfig(root="/nonexistent", manifest=str(manifest), landmarks=landmarks or [])
+    return Config(data=data)
+
+
+def test_training_reads_the_manifest(data, tmp_path, capsys):
+    manifest = tmp_path / "manifest.json"
+    assert check(data, capsys, "--manifest", str(manifest))[0] == 0
+    names, train, val = prepare_dataset(manifest_config(manifest), CPU_WORLD)
+    assert names == read_manifest(manifest)[0]
+    assert [c.case_id for c in train] == ["case000", "case001", "case002"]
+    assert [c.case_id for c in val] == ["case003", "case004"]
+    assert train[1].image == image(data, "case001")
+    assert train[1].landmarks == data / "landmarks" / "case001.mrk.json"
+
+
+def test_data_landmarks_set_the_order_and_must_match_the_manifest(data, tmp_path, capsys):
+    manifest = tmp_path / "manifest.json"
+    assert check(data, capsys, "--manifest", str(manifest))[0] == 0
+    reordered = list(reversed(read_manifest(manifest)[0]))
+    names, _, _ = prepare_dataset(manifest_config(manifest, reordered), CPU_WORLD)
+    assert names == reordered
+    with pytest.raises(InputError, match="differ from the manifest"):
+        prepare_dataset(manifest_config(manifest, ["bright_sphere", "top_pole"]), CPU_WORLD)
+
+
+def test_training_still_reads_every_case_of_the_manifest(data, tmp_path, capsys):
+    manifest = tmp_path / "manifest.json"
+    assert check(data, capsys, "--manifest", str(manifest))[0] == 0
+    with gzip.open(image(data, "case004"), "wb") as broken:
+        broken.write(b"garbage")  # broken after the check: the preflight must still see it
+    with pytest.raises(InputError, match="case004.nii.gz: cannot read image"):
+        prepare_dataset(manifest_config(manifest), CPU_WORLD)
+
+
+def test_bad_manifest_is_an_input_error(tmp_path):
+    path = tmp_path / "manifest.json"
+    path.write_text(json.dumps({"format": 1, "landmarks": ["a"], "splits": {"train": [{}]}}))
+    with pytest.raises(InputError, match="manifest.json: split 'train': expected a list"):
+        prepare_dataset(manifest_config(path), CPU_WORLD)
+    with pytest.raises(InputError, match="manifest not found"):
+        prepare_dataset(manifest_config(tmp_path / "none.json"), CPU_WORLD)
+
+
+# --------------------------------------------------------------------------------------
+# Real data: the four AFIDs volumes as one dataset
+# --------------------------------------------------------------------------------------
+
+REAL_CASES = {
+    "nlin2009casym": "MNI152NLin2009cAsym",
+    "nlin6asym": "MNI152NLin6Asym",
+    "colin27": "MNIColin27",
+    "nlin2009asym": "approx_MNI152NLin2009aSym_nilearn",
+}
+
+
+@pytest.mark.skipif(not REAL.is_dir(), reason=f"real AFIDs data not found at {REAL}")
+def test_real_afids_dataset_has_no_errors(tmp_path, capsys):
+    root = tmp_path / "afids"
+    (root / "images").mkdir(parents=True)
+    (root / "landmarks").mkdir()
+    for case_id, folder in REAL_CASES.items():
+        (scan,) = (REAL / folder).glob("*.nii.gz")
+        (marks,) = (REAL / folder).glob("*groundtruth_afids.fcsv")
+        (root / "images" / f"{case_id}.nii.gz").symlink_to(scan)
+        (root / "landmarks" / f"{case_id}.fcsv").symlink_to(marks)
+    ids = list(REAL_CASES)
+    write_split(root, {"train": ids[:3], "val": ids[3:]})
+    status, out = check(root, capsys)
+    assert status == 0, out
+    assert out.splitlines()[-1].startswith("4 cases, 0 errors")
+    report = check_dataset(root)
+    assert len(report.names) == 32 and not report.errors
