@@ -107,7 +107,5 @@ def test_no_traceback_from_the_launcher(tmp_path):
     )
     assert proc.returncode == 2
     assert "Traceback" not in proc.stderr
-    assert (
-        proc.stderr.strip()
-        == f"error: {tmp_path / 'nowhere' / 'split.json'}: split file not found (see data/README.md for the layout)"
-    )
+    split = tmp_path / "nowhere" / "split.json"
+    assert proc.stderr.strip().startswith(f"error: {split}: split file not found")
