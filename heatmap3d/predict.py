@@ -47,6 +47,7 @@ def locate_landmarks(
     *,
     device: torch.device,
     multiple: int,
+    window: float,
     amp: bool = True,
     keep_heatmaps: bool = False,
 ) -> Prediction:
@@ -54,13 +55,15 @@ def locate_landmarks(
 
     The volume is padded at the end of each axis to ``multiple`` (the U-Net's stride),
     which leaves voxel coordinates unchanged; heatmaps are cropped back before decoding.
+    ``window`` is the half-width of the sub-voxel refinement box in mm: about the
+    heatmap sigma is most accurate (see :func:`heatmap3d.heatmaps.decode_heatmaps`).
     """
     padded, shape = pad_to_multiple(vol, multiple)
     image = torch.from_numpy(np.ascontiguousarray(padded.data))[None, None].to(device)
     with autocast(device, amp):
         heat = model(image)
     heat = heat[..., : shape[0], : shape[1], : shape[2]].float()
-    coords, conf = decode_heatmaps(heat, spacing=tuple(vol.spacing))
+    coords, conf = decode_heatmaps(heat, spacing=tuple(vol.spacing), window=window)
     voxels = coords[0].cpu().double().numpy()
     world = voxel_to_world(voxels, vol.affine)
     return Prediction(
@@ -96,6 +99,7 @@ class Predictor:
             self.names,
             device=self.device,
             multiple=self.model.multiple,
+            window=self.cfg.heatmap.sigma,
             amp=self.cfg.train.amp,
             keep_heatmaps=keep_heatmaps,
         )
