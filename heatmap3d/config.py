@@ -20,6 +20,8 @@ import yaml
 
 from heatmap3d.errors import InputError
 
+PRECISIONS = ("auto", "bf16", "fp16", "fp32", "fp64")
+
 
 @dataclass
 class DataConfig:
@@ -37,6 +39,11 @@ class DataConfig:
     ct_window: list[float] = field(default_factory=lambda: [-1000.0, 1000.0])  # HU, for "ct"
     num_workers: int = -1  # DataLoader workers per process; -1 = from CPU count and world size
     cache: bool = True  # keep preprocessed volumes in memory (decoded and resampled once)
+    # Preprocessed volumes stored on disk once (keyed by file content and preprocessing
+    # settings) and memory-mapped by every worker, instead of re-decoding NIfTI each epoch.
+    disk_cache: bool = True
+    cache_dir: str = ""  # where disk_cache writes; "" = <root>/.cache
+    prefetch_factor: int = 4  # batches each loader worker prepares ahead
 
 
 @dataclass
@@ -49,10 +56,33 @@ class SyntheticConfig:
 
 
 @dataclass
+class AugmentConfig:
+    """Training-time augmentation, on the device; never applied at validation."""
+
+    enabled: bool = False
+    rotation_deg: float = 15.0  # uniform in +-this about each axis, degrees
+    scale: list[float] = field(default_factory=lambda: [0.9, 1.1])  # isotropic factor range
+    shear: float = 0.05  # off-diagonal terms uniform in +-this
+    translation_mm: float = 5.0  # uniform in +-this along each axis, mm
+    elastic_mm: float = 0.0  # std of the random displacement at the control points; 0 = off
+    elastic_grid: int = 5  # control points per axis of the elastic field
+    mirror_axis: int = -1  # flip this array axis with p = 0.5 (0 = left-right in RAS); -1 = off
+    mirror_pairs: list[list[str]] = field(default_factory=list)  # [[R_x, L_x], ...] swapped
+    gamma: list[float] = field(default_factory=lambda: [0.8, 1.25])  # [1, 1] = off
+    contrast: list[float] = field(default_factory=lambda: [0.9, 1.1])  # [1, 1] = off
+    noise_std: float = 0.05  # additive Gaussian noise, in normalised intensity units
+    bias_field: float = 0.1  # std of the log of a smooth multiplicative field; 0 = off
+
+
+@dataclass
 class ModelConfig:
     channels: int = 16  # feature channels at full resolution; doubled at each level
     depth: int = 3  # number of 2x downsamplings (input sizes are padded to 2**depth)
     norm: str = "instance"  # "instance" or "group" (BatchNorm is not offered: small batches)
+    # Recompute each U-Net block's activations in the backward pass instead of storing them
+    # (torch.utils.checkpoint): less memory for larger patches, about 30% more compute.
+    # Not part of the architecture: checkpoints load either way.
+    checkpointing: bool = False
 
 
 @dataclass
@@ -71,14 +101,24 @@ class TrainConfig:
     val_every: int = 5  # validate every N epochs (and after the last)
     out_dir: str = "runs"
     name: str = "demo"  # run folder: out_dir/name (checkpoints, TensorBoard events)
-    amp: bool = True  # bf16 autocast on CUDA (ignored on CPU)
+    amp: bool = True  # bf16 autocast on CUDA (ignored on CPU); what precision "auto" follows
     device: str = "auto"  # "auto", "cuda" or "cpu"
+    # "auto" (bf16 on CUDA when train.amp, else fp32), "bf16" (autocast), "fp16" (autocast +
+    # GradScaler), "fp32", or "fp64" (float64 weights and inputs: slow; for exactness tests).
+    # CPU runs bf16 and fp16 as fp32.
+    precision: str = "auto"
+    accumulate: int = 1  # micro-batches per optimizer step (global batch x this)
+    nonfinite: str = "stop"  # on a NaN/Inf loss: "stop" the run, or "skip" the step
+    timeout_min: float = 10.0  # collective timeout, minutes: how soon a dead peer ends the job
+    compile: bool = False  # torch.compile the model (first steps are slow while it compiles)
+    channels_last: bool = False  # channels_last_3d memory format (faster convs on recent GPUs)
 
 
 @dataclass
 class Config:
     data: DataConfig = field(default_factory=DataConfig)
     synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
+    augment: AugmentConfig = field(default_factory=AugmentConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     heatmap: HeatmapConfig = field(default_factory=HeatmapConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
@@ -104,6 +144,10 @@ def validate(cfg: Config) -> None:
         (cfg.train.epochs >= 1 and cfg.train.batch_size >= 1, "train.epochs, batch_size: >= 1"),
         (cfg.train.val_every >= 1, "train.val_every: >= 1"),
         (cfg.train.device in ("auto", "cuda", "cpu"), "train.device: auto, cuda or cpu"),
+        (cfg.train.precision in PRECISIONS, f"train.precision: one of {', '.join(PRECISIONS)}"),
+        (cfg.train.accumulate >= 1, "train.accumulate: >= 1"),
+        (cfg.train.nonfinite in ("stop", "skip"), "train.nonfinite: stop or skip"),
+        (cfg.train.timeout_min > 0, "train.timeout_min: > 0 (minutes)"),
     ]
     for ok, message in checks:
         if not ok:
