@@ -8,6 +8,11 @@ reads it and nothing is ever unpickled::
      "best_mre": float (mm), "landmarks": [names], "config": nested dict}
 
 Only global rank 0 calls :func:`save`; the caller makes that check explicitly.
+
+Loading always maps tensors to the CPU first (``map_location="cpu"``), so a checkpoint
+written on GPUs loads on a CPU-only machine; the model is moved to its device afterwards.
+Resuming needs the same landmarks and architecture (:func:`check_compatible`); fine-tuning
+from another run loads whatever matches by name and shape (:func:`load_matching`).
 """
 
 from __future__ import annotations
@@ -87,3 +92,58 @@ def unwrap(model: torch.nn.Module) -> torch.nn.Module:
         if inner is None:
             return model
         model = inner
+
+
+def check_compatible(
+    ckpt: dict[str, Any], names: list[str], model_cfg: dict[str, Any], *, source: str
+) -> None:
+    """Refuse a checkpoint whose landmarks or architecture differ from the run's.
+
+    ``model_cfg``: the run's ``model`` config section as a dict. Raises
+    :class:`InputError` naming each difference.
+    """
+    from heatmap3d.model import ARCHITECTURE_KEYS
+
+    problems = []
+    theirs = list(ckpt.get("landmarks", []))
+    if theirs != list(names):
+        problems.append(f"landmarks {theirs} differ from the config's {list(names)}")
+    stored = ckpt.get("config", {}).get("model", {})
+    for key in ARCHITECTURE_KEYS:
+        if stored.get(key) != model_cfg.get(key):
+            problems.append(
+                f"model.{key} is {stored.get(key)!r}, the config has {model_cfg[key]!r}"
+            )
+    if problems:
+        raise InputError(
+            f"{source}: cannot resume: " + "; ".join(problems) + " (to fine-tune from it, "
+            "use --init-from, which loads only the matching weights)"
+        )
+
+
+def load_matching(
+    model: torch.nn.Module, state: dict[str, torch.Tensor], *, source: str
+) -> list[str]:
+    """Load the tensors of ``state`` whose name and shape match ``model``'s; keep the rest.
+
+    Returns one line per skipped tensor (e.g. the head when the landmarks differ), for
+    the caller to report. Raises :class:`InputError` when nothing at all matches.
+    """
+    own = model.state_dict()
+    state = strip_wrapper_prefixes(state)
+    matching, skipped = {}, []
+    for key, value in state.items():
+        if key not in own:
+            skipped.append(f"{key}: not in this model")
+        elif own[key].shape != value.shape:
+            skipped.append(f"{key}: shape {tuple(value.shape)} != {tuple(own[key].shape)}")
+        else:
+            matching[key] = value
+    skipped += [
+        f"{key}: not in the checkpoint (kept at initialisation)"
+        for key in own.keys() - state.keys()
+    ]
+    if not matching:
+        raise InputError(f"{source}: no weights match this model (different architecture?)")
+    model.load_state_dict(matching, strict=False)
+    return sorted(skipped)

@@ -1,7 +1,8 @@
-"""The ``heatmap3d`` command: synth, train, predict, evaluate, check.
+"""The ``heatmap3d`` command: synth, train, predict, evaluate, check, gpus.
 
 Mistakes in the user's input (:class:`~heatmap3d.errors.InputError`) are printed as one
-line, ``error: <file>: <problem>``, with exit status 2, never as a traceback.
+line, ``error: <file>: <problem>``, with exit status 2, never as a traceback. A training
+run stopped by a non-finite loss prints its one-line reason and exits with status 1.
 """
 
 from __future__ import annotations
@@ -27,6 +28,11 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("train", help="train (run under torchrun for several processes)")
     p.add_argument("--config", type=Path, help="YAML config (default: built-in defaults)")
     p.add_argument("--resume", action="store_true", help="continue from <run>/last.pt if present")
+    p.add_argument(
+        "--init-from",
+        type=Path,
+        help="fine-tune: start from this checkpoint's weights that match (name and shape)",
+    )
     p.add_argument("overrides", nargs="*", help="section.key=value, e.g. train.epochs=50")
 
 
@@ -56,10 +62,15 @@ def _add_check(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--manifest", type=Path, help="write this JSON manifest if there are no errors")
 
 
+def _add_gpus(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("gpus", help="list visible GPUs by free memory; pick the freest N")
+    p.add_argument("--n", type=int, default=1, help="how many GPUs to pick (default 1)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="heatmap3d", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
-    for add in (_add_synth, _add_train, _add_predict, _add_evaluate, _add_check):
+    for add in (_add_synth, _add_train, _add_predict, _add_evaluate, _add_check, _add_gpus):
         add(sub)
     return parser
 
@@ -76,7 +87,7 @@ def _run(args: argparse.Namespace) -> None:
         from heatmap3d.config import load_config
         from heatmap3d.train import run
 
-        run(load_config(args.config, args.overrides), resume=args.resume)
+        run(load_config(args.config, args.overrides), resume=args.resume, init_from=args.init_from)
     elif args.command == "predict":
         import torch
 
@@ -98,17 +109,26 @@ def _run(args: argparse.Namespace) -> None:
         status = run_check(args.data, args.split_file, args.landmarks, args.manifest)
         if status:  # 1: the data has problems (main's 2 stays for mistakes in the command)
             raise SystemExit(status)
+    elif args.command == "gpus":
+        from heatmap3d.gpus import report
+
+        print(report(args.n))
 
 
 def main(argv: list[str] | None = None) -> int:
+    from heatmap3d.faults import NonFiniteLossError
+
     args = build_parser().parse_args(argv)
+    rank = os.environ.get("RANK")
+    prefix = f"[rank {rank}] " if rank not in (None, "0") else ""
     try:
         _run(args)
     except InputError as err:
-        rank = os.environ.get("RANK")
-        prefix = f"[rank {rank}] " if rank not in (None, "0") else ""
         print(f"{prefix}error: {err}", file=sys.stderr)
         return 2
+    except NonFiniteLossError as err:  # every rank stops together with the same message
+        print(f"{prefix}error: {err}", file=sys.stderr)
+        return 1
     return 0
 
 

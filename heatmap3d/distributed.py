@@ -48,6 +48,20 @@ def launched_by_torchrun() -> bool:
     return "RANK" in os.environ and "WORLD_SIZE" in os.environ
 
 
+def restart_count() -> int:
+    """How many times torchrun has restarted this job's workers (0 on the first attempt).
+
+    ``torchrun --max-restarts=K`` restarts every worker when one dies; a count above zero
+    means a previous attempt ran, so training resumes from its last checkpoint.
+    """
+    return _env_int("TORCHELASTIC_RESTART_COUNT", 0)
+
+
+def timeout_minutes(minutes: float) -> datetime.timedelta:
+    """``train.timeout_min`` as the process group's collective timeout."""
+    return datetime.timedelta(minutes=minutes)
+
+
 def setup(device: str = "auto", timeout: datetime.timedelta = DEFAULT_TIMEOUT) -> DistInfo:
     """Initialise the process group (if launched by torchrun) and pick this rank's device.
 
@@ -70,10 +84,25 @@ def setup(device: str = "auto", timeout: datetime.timedelta = DEFAULT_TIMEOUT) -
     if launched_by_torchrun() and not dist.is_initialized():
         dist.init_process_group(
             backend="nccl" if use_cuda else "gloo",
+            store=_attempt_store(rank, world, timeout),
+            rank=rank,
+            world_size=world,
             timeout=timeout,
             device_id=dev if use_cuda else None,
         )
     return DistInfo(rank, local_rank, world, local_world, dev)
+
+
+def _attempt_store(rank: int, world: int, timeout: datetime.timedelta) -> dist.Store:
+    """torchrun's key-value store, with keys private to this restart attempt.
+
+    After ``torchrun --max-restarts`` restarts the workers, the store can still hold the
+    previous attempt's keys, among them each rank's old address: gloo then connects to a
+    dead peer and init hangs (seen with torch 2.13; cf. pytorch/pytorch#167288). A prefix
+    per attempt makes every attempt rendezvous afresh.
+    """
+    store, _, _ = next(dist.rendezvous("env://", rank=rank, world_size=world, timeout=timeout))
+    return dist.PrefixStore(f"heatmap3d/attempt_{restart_count()}/", store)
 
 
 def teardown() -> None:
@@ -110,3 +139,13 @@ def all_reduce_sum(values: torch.Tensor) -> torch.Tensor:
     if dist.is_initialized():
         dist.all_reduce(out, op=dist.ReduceOp.SUM)
     return out
+
+
+def flagged_ranks(flag: bool, world: DistInfo) -> list[int]:
+    """The ranks whose ``flag`` is True, known to every rank (one all-reduce of W values).
+
+    Every rank must call it at the same point, so all of them take the same decision.
+    """
+    votes = torch.zeros(world.world_size, dtype=torch.float32, device=world.device)
+    votes[world.rank] = float(flag)
+    return torch.nonzero(all_reduce_sum(votes)).flatten().tolist()

@@ -7,10 +7,17 @@ Built from small blocks. Normalisation is InstanceNorm or GroupNorm, never Batch
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from heatmap3d.config import ModelConfig
+
+# The ModelConfig fields that change the weights; a checkpoint must match them to load.
+# (``checkpointing`` changes only how the backward pass is computed.)
+ARCHITECTURE_KEYS = ("channels", "depth", "norm")
 
 
 def _norm(kind: str, channels: int) -> nn.Module:
@@ -71,19 +78,35 @@ class UNet3D(nn.Module):
             Up(widths[i + 1], widths[i], widths[i], cfg.norm) for i in reversed(range(cfg.depth))
         )
         self.head = nn.Conv3d(widths[0], out_channels, 1)
+        self.checkpointing = cfg.checkpointing
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if any(s % self.multiple for s in x.shape[2:]):
             raise ValueError(
                 f"input size {tuple(x.shape[2:])} is not a multiple of {self.multiple}"
             )
-        skips = [self.stem(x)]
+        # The input follows the weights' dtype, so a float64 model (train.precision=fp64)
+        # takes the float32 scans of the loader and of prediction. Under autocast the
+        # convolutions cast anyway; memory format is preserved.
+        x = x.to(self.head.weight.dtype)
+        skips = [self._block(self.stem, x)]
         for down in self.downs:
-            skips.append(down(skips[-1]))
+            skips.append(self._block(down, skips[-1]))
         x = skips.pop()
         for up in self.ups:
-            x = up(x, skips.pop())
+            x = self._block(up, x, skips.pop())
         return self.head(x)
+
+    def _block(self, block: Callable[..., torch.Tensor], *inputs: torch.Tensor) -> torch.Tensor:
+        """Run one block; with activation checkpointing, recompute it in the backward pass.
+
+        Only the block inputs are kept (not the activations of its two convolutions and
+        norms); ``use_reentrant=False`` is the variant that works with DDP, autocast and
+        inputs that do not require gradients.
+        """
+        if self.checkpointing and self.training and torch.is_grad_enabled():
+            return checkpoint(block, *inputs, use_reentrant=False)
+        return block(*inputs)
 
 
 def build_model(cfg: ModelConfig, num_landmarks: int) -> UNet3D:

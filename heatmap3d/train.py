@@ -18,28 +18,36 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
-from heatmap3d import checkpoint, distributed
+from heatmap3d import checkpoint, distributed, faults, precision
 from heatmap3d.config import Config, to_dict
 from heatmap3d.data import LandmarkDataset, default_workers, shard, train_loader
 from heatmap3d.dataset_setup import prepare_dataset
 from heatmap3d.distributed import DistInfo
-from heatmap3d.errors import InputError
 from heatmap3d.evaluate import report_predictions
-from heatmap3d.heatmaps import heatmap_loss
 from heatmap3d.metrics import LandmarkStats, radial_errors, summarize
 from heatmap3d.model import build_model
 from heatmap3d.monitor import make_monitor, slice_panel
-from heatmap3d.predict import Predictor, autocast, locate_landmarks
+from heatmap3d.predict import Predictor, locate_landmarks
+from heatmap3d.steps import Stepper, groups
 
 
-def run(cfg: Config, *, resume: bool = False) -> list[LandmarkStats] | None:
+def run(
+    cfg: Config, *, resume: bool = False, init_from: str | Path | None = None
+) -> list[LandmarkStats] | None:
     """Train, validate, checkpoint, then evaluate the best model on the validation scans.
 
+    ``resume``: continue from ``<run>/last.pt``; implied when torchrun restarted the job.
+    ``init_from``: start from the matching weights of another checkpoint (fine-tuning).
     Returns the per-landmark statistics of the best checkpoint (on every rank).
     """
-    world = distributed.setup(cfg.train.device)
+    world = distributed.setup(
+        cfg.train.device, timeout=distributed.timeout_minutes(cfg.train.timeout_min)
+    )
     try:
-        trainer = Trainer(cfg, world, resume=resume)
+        # After a crash, torchrun --max-restarts restarts every worker: pick up where the
+        # last checkpoint left off without anyone adding --resume.
+        restarted = distributed.restart_count() > 0
+        trainer = Trainer(cfg, world, resume=resume or restarted, init_from=init_from)
         trainer.fit()
         return trainer.final_report()
     finally:
@@ -47,28 +55,42 @@ def run(cfg: Config, *, resume: bool = False) -> list[LandmarkStats] | None:
 
 
 class Trainer:
-    def __init__(self, cfg: Config, world: DistInfo, *, resume: bool = False) -> None:
+    def __init__(
+        self,
+        cfg: Config,
+        world: DistInfo,
+        *,
+        resume: bool = False,
+        init_from: str | Path | None = None,
+    ) -> None:
         self.world = world
         names, train_cases, val_cases = prepare_dataset(cfg, world)
         # The resolved names go into the checkpoint's config, so predict needs nothing else.
         self.cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, landmarks=names))
         self.names, self.val_cases = names, val_cases
         self.run_dir = Path(cfg.train.out_dir) / cfg.train.name
+        prec = precision.resolve(cfg.train.precision, cfg.train.amp, world.device)
+        self.precision = precision.Precision(prec, world.device)
         torch.manual_seed(cfg.train.seed)
-        self.model = build_model(cfg.model, len(names)).to(world.device)
-        # A single process (python train_ddp.py) has no process group to wrap the model in.
-        self.ddp = self.model
-        if world.is_distributed:
-            self.ddp = DistributedDataParallel(
-                self.model, device_ids=[world.local_rank] if world.device.type == "cuda" else None
-            )
+        self.model = build_model(cfg.model, len(names))
+        self.model.to(world.device, self.precision.param_dtype)
         self.opt = torch.optim.AdamW(
             self.model.parameters(), lr=cfg.train.lr, weight_decay=cfg.train.weight_decay
         )
         self.sched = torch.optim.lr_scheduler.CosineAnnealingLR(self.opt, T_max=cfg.train.epochs)
         self.start_epoch, self.best_mre = 0, math.inf
-        if resume:
-            self._resume()
+        # Weights are loaded before DDP wraps the model (DDP broadcasts rank 0's anyway).
+        if not (resume and self._resume()) and init_from:
+            self._init_from(Path(init_from))
+        self.stepper = Stepper(
+            net=self._wrap(),
+            model=self.model,
+            opt=self.opt,
+            precision=self.precision,
+            cfg=self.cfg,
+            world=world,
+            injection=faults.injection_from_env(),
+        )
         workers = cfg.data.num_workers if cfg.data.num_workers >= 0 else default_workers(world)
         train_set = LandmarkDataset(train_cases, names, cfg.data, train=True)
         self.loader, self.sampler = train_loader(
@@ -76,6 +98,22 @@ class Trainer:
         )
         self.val_set = LandmarkDataset(val_cases, names, cfg.data, train=False)
         self.monitor = make_monitor(world, self.run_dir)
+
+    def _wrap(self) -> torch.nn.Module:
+        """The module the training step calls: compiled and/or DDP-wrapped as configured.
+
+        The bare ``self.model`` keeps the weights (checkpoints are saved from it) and is
+        what validation runs, eagerly.
+        """
+        net: torch.nn.Module = self.model
+        if self.cfg.train.channels_last:
+            net.to(memory_format=torch.channels_last_3d)
+        if self.cfg.train.compile:
+            net = torch.compile(net)
+        if self.world.is_distributed:  # a single process has no process group to wrap in
+            cuda = self.world.device.type == "cuda"
+            net = DistributedDataParallel(net, device_ids=[self.world.local_rank] if cuda else None)
+        return net
 
     # -- training ---------------------------------------------------------------------------
 
@@ -106,15 +144,18 @@ class Trainer:
         self.monitor.close()
 
     def _train_epoch(self, epoch: int) -> float:
-        self.ddp.train()
-        device, step0 = self.world.device, epoch * len(self.loader)
+        self.stepper.net.train()
+        accumulate = self.cfg.train.accumulate
+        device, step0 = self.world.device, epoch * math.ceil(len(self.loader) / accumulate)
         sums = torch.zeros(2, dtype=torch.float64, device=device)  # loss * n, n
         start = time.perf_counter()
-        for i, batch in enumerate(self.loader):
-            loss = self._step(batch)
-            n = batch["image"].shape[0]
-            sums += torch.tensor([loss.item() * n, n], dtype=torch.float64, device=device)
-            self.monitor.scalar("train/loss", loss.item(), step0 + i)
+        for i, group in enumerate(groups(self.loader, accumulate)):
+            loss = self.stepper.step(group, step0 + i)
+            if loss is None:  # skipped: non-finite (train.nonfinite=skip)
+                continue
+            n = sum(batch["image"].shape[0] for batch in group)
+            sums += torch.tensor([loss * n, n], dtype=torch.float64, device=device)
+            self.monitor.scalar("train/loss", loss, step0 + i)
         total = distributed.all_reduce_sum(sums)  # every rank, once per epoch
         seconds = time.perf_counter() - start
         mean_loss = (total[0] / total[1]).item()
@@ -122,27 +163,6 @@ class Trainer:
         self.monitor.scalar("train/lr", self.opt.param_groups[0]["lr"], epoch + 1)
         self.monitor.scalar("train/samples_per_s", total[1].item() / seconds, epoch + 1)
         return mean_loss
-
-    def _step(self, batch: dict) -> torch.Tensor:
-        device = self.world.device
-        image = batch["image"].to(device, non_blocking=True)
-        coords = batch["coords"].to(device, non_blocking=True)
-        mask = batch["mask"].to(device, non_blocking=True)
-        with autocast(device, self.cfg.train.amp):
-            pred = self.ddp(image)
-        loss = heatmap_loss(
-            pred.float(),
-            coords,
-            sigma=self.cfg.heatmap.sigma,
-            spacing=self.cfg.data.spacing,
-            mask=mask,
-        )
-        self.opt.zero_grad(set_to_none=True)
-        loss.backward()
-        if self.cfg.train.grad_clip > 0:
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.train.grad_clip)
-        self.opt.step()
-        return loss.detach()
 
     # -- validation -------------------------------------------------------------------------
 
@@ -162,7 +182,8 @@ class Trainer:
                 self.names,
                 device=self.world.device,
                 multiple=self.model.multiple,
-                amp=self.cfg.train.amp,
+                window=self.cfg.heatmap.sigma,
+                amp=self.precision.autocasts,
             )
             mine[self.val_cases[index].case_id] = (pred.landmarks.points, truth)
             if index == 0:  # case 0 is always on rank 0: draw it
@@ -201,29 +222,40 @@ class Trainer:
                 "scheduler": self.sched.state_dict(),
                 "epoch": epoch,
                 "best_mre": self.best_mre,
+                "scaler": self.precision.state_dict(),
                 "landmarks": list(self.names),
                 "config": to_dict(self.cfg),
                 "written_by": {"rank": self.world.rank, "world_size": self.world.world_size},
             },
         )
 
-    def _resume(self) -> None:
+    def _resume(self) -> bool:
+        """Continue from ``<run>/last.pt``; False when there is none yet."""
         path = self.run_dir / "last.pt"
         if not path.is_file():
             if self.world.is_main:
                 print(f"resume: {path} does not exist yet; starting from scratch")
-            return
+            return False
         ckpt = checkpoint.load(path)
-        if list(ckpt["landmarks"]) != self.names:
-            raise InputError(f"{path}: landmarks {ckpt['landmarks']} differ from {self.names}")
-        if ckpt["config"]["model"] != dataclasses.asdict(self.cfg.model):
-            raise InputError(f"{path}: model {ckpt['config']['model']} differs from the config")
+        model_cfg = dataclasses.asdict(self.cfg.model)
+        checkpoint.check_compatible(ckpt, self.names, model_cfg, source=str(path))
         self.model.load_state_dict(ckpt["model"])
         self.opt.load_state_dict(ckpt["optimizer"])
         self.sched.load_state_dict(ckpt["scheduler"])
+        self.precision.load_state_dict(ckpt.get("scaler", {}))
         self.start_epoch, self.best_mre = int(ckpt["epoch"]), float(ckpt["best_mre"])
         if self.world.is_main:
             print(f"resume: continuing from {path} after epoch {self.start_epoch}")
+        return True
+
+    def _init_from(self, path: Path) -> None:
+        """Fine-tuning: the weights of ``path`` that match by name and shape, nothing else."""
+        ckpt = checkpoint.load(path)
+        skipped = checkpoint.load_matching(self.model, ckpt["model"], source=str(path))
+        if self.world.is_main:
+            print(f"init-from: loaded the matching weights of {path}")
+            for line in skipped:
+                print(f"init-from: skipped {line}")
 
     # -- final evaluation -------------------------------------------------------------------
 

@@ -70,3 +70,112 @@ def test_refuses_pickles_and_junk(tmp_path):
         checkpoint.load(junk)
     with pytest.raises(InputError, match="not found"):
         checkpoint.load(tmp_path / "absent.pt")
+
+
+# -- wrapped models, devices, compatibility, fine-tuning --------------------------------------
+
+
+def _tiny(landmarks: int = 2, channels: int = 2):
+    torch.manual_seed(0)
+    return build_model(ModelConfig(channels=channels, depth=1), landmarks)
+
+
+def _roundtrip(tmp_path, state):
+    path = tmp_path / "wrapped.pt"
+    checkpoint.save(path, {"model": state, "config": {}})
+    return checkpoint.load(path)["model"]
+
+
+@pytest.mark.slow  # importing torch.compile's machinery takes seconds
+def test_state_dicts_of_real_wrappers_load_into_the_bare_model(tmp_path):
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    model = _tiny()
+    wrapped = {
+        "DataParallel": torch.nn.DataParallel(model).state_dict(),  # CPU: a plain wrapper
+        "torch.compile": torch.compile(model).state_dict(),  # lazy: nothing is compiled
+    }
+    store = dist.FileStore(str(tmp_path / "store"), 1)
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    try:
+        wrapped["DDP"] = DistributedDataParallel(model).state_dict()
+        wrapped["DDP(compile)"] = DistributedDataParallel(torch.compile(model)).state_dict()
+    finally:
+        dist.destroy_process_group()
+    for name, state in wrapped.items():
+        assert any(k.startswith(("module.", "_orig_mod.")) for k in state), name
+        fresh = build_model(ModelConfig(channels=2, depth=1), 2)
+        fresh.load_state_dict(_roundtrip(tmp_path, state))  # strict: every key matches
+        for key, value in model.state_dict().items():
+            assert torch.equal(fresh.state_dict()[key], value), (name, key)
+
+
+def test_load_maps_to_cpu(tmp_path, monkeypatch):
+    """Without a GPU no CUDA tensor can be saved here; check what load asks torch for."""
+    seen = {}
+    real = torch.load
+
+    def spy(*args, **kwargs):
+        seen.update(kwargs)
+        return real(*args, **kwargs)
+
+    checkpoint.save(tmp_path / "c.pt", _payload(_tiny()))
+    monkeypatch.setattr(torch, "load", spy)
+    checkpoint.load(tmp_path / "c.pt")
+    assert seen == {"map_location": "cpu", "weights_only": True}
+
+
+@pytest.mark.cuda
+def test_gpu_checkpoint_loads_on_a_cpu_only_process(tmp_path):
+    import subprocess
+    import sys
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    model = _tiny().cuda()
+    checkpoint.save(tmp_path / "gpu.pt", _payload(model))
+    code = (
+        "import sys, torch; from heatmap3d import checkpoint; "
+        "c = checkpoint.load(sys.argv[1]); "
+        "assert not torch.cuda.is_available(); "
+        "assert all(v.device.type == 'cpu' for v in c['model'].values())"
+    )
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
+    proc = subprocess.run([sys.executable, "-c", code, str(tmp_path / "gpu.pt")], env=env)
+    assert proc.returncode == 0
+
+
+def _ckpt(landmarks, **model):
+    cfg = {"channels": 2, "depth": 1, "norm": "instance", "checkpointing": False, **model}
+    return {"landmarks": landmarks, "config": {"model": cfg}}
+
+
+def test_resume_refuses_other_landmarks_or_architecture_naming_the_difference():
+    run_model = {"channels": 2, "depth": 1, "norm": "instance", "checkpointing": True}
+    # Activation checkpointing is not architecture: accepted.
+    checkpoint.check_compatible(_ckpt(["a", "b"]), ["a", "b"], run_model, source="x.pt")
+    with pytest.raises(InputError, match=r"x.pt.*landmarks \['a', 'c'\] differ.*--init-from"):
+        checkpoint.check_compatible(_ckpt(["a", "c"]), ["a", "b"], run_model, source="x.pt")
+    with pytest.raises(InputError, match="model.channels is 4, the config has 2") as err:
+        checkpoint.check_compatible(
+            _ckpt(["a"], channels=4, depth=2), ["a", "b"], run_model, source="x.pt"
+        )
+    assert "model.depth is 2, the config has 1" in str(err.value) and "landmarks" in str(err.value)
+
+
+def test_init_from_loads_matching_weights_and_reports_the_head():
+    source = _tiny(landmarks=6)
+    target = build_model(ModelConfig(channels=2, depth=1), 3)  # other landmarks: other head
+    head_before = target.head.weight.detach().clone()
+    skipped = checkpoint.load_matching(target, source.state_dict(), source="s.pt")
+    assert skipped == [
+        "head.bias: shape (6,) != (3,)",
+        "head.weight: shape (6, 2, 1, 1, 1) != (3, 2, 1, 1, 1)",
+    ]
+    assert torch.equal(target.head.weight, head_before)  # kept at initialisation
+    for key, value in source.state_dict().items():
+        if not key.startswith("head."):
+            assert torch.equal(target.state_dict()[key], value), key
+    with pytest.raises(InputError, match="no weights match"):
+        checkpoint.load_matching(target, {"other.weight": torch.zeros(1)}, source="s.pt")

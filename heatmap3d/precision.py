@@ -1,0 +1,73 @@
+"""Numeric precision of training: autocast, gradient scaling, and the weights' dtype.
+
+``train.precision`` is resolved once per run (:func:`resolve`) against the device:
+
+- ``bf16``: autocast to bfloat16 on CUDA; its range equals float32's, so no loss scaling.
+- ``fp16``: autocast to float16 with a :class:`torch.amp.GradScaler`, which scales the
+  loss up so small gradients survive float16, unscales them before clipping (so the clip
+  threshold is in true gradient units) and skips steps whose gradients overflowed.
+- ``fp32``: no autocast. CPU runs always use it for bf16/fp16 requests.
+- ``fp64``: float64 weights and inputs; slow, meant for exactness tests.
+"""
+
+from __future__ import annotations
+
+import torch
+
+_AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def resolve(precision: str, amp: bool, device: torch.device) -> str:
+    """The precision actually used: ``bf16``, ``fp16``, ``fp32`` or ``fp64``."""
+    if precision == "fp64":
+        return "fp64"
+    if device.type != "cuda":
+        return "fp32"  # CPU autocast is slow for 3D convolutions; keep CPU runs simple
+    if precision == "auto":
+        return "bf16" if amp else "fp32"
+    return precision
+
+
+class Precision:
+    """Autocast context, loss scaling and the optimizer step for one resolved precision."""
+
+    def __init__(self, name: str, device: torch.device) -> None:
+        if name not in ("bf16", "fp16", "fp32", "fp64"):
+            raise ValueError(f"unresolved precision {name!r}")
+        self.name, self.device = name, device
+        self.scaler = torch.amp.GradScaler(device.type, enabled=name == "fp16")
+
+    @property
+    def param_dtype(self) -> torch.dtype:
+        """The dtype of the weights (autocast keeps float32 master weights)."""
+        return torch.float64 if self.name == "fp64" else torch.float32
+
+    @property
+    def autocasts(self) -> bool:
+        return self.name in _AUTOCAST_DTYPES
+
+    def autocast(self) -> torch.autocast:
+        dtype = _AUTOCAST_DTYPES.get(self.name, torch.bfloat16)
+        return torch.autocast(self.device.type, dtype=dtype, enabled=self.autocasts)
+
+    def loss_dtype(self, pred: torch.Tensor) -> torch.Tensor:
+        """``pred`` for the loss: half types to float32, float32/float64 unchanged."""
+        return pred.float() if pred.dtype in (torch.float16, torch.bfloat16) else pred
+
+    def backward(self, loss: torch.Tensor) -> None:
+        self.scaler.scale(loss).backward()
+
+    def step(self, opt: torch.optim.Optimizer, params: list[torch.Tensor], clip: float) -> None:
+        """Unscale (fp16), clip the global gradient norm to ``clip`` (0: off), step."""
+        self.scaler.unscale_(opt)
+        if clip > 0:
+            torch.nn.utils.clip_grad_norm_(params, clip)
+        self.scaler.step(opt)
+        self.scaler.update()
+
+    def state_dict(self) -> dict:
+        return self.scaler.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        if state:
+            self.scaler.load_state_dict(state)
