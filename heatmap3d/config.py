@@ -75,6 +75,15 @@ class AugmentConfig:
 
 
 @dataclass
+class InferenceConfig:
+    """How validation and ``heatmap3d predict`` run the network over a whole scan."""
+
+    sliding_window: bool = False  # windows of data.patch_size, Gaussian-blended; else one pass
+    overlap: float = 0.5  # fraction of a window shared with its neighbour along each axis
+    batch: int = 4  # windows per forward pass
+
+
+@dataclass
 class ModelConfig:
     channels: int = 16  # feature channels at full resolution; doubled at each level
     depth: int = 3  # number of 2x downsamplings (input sizes are padded to 2**depth)
@@ -119,6 +128,7 @@ class Config:
     data: DataConfig = field(default_factory=DataConfig)
     synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
     augment: AugmentConfig = field(default_factory=AugmentConfig)
+    inference: InferenceConfig = field(default_factory=InferenceConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     heatmap: HeatmapConfig = field(default_factory=HeatmapConfig)
     train: TrainConfig = field(default_factory=TrainConfig)

@@ -9,12 +9,16 @@ Layout of a dataset folder (``data.root``)::
 The Dataset returns images and landmark *coordinates*, never heatmaps: the Gaussian
 targets are made on the device inside the training step (:mod:`heatmap3d.heatmaps`),
 which is far cheaper than shipping K volumes per sample through worker processes.
+With ``data.disk_cache`` (the default) each scan is decoded, reoriented, resampled and
+normalised once into an on-disk cache (:mod:`heatmap3d.cache`) that every worker
+memory-maps; :func:`build_cache` fills it before training, using every rank of the node.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import random
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,6 +26,8 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Subset
 
+from heatmap3d import distributed
+from heatmap3d.cache import build_entries, cached_volume
 from heatmap3d.config import DataConfig
 from heatmap3d.distributed import DistInfo
 from heatmap3d.errors import InputError
@@ -126,14 +132,29 @@ class LandmarkDataset(Dataset):
         return len(self.cases)
 
     def volume(self, index: int) -> tuple[Volume, np.ndarray]:
-        """The preprocessed volume and world landmarks ``(K, 3)`` of case ``index``."""
+        """The preprocessed volume and world landmarks ``(K, 3)`` of case ``index``.
+
+        With ``data.disk_cache`` the volume's data is a read-only memory map of the cache
+        entry (built here, atomically, if absent or invalid); with ``data.cache`` the pair
+        is also kept in this process (a memory map costs no memory of its own).
+        """
         if index in self._cache:
             return self._cache[index]
-        vol, lm = load_case(self.cases[index], self.names)
-        item = (preprocess(vol, self.cfg), lm.points)
+        item = self._load(index)
         if self.cfg.cache:
             self._cache[index] = item
         return item
+
+    def _load(self, index: int) -> tuple[Volume, np.ndarray]:
+        case = self.cases[index]
+        if not self.cfg.disk_cache:
+            vol, lm = load_case(case, self.names)
+            return preprocess(vol, self.cfg), lm.points
+        # Landmark files are small: read as is. Their voxel coordinates come from the
+        # cached (preprocessed) affine in __getitem__. The "landmark inside its image"
+        # check of load_case ran on every case before training (dataset_setup).
+        lm = read_landmarks(case.landmarks).select(self.names, source=str(case.landmarks))
+        return cached_volume(case.image, self.cfg), lm.points
 
     def __getitem__(self, index: int) -> dict[str, torch.Tensor | int]:
         vol, world = self.volume(index)
@@ -164,15 +185,68 @@ class LandmarkDataset(Dataset):
         ]
 
 
+def build_cache(cases: list[Case], cfg: DataConfig, world: DistInfo) -> None:
+    """Fill the disk cache for ``cases`` before training; every rank must call it.
+
+    The ranks of a node split the cases (local rank r builds r, r + L, ...), so the
+    node's processes preprocess in parallel and each node gets every entry even when
+    ``data.cache_dir`` is node-local. Where nodes share the directory they may build an
+    entry twice, which is harmless (atomic, identical writes; see :mod:`heatmap3d.cache`).
+    All ranks then wait for each other, so no rank starts an epoch on a half-built cache
+    (the Dataset would still build missing entries itself, only more slowly). A failure
+    on any rank stops every rank with the same message instead of leaving them in a
+    collective. Does nothing when ``data.disk_cache`` is off.
+    """
+    error = None
+    if cfg.disk_cache:
+        try:
+            build_entries([c.image for c in cases], cfg, world.local_rank, world.local_world_size)
+        except (InputError, OSError) as err:
+            error = f"rank {world.rank}: building the preprocessed-volume cache: {err}"
+    errors = [e for e in distributed.all_gather_objects(error) if e]  # also the barrier
+    if errors:
+        raise InputError(errors[0])
+
+
+def usable_cpus() -> int:
+    """CPUs this process may run on (its affinity mask: cgroup/SLURM/taskset limits)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
 def default_workers(world: DistInfo) -> int:
-    """Loader workers per process: the node's cores shared among its ranks, minus the rank."""
-    return max(0, min(4, (os.cpu_count() or 1) // world.local_world_size - 1))
+    """Loader workers per process: the node's CPUs shared among its ranks, minus the rank.
+
+    With cached volumes an item is a memory-mapped crop (milliseconds), so a few workers
+    keep a GPU fed; more would only take cores and memory from the other ranks.
+    """
+    return max(0, min(4, usable_cpus() // world.local_world_size - 1))
+
+
+def seed_worker(worker_id: int) -> None:
+    """``worker_init_fn``: seed numpy and ``random`` from torch's per-worker seed.
+
+    The DataLoader seeds torch differently in each worker (base seed + worker id, the
+    base drawn from the loader's generator each epoch) but leaves numpy's and Python's
+    global RNGs as copied from the parent: without this, every worker would draw the
+    same "random" numbers from them, again in every epoch.
+    """
+    seed = torch.initial_seed() % 2**32
+    np.random.seed(seed)  # noqa: NPY002  (the legacy global RNG is what libraries draw from)
+    random.seed(seed)
 
 
 def train_loader(
     dataset: LandmarkDataset, batch_size: int, world: DistInfo, workers: int, seed: int
 ) -> tuple[DataLoader, DistributedSampler]:
-    """Shuffled, rank-disjoint batches; call ``sampler.set_epoch(epoch)`` every epoch."""
+    """Shuffled, rank-disjoint batches; call ``sampler.set_epoch(epoch)`` every epoch.
+
+    Workers persist across epochs (no re-fork, and their open cache maps survive) and each
+    keeps ``data.prefetch_factor`` batches ready; on CUDA the batches are pinned, so the
+    trainer's ``non_blocking`` copies overlap with compute.
+    """
     sampler = DistributedSampler(
         dataset, num_replicas=world.world_size, rank=world.rank, shuffle=True, seed=seed
     )
@@ -183,6 +257,8 @@ def train_loader(
         num_workers=workers,
         pin_memory=world.device.type == "cuda",
         persistent_workers=workers > 0,
+        prefetch_factor=max(1, dataset.cfg.prefetch_factor) if workers > 0 else None,
+        worker_init_fn=seed_worker,
         generator=torch.Generator().manual_seed(seed + world.rank),
         drop_last=False,
     )

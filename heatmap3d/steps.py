@@ -20,10 +20,22 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from heatmap3d import distributed, faults
+from heatmap3d.augment import augment_batch
 from heatmap3d.config import Config
 from heatmap3d.distributed import DistInfo
+from heatmap3d.errors import InputError
 from heatmap3d.heatmaps import heatmap_loss
 from heatmap3d.precision import Precision
+
+
+def check_mirror_pairs(cfg: Config) -> None:
+    """Every name in ``augment.mirror_pairs`` must be a landmark, in exactly one pair."""
+    flat = [name for pair in cfg.augment.mirror_pairs for name in pair]
+    if any(len(pair) != 2 for pair in cfg.augment.mirror_pairs) or len(set(flat)) != len(flat):
+        raise InputError("augment.mirror_pairs: pairs of two names, each name in one pair")
+    unknown = sorted(set(flat) - set(cfg.data.landmarks))
+    if unknown:
+        raise InputError(f"augment.mirror_pairs: {unknown} are not landmarks of this dataset")
 
 
 def groups(batches: Iterable[dict], size: int) -> Iterator[list[dict]]:
@@ -50,6 +62,14 @@ class Stepper:
     world: DistInfo
     injection: faults.Injection | None = None
     skipped: int = 0  # steps skipped for a non-finite loss (train.nonfinite=skip)
+    augment_rng: torch.Generator | None = None  # CPU generator for augmentation draws
+
+    def __post_init__(self) -> None:
+        if self.cfg.augment.enabled:
+            check_mirror_pairs(self.cfg)
+            # A stream per rank: ranks must not draw the same transforms for their samples.
+            seed = self.cfg.train.seed * 1_000_003 + self.world.rank
+            self.augment_rng = torch.Generator().manual_seed(seed)
 
     def step(self, group: list[dict], step: int) -> float | None:
         """One optimizer step over ``group``; its mean loss, or None if it was skipped.
@@ -86,6 +106,16 @@ class Stepper:
             image = image.contiguous(memory_format=torch.channels_last_3d)
         coords = batch["coords"].to(device, non_blocking=True)
         mask = batch["mask"].to(device, non_blocking=True)
+        if self.augment_rng is not None:
+            image, coords, mask = augment_batch(
+                image,
+                coords,
+                mask,
+                self.cfg.augment,
+                spacing=self.cfg.data.spacing,
+                names=self.cfg.data.landmarks,
+                generator=self.augment_rng,
+            )
         with self.precision.autocast():
             pred = self.net(image)
         return heatmap_loss(

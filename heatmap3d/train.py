@@ -20,7 +20,7 @@ from tqdm import tqdm
 
 from heatmap3d import checkpoint, distributed, faults, precision
 from heatmap3d.config import Config, to_dict
-from heatmap3d.data import LandmarkDataset, default_workers, shard, train_loader
+from heatmap3d.data import LandmarkDataset, build_cache, default_workers, shard, train_loader
 from heatmap3d.dataset_setup import prepare_dataset
 from heatmap3d.distributed import DistInfo
 from heatmap3d.evaluate import report_predictions
@@ -92,6 +92,8 @@ class Trainer:
             injection=faults.injection_from_env(),
         )
         workers = cfg.data.num_workers if cfg.data.num_workers >= 0 else default_workers(world)
+        # Every scan decoded, resampled and normalised once, before the first epoch.
+        build_cache(train_cases + val_cases, cfg.data, world)
         train_set = LandmarkDataset(train_cases, names, cfg.data, train=True)
         self.loader, self.sampler = train_loader(
             train_set, cfg.train.batch_size, world, workers, cfg.train.seed

@@ -1,0 +1,206 @@
+"""Real-data benchmark: 32 AFIDs landmarks on T1 brain MRI, held-out individual.
+
+Trains on three of the four volumes in ``../shared/data/real`` (the MNI152 2009c and 6th
+generation templates and the nilearn 2009a template) with augmentation, and evaluates on
+the fourth, Colin27: one real individual the model never saw. Colin27 is presented under
+``--views`` random rigid transforms (rotation up to 15 degrees, translation up to 20 mm)
+and resampled onto a grid of another spacing, with its landmarks moved by the same
+transform, so that predicting fixed template coordinates cannot score.
+
+Reported beside it: the human rater error on Colin27 (from the data's README) and an
+"atlas mean" baseline that predicts, for each view, the mean training position of each
+landmark moved by the view's (known) rigid transform: the error of a method that aligns
+perfectly and knows nothing of the individual's anatomy.
+
+    python benchmarks/afids.py                       # the CPU setting (see RESULTS.md)
+    python benchmarks/afids.py --spacing 1.5 --epochs 400 --channels 16   # on a GPU
+
+Validation during training uses a training volume under a random transform (with three
+volumes there is none to spare); Colin27 is touched only by the final evaluation.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+from scipy.spatial.transform import Rotation
+
+from heatmap3d.config import load_config
+from heatmap3d.geometry import Volume, resample_to_spacing
+from heatmap3d.io import load_volume, read_landmarks, save_volume, write_landmarks
+from heatmap3d.metrics import format_table, radial_errors, summarize
+from heatmap3d.predict import Predictor
+
+REAL = Path(
+    os.environ.get(
+        "HEATMAP3D_REAL_DATA", Path(__file__).resolve().parents[2] / "shared" / "data" / "real"
+    )
+)
+TRAIN = {
+    "nlin2009c": (
+        "MNI152NLin2009cAsym",
+        "tpl-MNI152NLin2009cAsym_res-01_T1w_brainmasked.nii.gz",
+        "tpl-MNI152NLin2009cAsym_res-01_desc-groundtruth_afids.fcsv",
+    ),
+    "nlin6": (
+        "MNI152NLin6Asym",
+        "tpl-MNI152NLin6Asym_res-01_T1w.nii.gz",
+        "tpl-MNI152NLin6Asym_res-01_desc-groundtruth_afids.fcsv",
+    ),
+    "nlin2009a": (
+        "approx_MNI152NLin2009aSym_nilearn",
+        "mni_icbm152_t1_tal_nlin_sym_09a_converted.nii.gz",
+        "tpl-MNI152NLin2009cSym_res-1_desc-groundtruth_afids.fcsv",  # annotated on 2009c Sym
+    ),
+}
+TEST = (
+    "MNIColin27",
+    "colin27_t1_tal_lin_brain_LPS.nii.gz",
+    "tpl-MNIColin27_desc-groundtruth_afids.fcsv",
+)
+RATER_MEAN_MM, RATER_MEDIAN_MM = 1.71, 0.91  # Colin27, from ../shared/data/real/README.md
+# Right/left pairs of the 32 AFIDs (numbered as in the .fcsv labels): mirroring swaps them.
+MIRROR_PAIRS = [
+    ["6", "7"],
+    ["8", "9"],
+    ["12", "13"],
+    ["15", "16"],
+    ["17", "18"],
+    ["21", "22"],
+    ["23", "24"],
+    ["25", "26"],
+    ["27", "28"],
+    ["29", "30"],
+    ["31", "32"],
+]
+
+
+def _landmark_file(folder: str, name: str) -> Path:
+    return REAL / folder / name
+
+
+def rigid(rng: np.random.Generator, max_deg: float = 15.0, max_mm: float = 20.0) -> np.ndarray:
+    """A random rigid world transform ``(4, 4)``."""
+    t = np.eye(4)
+    t[:3, :3] = Rotation.from_euler(
+        "xyz", rng.uniform(-max_deg, max_deg, 3), degrees=True
+    ).as_matrix()
+    t[:3, 3] = rng.uniform(-max_mm, max_mm, 3)
+    return t
+
+
+def moved(
+    vol: Volume, points: np.ndarray, transform: np.ndarray, spacing: float
+) -> tuple[Volume, np.ndarray]:
+    """The scan placed elsewhere in the world (affine changed) and resampled to ``spacing``."""
+    placed = Volume(vol.data, transform @ vol.affine)
+    world = points @ transform[:3, :3].T + transform[:3, 3]
+    return resample_to_spacing(placed, [spacing] * 3, order=1), world
+
+
+def build_dataset(root: Path, rng: np.random.Generator) -> list[str]:
+    """Training folder: the three volumes (+ one moved copy as validation)."""
+    (root / "images").mkdir(parents=True)
+    (root / "landmarks").mkdir()
+    for case, (folder, image, fcsv) in TRAIN.items():
+        (root / "images" / f"{case}.nii.gz").symlink_to(REAL / folder / image)
+        (root / "landmarks" / f"{case}.fcsv").symlink_to(_landmark_file(folder, fcsv))
+    folder, image, fcsv = TRAIN["nlin2009c"]
+    lm = read_landmarks(_landmark_file(folder, fcsv))
+    vol, world = moved(load_volume(REAL / folder / image), lm.points, rigid(rng), 1.3)
+    save_volume(root / "images" / "val_moved.nii.gz", vol)
+    write_landmarks(root / "landmarks" / "val_moved.json", type(lm)(lm.names, world))
+    (root / "split.json").write_text(json.dumps({"train": list(TRAIN), "val": ["val_moved"]}))
+    return lm.names
+
+
+def evaluate(predictor: Predictor, names: list[str], views: int, rng: np.random.Generator):
+    folder, image, fcsv = TEST
+    vol = load_volume(REAL / folder / image)
+    truth = read_landmarks(REAL / folder / fcsv).select(names).points
+    train_mean = np.mean(
+        [read_landmarks(_landmark_file(f, c)).select(names).points for f, _, c in TRAIN.values()],
+        axis=0,
+    )
+    errors, baseline, seconds = [], [], []
+    for _ in range(views):
+        transform = rigid(rng)
+        scan, world = moved(vol, truth, transform, float(rng.uniform(0.9, 1.6)))
+        start = time.perf_counter()
+        pred = predictor.predict_volume(scan)
+        seconds.append(time.perf_counter() - start)
+        errors.append(radial_errors(pred.landmarks.points, world))
+        atlas = train_mean @ transform[:3, :3].T + transform[:3, 3]
+        baseline.append(radial_errors(atlas, world))
+    return np.array(errors), np.array(baseline), float(np.median(seconds))
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--spacing", type=float, default=4.0, help="training grid, mm")
+    p.add_argument("--patch", type=int, default=48, help="training crop, voxels per axis")
+    p.add_argument("--epochs", type=int, default=300)
+    p.add_argument("--channels", type=int, default=8)
+    p.add_argument("--sigma", type=float, default=8.0, help="heatmap sigma, mm")
+    p.add_argument("--views", type=int, default=5, help="random placements of Colin27")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", type=Path, default=Path("runs"))
+    args = p.parse_args()
+    if not REAL.is_dir():
+        raise SystemExit(f"real data not found at {REAL} (set HEATMAP3D_REAL_DATA)")
+    rng = np.random.default_rng(args.seed)
+    with tempfile.TemporaryDirectory() as tmp:
+        names = build_dataset(Path(tmp) / "afids", rng)
+        overrides = [
+            f"data.root={tmp}/afids",
+            f"data.spacing=[{args.spacing},{args.spacing},{args.spacing}]",
+            f"data.patch_size=[{args.patch},{args.patch},{args.patch}]",
+            "data.num_workers=0",
+            f"model.channels={args.channels}",
+            "model.depth=3",
+            f"heatmap.sigma={args.sigma}",
+            f"train.epochs={args.epochs}",
+            "train.batch_size=2",
+            "train.val_every=25",
+            f"train.out_dir={args.out}",
+            "train.name=afids",
+            f"train.seed={args.seed}",
+            "augment.enabled=true",
+            "augment.rotation_deg=15",
+            "augment.translation_mm=10",
+            "augment.elastic_mm=2",
+            "augment.mirror_axis=0",
+            f"augment.mirror_pairs={json.dumps(MIRROR_PAIRS)}",
+        ]
+        from heatmap3d.train import run
+
+        start = time.perf_counter()
+        run(load_config(None, overrides))
+        train_min = (time.perf_counter() - start) / 60
+    predictor = Predictor.from_checkpoint(args.out / "afids" / "best.pt")
+    errors, baseline, per_scan = evaluate(predictor, names, args.views, rng)
+    print(format_table(summarize(errors.reshape(-1, len(names)), names)))
+    ours = summarize(errors.reshape(-1, len(names)), names)[-1]
+    atlas = summarize(baseline.reshape(-1, len(names)), names)[-1]
+    print(
+        f"\nsettings: {vars(args)}; training {train_min:.1f} min; prediction {per_scan:.2f} s/scan"
+    )
+    print(f"human raters (Colin27): mean {RATER_MEAN_MM} mm, median {RATER_MEDIAN_MM} mm")
+    print(
+        "atlas-mean baseline (perfect rigid alignment): "
+        f"mean {atlas.mre:.2f} mm, median {atlas.median:.2f} mm"
+    )
+    print(
+        f"afids: mre={ours.mre:.2f} median={ours.median:.2f} sdr2={ours.sdr[2.0]:.3f} "
+        f"sdr4={ours.sdr[4.0]:.3f} missed={ours.missed} train_min={train_min:.1f}"
+    )
+
+
+if __name__ == "__main__":
+    main()

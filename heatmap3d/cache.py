@@ -1,0 +1,207 @@
+"""On-disk cache of preprocessed volumes: decode, reorient, resample, normalise once.
+
+Decoding a gzip NIfTI and resampling it costs tens to hundreds of milliseconds per scan;
+doing it in every loader worker every epoch is what starves an accelerator. Here each
+scan is preprocessed once (:func:`heatmap3d.preprocess.preprocess`) and stored as
+
+    <cache_dir>/<key>.npy     the float32 (I, J, K) array, opened with mmap_mode="r"
+    <cache_dir>/<key>.json    affine, shape, dtype, CRC32 of the .npy bytes, settings
+
+so a worker reads only the pages of the crop it needs, and all workers and ranks on a
+node share one copy in the page cache instead of one copy per worker process.
+
+The key is a hash of
+
+- the image file's **content** (SHA-256 of its bytes), not its size and mtime: a copy
+  with ``cp -p``/``rsync -t``, or a rewrite within the file system's mtime resolution,
+  keeps both, and a stale volume would silently train against new landmarks. Hashing the
+  compressed file runs at about 1 GB/s, far faster than decompressing it, and it is done
+  once per process per file (memoised on the file's inode, size, mtime and ctime, which
+  *can* tell that a file has changed: any write or ``touch`` sets the ctime, which,
+  unlike the mtime, cannot be set back);
+- the preprocessing settings (spacing, normalisation, percentiles, CT window) and
+  :data:`FORMAT_VERSION` (bump it when preprocessing code changes its output).
+
+A changed file or setting is thus a different entry: nothing is ever updated in place.
+Entries are written atomically (temporary file, then ``os.replace``), the ``.npy`` first
+and the ``.json`` last, so a reader that finds the ``.json`` finds a complete ``.npy``.
+Concurrent builders of one entry (ranks, loader workers, nodes on a shared file system)
+are harmless: preprocessing is deterministic, so whichever write lands last is the same
+bytes. No lock is needed, which matters because ``fcntl`` locks are unreliable on NFS.
+A reader checks the ``.npy`` header's shape and dtype, its size and its CRC32 against the
+``.json``; anything wrong (truncated, flipped bytes, missing half) is rebuilt, never used.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from heatmap3d.config import DataConfig
+from heatmap3d.geometry import Volume
+from heatmap3d.io import load_volume
+from heatmap3d.preprocess import preprocess
+
+# Part of every key: bump when preprocess() changes its output for the same settings.
+FORMAT_VERSION = 1
+_HASH_BLOCK = 1 << 22  # 4 MiB reads when hashing a file
+
+
+def cache_dir_of(cfg: DataConfig) -> Path:
+    """``data.cache_dir``, or ``<data.root>/.cache`` when it is empty."""
+    return Path(cfg.cache_dir) if cfg.cache_dir else Path(cfg.root) / ".cache"
+
+
+def settings_of(cfg: DataConfig) -> dict[str, Any]:
+    """The settings that change a preprocessed volume (and nothing else: not the crop)."""
+    return {
+        "version": FORMAT_VERSION,
+        "spacing": [float(s) for s in cfg.spacing],
+        "normalization": cfg.normalization,
+        "percentiles": [float(p) for p in cfg.percentiles],
+        "ct_window": [float(w) for w in cfg.ct_window],
+    }
+
+
+StatKey = tuple[int, int, int, int]
+# Memo of content hashes: path -> (stat key, sha256 hex). Per process.
+_content_hashes: dict[str, tuple[StatKey, str]] = {}
+# Memo of verified entries: .npy path -> its stat key when its CRC last matched.
+_verified: dict[str, StatKey] = {}
+
+
+def _stat_key(path: Path) -> StatKey:
+    """(inode, size, mtime, ctime): changes whenever the file is replaced or written."""
+    st = path.stat()
+    return (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+def content_hash(path: Path) -> str:
+    """SHA-256 hex of a file's bytes, recomputed only when its :func:`_stat_key` changes."""
+    stat = _stat_key(path)
+    memo = _content_hashes.get(str(path))
+    if memo is not None and memo[0] == stat:
+        return memo[1]
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(_HASH_BLOCK):
+            digest.update(block)
+    _content_hashes[str(path)] = (stat, digest.hexdigest())
+    return digest.hexdigest()
+
+
+def entry_key(image: Path, cfg: DataConfig) -> str:
+    """Cache key of ``image`` preprocessed with ``cfg``: 40 hex digits."""
+    settings = json.dumps(settings_of(cfg), sort_keys=True)
+    return hashlib.sha256(f"{content_hash(image)}|{settings}".encode()).hexdigest()[:40]
+
+
+@dataclass(frozen=True)
+class Entry:
+    """The two files of one cache entry."""
+
+    npy: Path
+    meta: Path
+
+    @classmethod
+    def of(cls, image: Path, cfg: DataConfig) -> Entry:
+        base = cache_dir_of(cfg) / entry_key(image, cfg)
+        return cls(base.with_suffix(".npy"), base.with_suffix(".json"))
+
+
+def _crc32(path: Path) -> int:
+    crc = 0
+    with open(path, "rb") as f:
+        while block := f.read(_HASH_BLOCK):
+            crc = zlib.crc32(block, crc)
+    return crc
+
+
+def _atomic_write(path: Path, write: Any) -> None:
+    """Call ``write(file)`` on a temporary file next to ``path``, fsync, then rename it."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)  # atomic on POSIX: readers see the old file or the new one
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_entry(entry: Entry, vol: Volume, source: Path, cfg: DataConfig) -> None:
+    """Store a preprocessed volume: the ``.npy`` first, then the ``.json`` that vouches for it."""
+    entry.npy.parent.mkdir(parents=True, exist_ok=True)
+    data = np.ascontiguousarray(vol.data, dtype=np.float32)
+    _atomic_write(entry.npy, lambda f: np.save(f, data, allow_pickle=False))
+    meta = {
+        "source": str(source),
+        "settings": settings_of(cfg),
+        "shape": list(data.shape),
+        "dtype": "float32",
+        "nbytes": entry.npy.stat().st_size,
+        "crc32": _crc32(entry.npy),
+        # Python's float repr round-trips exactly, so the affine comes back bit for bit.
+        "affine": np.asarray(vol.affine, np.float64).tolist(),
+    }
+    _atomic_write(entry.meta, lambda f: f.write(json.dumps(meta).encode()))
+
+
+def read_entry(entry: Entry) -> Volume | None:
+    """The cached volume (data memory-mapped, read-only), or None if absent or invalid."""
+    try:
+        meta = json.loads(entry.meta.read_text())
+        affine = np.array(meta["affine"], dtype=np.float64)
+        stat = _stat_key(entry.npy)
+        if stat[1] != meta["nbytes"] or affine.shape != (4, 4):
+            return None
+        if _verified.get(str(entry.npy)) != stat:  # first use in this process, or rewritten
+            if _crc32(entry.npy) != meta["crc32"]:
+                return None
+            _verified[str(entry.npy)] = stat
+        data = np.load(entry.npy, mmap_mode="r", allow_pickle=False)
+    except (OSError, ValueError, KeyError, TypeError):  # missing, truncated, bad header/JSON
+        return None
+    if data.dtype != np.float32 or list(data.shape) != meta["shape"] or data.ndim != 3:
+        return None
+    return Volume(data, affine)
+
+
+def cached_volume(image: Path, cfg: DataConfig) -> Volume:
+    """The preprocessed volume of ``image``: from the cache, else built and stored first.
+
+    Safe to call from any number of processes at once (see the module docstring).
+    """
+    entry = Entry.of(image, cfg)
+    vol = read_entry(entry)
+    if vol is not None:
+        return vol
+    write_entry(entry, preprocess(load_volume(image), cfg), image, cfg)
+    vol = read_entry(entry)
+    if vol is None:  # only if the disk lies to us (or a concurrent writer is racing a crash)
+        raise OSError(f"{entry.npy}: cache entry unreadable right after writing it")
+    return vol
+
+
+def build_entries(images: list[Path], cfg: DataConfig, rank: int = 0, ranks: int = 1) -> int:
+    """Make sure every image has a valid entry; this process builds images rank, rank+ranks, ...
+
+    Returns the number of entries this call built (0 when all were present and valid).
+    """
+    built = 0
+    for image in images[rank::ranks]:
+        entry = Entry.of(image, cfg)
+        if read_entry(entry) is None:
+            write_entry(entry, preprocess(load_volume(image), cfg), image, cfg)
+            built += 1
+    return built

@@ -1,0 +1,274 @@
+"""The on-disk cache of preprocessed volumes (heatmap3d.cache) and the Dataset that uses it.
+
+Entries must follow the file's content and the preprocessing settings, survive concurrent
+builders, never be used when corrupt, and change nothing in what training sees.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import multiprocessing
+import os
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from heatmap3d import cache
+from heatmap3d.config import DataConfig
+from heatmap3d.data import (
+    LandmarkDataset,
+    build_cache,
+    find_cases,
+    read_split,
+    train_loader,
+)
+from heatmap3d.distributed import DistInfo
+from heatmap3d.geometry import Volume
+from heatmap3d.io import load_volume, read_landmarks, save_volume
+from heatmap3d.preprocess import preprocess
+from heatmap3d.synthetic import generate_dataset
+
+SINGLE = DistInfo(
+    rank=0, local_rank=0, world_size=1, local_world_size=1, device=torch.device("cpu")
+)
+
+
+@pytest.fixture(scope="module")
+def dataset_root(tmp_path_factory) -> Path:
+    return generate_dataset(
+        tmp_path_factory.mktemp("syn"), n_train=4, n_val=1, n_test=0, seed=3, progress=False
+    )
+
+
+@pytest.fixture
+def root(dataset_root, tmp_path) -> Path:
+    """A private copy of the dataset (tests modify files and caches)."""
+    return Path(shutil.copytree(dataset_root, tmp_path / "data"))
+
+
+def config(root: Path, **kw) -> DataConfig:
+    return DataConfig(root=str(root), spacing=[2.5, 2.5, 2.5], patch_size=[24, 24, 24], **kw)
+
+
+def cases_of(root: Path):
+    return find_cases(root, read_split(root, "split.json")["train"], "train")
+
+
+def reference(image: Path, cfg: DataConfig) -> Volume:
+    return preprocess(load_volume(image), cfg)
+
+
+def assert_same_volume(a: Volume, b: Volume) -> None:
+    assert a.data.shape == b.data.shape
+    np.testing.assert_array_equal(np.asarray(a.data), b.data)
+    np.testing.assert_array_equal(a.affine, b.affine)
+
+
+def entry_files(cfg: DataConfig) -> list[str]:
+    return sorted(p.name for p in cache.cache_dir_of(cfg).iterdir())
+
+
+def test_entry_matches_preprocess_and_is_memory_mapped(root):
+    cfg = config(root)
+    image = cases_of(root)[0].image
+    vol = cache.cached_volume(image, cfg)
+    assert isinstance(vol.data, np.memmap) or isinstance(vol.data.base, np.memmap)
+    assert_same_volume(vol, reference(image, cfg))
+    assert cache.cache_dir_of(cfg) == root / ".cache"
+    assert len(entry_files(cfg)) == 2  # <key>.npy and <key>.json, no temporary files
+
+
+def test_changed_file_gets_a_new_entry_even_with_size_and_mtime_kept(root):
+    cfg = config(root)
+    image = root / "images" / "case000.nii"  # uncompressed: change a voxel, keep the size
+    save_volume(image, load_volume(cases_of(root)[0].image))
+    first = cache.cached_volume(image, cfg)
+    key = cache.entry_key(image, cfg)
+    st = image.stat()
+    raw = load_volume(image)
+    raw.data[10:20, 10:20, 10:20] += 500.0
+    save_volume(image, raw)
+    os.utime(image, ns=(st.st_atime_ns, st.st_mtime_ns))  # as cp -p or rsync -t would
+    assert image.stat().st_size == st.st_size and image.stat().st_mtime_ns == st.st_mtime_ns
+    assert cache.entry_key(image, cfg) != key
+    second = cache.cached_volume(image, cfg)
+    assert_same_volume(second, reference(image, cfg))
+    assert not np.array_equal(np.asarray(first.data), second.data)
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"spacing": [2.0, 2.0, 3.0]},
+        {"normalization": "none"},
+        {"percentiles": [1.0, 99.0]},
+        {"normalization": "ct", "ct_window": [-100.0, 300.0]},
+    ],
+)
+def test_changed_preprocessing_setting_gets_a_new_entry(root, change):
+    cfg = config(root)
+    image = cases_of(root)[0].image
+    cache.cached_volume(image, cfg)
+    other = dataclasses.replace(cfg, **change)
+    assert cache.entry_key(image, other) != cache.entry_key(image, cfg)
+    assert_same_volume(cache.cached_volume(image, other), reference(image, other))
+    assert len(entry_files(cfg)) == 4
+
+
+def test_settings_that_do_not_change_the_volume_share_the_entry(root):
+    cfg = config(root)
+    image = cases_of(root)[0].image
+    same = dataclasses.replace(cfg, patch_size=[16, 16, 16], random_crop=False, num_workers=3)
+    assert cache.entry_key(image, same) == cache.entry_key(image, cfg)
+
+
+def _corrupt_truncate(entry: cache.Entry) -> None:
+    with open(entry.npy, "r+b") as f:
+        f.truncate(entry.npy.stat().st_size // 2)
+
+
+def _corrupt_flip(entry: cache.Entry) -> None:
+    st = entry.npy.stat()
+    with open(entry.npy, "r+b") as f:  # same size; mtime put back: only the CRC can tell
+        f.seek(st.st_size - 1000)
+        byte = f.read(1)
+        f.seek(st.st_size - 1000)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    os.utime(entry.npy, ns=(st.st_atime_ns, st.st_mtime_ns))
+
+
+def _corrupt_header(entry: cache.Entry) -> None:
+    with open(entry.npy, "r+b") as f:
+        f.write(b"garbage!")
+
+
+def _corrupt_shape(entry: cache.Entry) -> None:
+    meta = entry.meta.read_text().replace('"shape": [', '"shape": [1, ')
+    entry.meta.write_text(meta)
+
+
+def _corrupt_meta(entry: cache.Entry) -> None:
+    entry.meta.write_text('{"affine": [[1, 0')
+
+
+def _delete_meta(entry: cache.Entry) -> None:
+    entry.meta.unlink()  # as if the writer died between the .npy and the .json
+
+
+@pytest.mark.parametrize(
+    "corrupt",
+    [
+        _corrupt_truncate,
+        _corrupt_flip,
+        _corrupt_header,
+        _corrupt_shape,
+        _corrupt_meta,
+        _delete_meta,
+    ],
+)
+def test_corrupt_entry_is_detected_and_rebuilt(root, corrupt):
+    cfg = config(root)
+    image = cases_of(root)[0].image
+    good = reference(image, cfg)
+    cache.cached_volume(image, cfg)  # built and verified once in this process
+    entry = cache.Entry.of(image, cfg)
+    corrupt(entry)
+    assert cache.read_entry(entry) is None
+    assert_same_volume(cache.cached_volume(image, cfg), good)
+    assert_same_volume(cache.read_entry(entry), good)
+
+
+def _build_in_child(images: list[str], cfg: DataConfig) -> None:
+    for image in images:
+        cache.cached_volume(Path(image), cfg)
+
+
+def test_two_processes_building_the_same_cache_leave_one_valid_cache(root):
+    cfg = config(root)
+    images = [str(c.image) for c in cases_of(root)]
+    ctx = multiprocessing.get_context("spawn")
+    procs = [ctx.Process(target=_build_in_child, args=(images, cfg)) for _ in range(2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=120)
+    assert [p.exitcode for p in procs] == [0, 0]
+    files = entry_files(cfg)
+    assert len(files) == 2 * len(images)  # one .npy and one .json each, no leftovers
+    assert not [f for f in files if f.endswith(".tmp")]
+    for image in images:
+        entry = cache.Entry.of(Path(image), cfg)
+        assert_same_volume(cache.read_entry(entry), reference(Path(image), cfg))
+
+
+def test_build_cache_builds_every_case_once(root):
+    cfg = config(root)
+    cases = cases_of(root)
+    build_cache(cases, cfg, SINGLE)
+    assert len(entry_files(cfg)) == 2 * len(cases)
+    assert cache.build_entries([c.image for c in cases], cfg) == 0  # all present and valid
+    build_cache(
+        cases, dataclasses.replace(cfg, disk_cache=False, cache_dir=str(root / "x")), SINGLE
+    )
+    assert not (root / "x").exists()
+
+
+def test_cache_dir_setting(root, tmp_path):
+    cfg = config(root, cache_dir=str(tmp_path / "elsewhere"))
+    cache.cached_volume(cases_of(root)[0].image, cfg)
+    assert len(list((tmp_path / "elsewhere").glob("*.npy"))) == 1
+    assert not (root / ".cache").exists()
+
+
+def _items(dataset: LandmarkDataset, seed: int) -> list[dict]:
+    torch.manual_seed(seed)
+    return [dataset[i] for i in (0, 1, 2, 3, 1)]
+
+
+def assert_same_items(a: list[dict], b: list[dict]) -> None:
+    assert len(a) == len(b)
+    for x, y in zip(a, b):
+        assert x.keys() == y.keys()
+        for key in x:
+            if isinstance(x[key], torch.Tensor):
+                assert x[key].dtype == y[key].dtype
+                assert torch.equal(x[key].nan_to_num(-99.0), y[key].nan_to_num(-99.0)), key
+            else:
+                assert x[key] == y[key], key
+
+
+@pytest.mark.parametrize("train", [True, False])
+def test_dataset_items_identical_with_and_without_cache(root, train):
+    cases = cases_of(root)
+    names = read_landmarks(cases[0].landmarks).names
+    kw = {"train": train, "multiple": 8}
+    plain = LandmarkDataset(cases, names, config(root, disk_cache=False), **kw)
+    cached = LandmarkDataset(cases, names, config(root, disk_cache=True), **kw)
+    uncached_memo = LandmarkDataset(cases, names, config(root, cache=False), **kw)
+    reference_items = _items(plain, seed=5)
+    assert_same_items(reference_items, _items(cached, seed=5))
+    assert_same_items(reference_items, _items(cached, seed=5))  # second pass: from memory
+    assert_same_items(reference_items, _items(uncached_memo, seed=5))  # mmap each time
+    assert (root / ".cache").is_dir()
+
+
+def _epoch(dataset: LandmarkDataset, workers: int, epoch: int) -> list[dict]:
+    torch.manual_seed(11)  # workers=0: crops come from the main process's RNG
+    loader, sampler = train_loader(dataset, batch_size=2, world=SINGLE, workers=workers, seed=7)
+    sampler.set_epoch(epoch)
+    return list(loader)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_loader_epoch_identical_with_and_without_cache(root, workers):
+    cases = cases_of(root)
+    names = read_landmarks(cases[0].landmarks).names
+    plain = LandmarkDataset(cases, names, config(root, disk_cache=False), train=True)
+    cached = LandmarkDataset(cases, names, config(root), train=True)
+    build_cache(cases, cached.cfg, SINGLE)
+    a, b = _epoch(plain, workers, epoch=1), _epoch(cached, workers, epoch=1)
+    assert len(a) == len(b) == 2
+    assert_same_items(a, b)

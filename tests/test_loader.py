@@ -1,0 +1,97 @@
+"""Loader settings (worker seeding, worker count, DDP options) and predict's scan prefetching."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+import torch
+
+from heatmap3d.config import Config, DataConfig
+from heatmap3d.data import default_workers, seed_worker, train_loader, usable_cpus
+from heatmap3d.distributed import DistInfo
+from heatmap3d.errors import InputError
+from heatmap3d.io import save_volume
+from heatmap3d.predict import Predictor, predict_files
+from heatmap3d.synthetic import generate_case
+
+
+def world(local_world_size: int = 1, device: str = "cpu") -> DistInfo:
+    return DistInfo(0, 0, local_world_size, local_world_size, torch.device(device))
+
+
+class NumpyDraws(torch.utils.data.Dataset):
+    """Items drawn from numpy's legacy global RNG, as third-party transforms do."""
+
+    cfg = DataConfig(prefetch_factor=2)
+
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, index: int) -> float:
+        return float(np.random.rand())  # noqa: NPY002  (what the test is about)
+
+
+def test_workers_draw_different_numpy_numbers_in_each_worker_and_epoch():
+    loader, sampler = train_loader(NumpyDraws(), 1, world(), workers=2, seed=0)
+    assert loader.persistent_workers and loader.prefetch_factor == 2
+    epochs = []
+    for epoch in range(2):
+        sampler.set_epoch(epoch)
+        epochs.append([float(x) for x in loader])
+    draws = epochs[0] + epochs[1]
+    assert len(set(draws)) == len(draws)  # unseeded forked workers would repeat values
+
+
+def test_seed_worker_follows_torch_seed():
+    torch.manual_seed(123)
+    seed_worker(0)
+    a = np.random.rand()  # noqa: NPY002
+    torch.manual_seed(123)
+    seed_worker(0)
+    assert np.random.rand() == a  # noqa: NPY002
+
+
+def test_main_process_loader_has_no_worker_options():
+    loader, _ = train_loader(NumpyDraws(), 2, world(), workers=0, seed=0)
+    assert not loader.persistent_workers and not loader.pin_memory
+    assert len(list(loader)) == 4
+
+
+def test_default_workers_share_the_usable_cpus_among_local_ranks():
+    cpus = usable_cpus()
+    assert 1 <= cpus <= (os.cpu_count() or 1)
+    assert default_workers(world(1)) == max(0, min(4, cpus - 1))
+    assert default_workers(world(cpus)) == 0  # one rank per core: load in the main process
+    assert all(0 <= default_workers(world(n)) <= 4 for n in (1, 2, 8, 64))
+
+
+class EchoNet(torch.nn.Module):
+    multiple = 8
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.clamp(min=0) / x.amax()
+
+
+def test_predict_files_prefetches_in_order_and_matches_one_by_one(tmp_path):
+    scans = []
+    for n in range(3):
+        vol, _ = generate_case(np.random.default_rng([5, n]))
+        scans.append(tmp_path / f"scan{n}.nii.gz")
+        save_volume(scans[-1], vol)
+    cfg = Config(data=DataConfig(spacing=[3.0, 3.0, 3.0]))
+    predictor = Predictor(EchoNet(), cfg, ["a"], torch.device("cpu"))
+    results = predict_files(predictor, scans, tmp_path / "out", progress=False)
+    assert list(results) == ["scan0", "scan1", "scan2"]
+    for scan in scans:
+        one = predictor.predict_file(scan)
+        np.testing.assert_array_equal(results[scan.name[:5]].voxels, one.voxels)
+        assert (tmp_path / "out" / f"{scan.name[:5]}.csv").is_file()
+    # A bad scan fails at its turn, after the scans before it were written.
+    bad = tmp_path / "bad.nii.gz"
+    bad.write_bytes(b"not a nifti")
+    with pytest.raises(InputError, match="bad.nii.gz"):
+        predict_files(predictor, [scans[0], bad, scans[1]], tmp_path / "out2", progress=False)
+    assert (tmp_path / "out2" / "scan0.csv").is_file()
+    assert not (tmp_path / "out2" / "scan1.csv").exists()
