@@ -24,6 +24,7 @@ from heatmap3d.heatmaps import decode_heatmaps
 from heatmap3d.io import Landmarks, load_volume, write_landmarks
 from heatmap3d.model import UNet3D, build_model
 from heatmap3d.preprocess import preprocess
+from heatmap3d.sliding import Windows, sliding_window, windows_from_config
 
 
 @dataclass
@@ -52,19 +53,31 @@ def locate_landmarks(
     window: float,
     amp: bool = True,
     keep_heatmaps: bool = False,
+    sliding: Windows | None = None,
 ) -> Prediction:
     """Find the landmarks in a *preprocessed* volume.
 
-    The volume is padded at the end of each axis to ``multiple`` (the U-Net's stride),
-    which leaves voxel coordinates unchanged; heatmaps are cropped back before decoding.
-    ``window`` is the half-width of the sub-voxel refinement box in mm: about the
-    heatmap sigma is most accurate (see :func:`heatmap3d.heatmaps.decode_heatmaps`).
+    In one pass, the volume is padded at the end of each axis to ``multiple`` (the
+    U-Net's stride), which leaves voxel coordinates unchanged, and the heatmaps are
+    cropped back before decoding; with ``sliding``, overlapping windows are blended
+    (:mod:`heatmap3d.sliding`). ``window`` is the half-width of the sub-voxel refinement
+    box in mm: about the heatmap sigma is most accurate (see
+    :func:`heatmap3d.heatmaps.decode_heatmaps`).
     """
-    padded, shape = pad_to_multiple(vol, multiple)
-    image = torch.from_numpy(np.ascontiguousarray(padded.data))[None, None].to(device)
-    with autocast(device, amp):
-        heat = model(image)
-    heat = heat[..., : shape[0], : shape[1], : shape[2]].float()
+
+    def net(x: torch.Tensor) -> torch.Tensor:
+        with autocast(device, amp):
+            return model(x)
+
+    if sliding is None:
+        padded, shape = pad_to_multiple(vol, multiple)
+        image = torch.from_numpy(np.ascontiguousarray(padded.data))[None, None].to(device)
+        heat = net(image)[..., : shape[0], : shape[1], : shape[2]].float()
+    else:
+        image = torch.from_numpy(np.ascontiguousarray(vol.data))[None, None].to(device)
+        heat = sliding_window(
+            net, image, sliding.size, overlap=sliding.overlap, batch=sliding.batch
+        )
     coords, conf = decode_heatmaps(heat, spacing=tuple(vol.spacing), window=window)
     voxels = coords[0].cpu().double().numpy()
     world = voxel_to_world(voxels, vol.affine)
@@ -114,6 +127,7 @@ class Predictor:
             window=self.cfg.heatmap.sigma,
             amp=self.cfg.train.amp,
             keep_heatmaps=keep_heatmaps,
+            sliding=windows_from_config(self.cfg),
         )
 
     def predict_file(self, path: str | Path) -> Prediction:

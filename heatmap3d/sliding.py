@@ -15,12 +15,30 @@ cover each voxel.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 WEIGHT_FLOOR = 1e-3  # keeps the border of the weights > 0 so every voxel is covered
+
+
+@dataclass(frozen=True)
+class Windows:
+    """Sliding-window settings: window size (voxels), overlap fraction, windows per pass."""
+
+    size: tuple[int, int, int]
+    overlap: float = 0.5
+    batch: int = 4
+
+
+def windows_from_config(cfg) -> Windows | None:
+    """``inference.sliding_window`` with windows of the training ``data.patch_size``."""
+    if not cfg.inference.sliding_window:
+        return None
+    inf = cfg.inference
+    return Windows(tuple(cfg.data.patch_size), overlap=inf.overlap, batch=inf.batch)
 
 
 def gaussian_weights(size: Sequence[int], device: torch.device | str = "cpu") -> Tensor:

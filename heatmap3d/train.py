@@ -28,6 +28,7 @@ from heatmap3d.metrics import LandmarkStats, radial_errors, summarize
 from heatmap3d.model import build_model
 from heatmap3d.monitor import make_monitor, slice_panel
 from heatmap3d.predict import Predictor, locate_landmarks
+from heatmap3d.sliding import windows_from_config
 from heatmap3d.steps import Stepper, groups
 
 
@@ -186,6 +187,7 @@ class Trainer:
                 multiple=self.model.multiple,
                 window=self.cfg.heatmap.sigma,
                 amp=self.precision.autocasts,
+                sliding=windows_from_config(self.cfg),
             )
             mine[self.val_cases[index].case_id] = (pred.landmarks.points, truth)
             if index == 0:  # case 0 is always on rank 0: draw it
