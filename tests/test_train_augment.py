@@ -27,8 +27,8 @@ def test_training_with_augmentation_converges(tmp_path):
             "model.channels=8",
             f"heatmap.sigma={SIGMA}",
             "train.lr=0.002",
-            "train.epochs=40",
-            "train.val_every=40",
+            "train.epochs=150",
+            "train.val_every=150",
             f"train.out_dir={tmp_path / 'runs'}",
             "train.device=cpu",
             "augment.enabled=true",
@@ -41,10 +41,11 @@ def test_training_with_augmentation_converges(tmp_path):
     events.Reload()
     losses = [e.value for e in events.Scalars("train/epoch_loss")]
     # A network that predicts zeros everywhere scores mean(target^2): for a Gaussian of
-    # sigma s voxels in a P^3 patch that is (sqrt(pi) s)^3 / P^3. Halving it means the
+    # sigma s voxels in a P^3 patch that is (sqrt(pi) s)^3 / P^3. Well under it means the
     # heatmaps were learnt, not collapsed to zero (the failure mode of sparse MSE targets).
+    # Measured: 0.19 x that level after 150 epochs.
     all_zero = (math.sqrt(math.pi) * SIGMA / SPACING) ** 3 / PATCH**3
-    assert losses[-1] < 0.6 * all_zero and losses[-1] < losses[0] / 10
-    # An untrained detector is 30-40 mm off here (the landmarks lie up to ~45 mm apart);
-    # 18 mm is under half of that, and measured runs reach 13-15 mm after 40-60 epochs.
-    assert stats[-1].mre < 18.0 and stats[-1].missed == 0
+    assert losses[-1] < 0.35 * all_zero and losses[-1] < losses[0] / 20
+    # The demo's accuracy target is 2 voxels of the training grid: 8 mm here. An untrained
+    # detector is 30-40 mm off; measured runs reach 4.9 mm (1.2 voxels) after 150 epochs.
+    assert stats[-1].mre < 2 * SPACING and stats[-1].missed == 0
