@@ -3,20 +3,18 @@
 from __future__ import annotations
 
 import csv
-import os
-import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from torchrun_util import run, torchrun
 
 from heatmap3d.geometry import voxel_to_world
 from heatmap3d.io import load_volume, read_landmarks
 from heatmap3d.synthetic import generate_dataset
 
-ROOT = Path(__file__).resolve().parents[1]
 # Small and fast: 4 mm grid (phantoms become ~26^3), a two-level U-Net with 4 channels.
 FAST = [
     "synthetic.generate=false",
@@ -25,40 +23,8 @@ FAST = [
     "model.channels=4",
     "model.depth=2",
     "train.val_every=1",
-    "train.batch_size=1",
+    "train.batch_size=2",
 ]
-
-
-def _env() -> dict[str, str]:
-    # CPU processes with gloo even where a GPU is visible; one thread per process.
-    return {
-        **os.environ,
-        "CUDA_VISIBLE_DEVICES": "",
-        "OMP_NUM_THREADS": "1",
-        "PYTHONUNBUFFERED": "1",
-    }
-
-
-def run(args: list[str], timeout: int = 300) -> subprocess.CompletedProcess:
-    proc = subprocess.run(
-        args, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=timeout
-    )
-    proc.output = proc.stdout + proc.stderr
-    return proc
-
-
-def torchrun(nproc: int, *args: str) -> subprocess.CompletedProcess:
-    return run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            f"--nproc_per_node={nproc}",
-            "train_ddp.py",
-            *args,
-        ]
-    )
 
 
 @pytest.fixture(scope="module")

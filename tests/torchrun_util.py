@@ -48,15 +48,15 @@ def torchrun_args(nproc: int, *args: str, max_restarts: int = 0) -> list[str]:
     ]
 
 
-def torchrun(nproc: int, *args: str, timeout: int = 300, **extra_env: str):
-    """Run a torchrun job to the end; ``.output`` holds stdout + stderr."""
+def run(args: list[str], timeout: int = 300, **extra_env: str) -> subprocess.CompletedProcess:
+    """Run a command in the repository to the end; ``.output`` holds stdout + stderr."""
     proc = subprocess.run(
-        torchrun_args(nproc, *args),
-        cwd=ROOT,
-        env=env(**extra_env),
-        capture_output=True,
-        text=True,
-        timeout=timeout,
+        args, cwd=ROOT, env=env(**extra_env), capture_output=True, text=True, timeout=timeout
     )
     proc.output = proc.stdout + proc.stderr
     return proc
+
+
+def torchrun(nproc: int, *args: str, timeout: int = 300, **extra_env: str):
+    """Run a torchrun job to the end; ``.output`` holds stdout + stderr."""
+    return run(torchrun_args(nproc, *args), timeout=timeout, **extra_env)
