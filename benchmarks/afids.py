@@ -104,7 +104,7 @@ def moved(
     return resample_to_spacing(placed, [spacing] * 3, order=1), world
 
 
-def build_dataset(root: Path, rng: np.random.Generator) -> list[str]:
+def build_dataset(root: Path, rng: np.random.Generator, repeat: int) -> list[str]:
     """Training folder: the three volumes (+ one moved copy as validation)."""
     (root / "images").mkdir(parents=True)
     (root / "landmarks").mkdir()
@@ -116,7 +116,10 @@ def build_dataset(root: Path, rng: np.random.Generator) -> list[str]:
     vol, world = moved(load_volume(REAL / folder / image), lm.points, rigid(rng), 1.3)
     save_volume(root / "images" / "val_moved.nii.gz", vol)
     write_landmarks(root / "landmarks" / "val_moved.json", type(lm)(lm.names, world))
-    (root / "split.json").write_text(json.dumps({"train": list(TRAIN), "val": ["val_moved"]}))
+    # Three volumes make an epoch of two steps: list each several times, so that an epoch
+    # is a useful amount of training between validations (each copy is augmented anew).
+    train = [case for case in TRAIN for _ in range(repeat)]
+    (root / "split.json").write_text(json.dumps({"train": train, "val": ["val_moved"]}))
     return lm.names
 
 
@@ -143,11 +146,12 @@ def evaluate(predictor: Predictor, names: list[str], views: int, rng: np.random.
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--spacing", type=float, default=4.0, help="training grid, mm")
-    p.add_argument("--patch", type=int, default=48, help="training crop, voxels per axis")
-    p.add_argument("--epochs", type=int, default=300)
+    p.add_argument("--spacing", type=float, default=5.0, help="training grid, mm")
+    p.add_argument("--patch", type=int, default=40, help="training crop, voxels per axis")
+    p.add_argument("--epochs", type=int, default=100)
     p.add_argument("--channels", type=int, default=8)
-    p.add_argument("--sigma", type=float, default=8.0, help="heatmap sigma, mm")
+    p.add_argument("--sigma", type=float, default=12.0, help="heatmap sigma, mm")
+    p.add_argument("--repeat", type=int, default=8, help="copies of each volume per epoch")
     p.add_argument("--views", type=int, default=5, help="random placements of Colin27")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, default=Path("runs"))
@@ -156,7 +160,7 @@ def main() -> None:
         raise SystemExit(f"real data not found at {REAL} (set HEATMAP3D_REAL_DATA)")
     rng = np.random.default_rng(args.seed)
     with tempfile.TemporaryDirectory() as tmp:
-        names = build_dataset(Path(tmp) / "afids", rng)
+        names = build_dataset(Path(tmp) / "afids", rng, args.repeat)
         overrides = [
             f"data.root={tmp}/afids",
             f"data.spacing=[{args.spacing},{args.spacing},{args.spacing}]",
@@ -167,7 +171,7 @@ def main() -> None:
             f"heatmap.sigma={args.sigma}",
             f"train.epochs={args.epochs}",
             "train.batch_size=2",
-            "train.val_every=25",
+            "train.val_every=10",
             f"train.out_dir={args.out}",
             "train.name=afids",
             f"train.seed={args.seed}",
