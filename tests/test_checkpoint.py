@@ -146,6 +146,30 @@ def test_gpu_checkpoint_loads_on_a_cpu_only_process(tmp_path):
     assert proc.returncode == 0
 
 
+def test_checkpoint_written_on_a_gpu_loads_on_a_cpu_only_machine(tmp_path, monkeypatch):
+    """A GPU run records ``cuda:0`` as each tensor's location in the file; such a file is
+    made here without a GPU by tagging the storages as torch.save does on one."""
+    import torch.serialization as ser
+
+    if torch.cuda.is_available():
+        pytest.skip("the CPU-only machine this tests is not this one")
+    model = _tiny()
+    real_tag = ser.location_tag
+    monkeypatch.setattr(
+        ser, "location_tag", lambda s: "cuda:0" if real_tag(s) == "cpu" else real_tag(s)
+    )
+    checkpoint.save(tmp_path / "gpu.pt", _payload(model))
+    monkeypatch.setattr(ser, "location_tag", real_tag)
+    # Loading it as it is needs CUDA, which proves the file really says cuda:0 ...
+    with pytest.raises(RuntimeError, match="CUDA"):
+        torch.load(tmp_path / "gpu.pt", weights_only=True)
+    # ... and heatmap3d maps it to the CPU.
+    loaded = checkpoint.load(tmp_path / "gpu.pt")
+    for key, value in model.state_dict().items():
+        assert loaded["model"][key].device.type == "cpu"
+        assert torch.equal(loaded["model"][key], value)
+
+
 def _ckpt(landmarks, **model):
     cfg = {"channels": 2, "depth": 1, "norm": "instance", "checkpointing": False, **model}
     return {"landmarks": landmarks, "config": {"model": cfg}}

@@ -1,0 +1,49 @@
+"""The Dataset: shapes, dtypes, and landmark coordinates in the item's own grid."""
+
+import numpy as np
+import pytest
+import torch
+
+from heatmap3d.config import DataConfig
+from heatmap3d.data import LandmarkDataset, find_cases, read_split
+from heatmap3d.geometry import voxel_to_world
+from heatmap3d.synthetic import LANDMARK_NAMES, generate_dataset
+
+
+@pytest.fixture(scope="module")
+def cases(tmp_path_factory):
+    root = generate_dataset(
+        tmp_path_factory.mktemp("d") / "data", n_train=2, n_val=1, n_test=0, seed=4, progress=False
+    )
+    return root, find_cases(root, read_split(root, "split.json")["train"], "train")
+
+
+@pytest.mark.parametrize("train", [True, False])
+def test_items_have_the_documented_shapes(cases, train, tmp_path):
+    root, found = cases
+    cfg = DataConfig(
+        root=str(root),
+        spacing=[4.0, 4.0, 4.0],
+        patch_size=[16, 24, 24],
+        cache_dir=str(tmp_path / "cache"),
+    )
+    item = LandmarkDataset(found, LANDMARK_NAMES, cfg, train=train, multiple=8)[0]
+    k = len(LANDMARK_NAMES)
+    image = item["image"]
+    assert image.dtype == torch.float32 and image.ndim == 4 and image.shape[0] == 1
+    if train:
+        assert tuple(image.shape[1:]) == (16, 24, 24)
+    else:
+        assert all(n % 8 == 0 for n in image.shape[1:])
+    assert item["coords"].shape == (k, 3) and item["coords"].dtype == torch.float32
+    assert item["mask"].shape == (k,) and item["mask"].dtype == torch.bool
+    assert item["world"].shape == (k, 3) and item["affine"].shape == (4, 4)
+    # Landmarks outside the crop are masked out, with NaN coordinates.
+    coords, mask = item["coords"].numpy(), item["mask"].numpy()
+    assert np.isnan(coords[~mask]).all() and np.isfinite(coords[mask]).all()
+    assert (coords[mask] >= 0).all() and (coords[mask] <= np.array(image.shape[1:]) - 1).all()
+    # The voxel coordinates and the item's affine give back the world landmarks.
+    world = voxel_to_world(coords[mask].astype(float), item["affine"].numpy())
+    np.testing.assert_allclose(world, item["world"].numpy()[mask], atol=1e-3)
+    if not train:
+        assert mask.all()
