@@ -14,12 +14,12 @@ from __future__ import annotations
 from pathlib import Path
 
 from heatmap3d import distributed
-from heatmap3d.check import read_manifest
 from heatmap3d.config import Config
 from heatmap3d.data import Case, find_cases, load_case, read_split
 from heatmap3d.distributed import DistInfo
 from heatmap3d.errors import InputError
 from heatmap3d.io import read_landmarks
+from heatmap3d.manifest import read_manifest
 from heatmap3d.synthetic import generate_dataset
 
 

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import torch
 
-from heatmap3d.check import check_dataset, read_manifest
+from heatmap3d.check import check_dataset
 from heatmap3d.cli import main
 from heatmap3d.config import Config, DataConfig
 from heatmap3d.dataset_setup import prepare_dataset
@@ -26,6 +26,7 @@ from heatmap3d.distributed import DistInfo
 from heatmap3d.errors import InputError
 from heatmap3d.geometry import Volume, resample_to_spacing, voxel_to_world
 from heatmap3d.io import Landmarks, load_volume, read_landmarks, save_volume, write_landmarks
+from heatmap3d.manifest import read_manifest
 from heatmap3d.synthetic import generate_dataset
 
 REAL = Path(__file__).resolve().parents[2] / "shared" / "data" / "real"
