@@ -148,9 +148,10 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--spacing", type=float, default=5.0, help="training grid, mm")
     p.add_argument("--patch", type=int, default=40, help="training crop, voxels per axis")
-    p.add_argument("--epochs", type=int, default=100)
+    p.add_argument("--epochs", type=int, default=150)
     p.add_argument("--channels", type=int, default=8)
-    p.add_argument("--sigma", type=float, default=12.0, help="heatmap sigma, mm")
+    p.add_argument("--sigma", type=float, default=15.0, help="heatmap sigma, mm (~3 voxels)")
+    p.add_argument("--lr", type=float, default=0.002)
     p.add_argument("--repeat", type=int, default=8, help="copies of each volume per epoch")
     p.add_argument("--views", type=int, default=5, help="random placements of Colin27")
     p.add_argument("--seed", type=int, default=0)
@@ -171,14 +172,15 @@ def main() -> None:
             f"heatmap.sigma={args.sigma}",
             f"train.epochs={args.epochs}",
             "train.batch_size=2",
+            f"train.lr={args.lr}",
             "train.val_every=10",
             f"train.out_dir={args.out}",
             "train.name=afids",
             f"train.seed={args.seed}",
             "augment.enabled=true",
-            "augment.rotation_deg=15",
+            "augment.rotation_deg=10",
             "augment.translation_mm=10",
-            "augment.elastic_mm=2",
+            "augment.elastic_mm=0",
             "augment.mirror_axis=0",
             f"augment.mirror_pairs={json.dumps(MIRROR_PAIRS)}",
         ]
