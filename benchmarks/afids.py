@@ -33,7 +33,8 @@ from scipy.spatial.transform import Rotation
 
 from heatmap3d.config import load_config
 from heatmap3d.geometry import Volume, resample_to_spacing
-from heatmap3d.io import load_volume, read_landmarks, save_volume, write_landmarks
+from heatmap3d.io import load_volume, save_volume
+from heatmap3d.landmarks import read_landmarks, write_landmarks
 from heatmap3d.metrics import format_table, radial_errors, summarize
 from heatmap3d.predict import Predictor
 

@@ -32,7 +32,8 @@ import numpy as np
 from heatmap3d.data import IMAGE_SUFFIXES, Case, read_split
 from heatmap3d.errors import InputError
 from heatmap3d.geometry import Volume, world_to_voxel
-from heatmap3d.io import LANDMARK_SUFFIXES, Landmarks, load_volume, read_landmarks
+from heatmap3d.io import load_volume
+from heatmap3d.landmarks import LANDMARK_SUFFIXES, Landmarks, read_landmarks
 from heatmap3d.manifest import write_manifest
 
 __all__ = [

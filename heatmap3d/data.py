@@ -32,7 +32,8 @@ from heatmap3d.config import DataConfig
 from heatmap3d.distributed import DistInfo
 from heatmap3d.errors import InputError
 from heatmap3d.geometry import Volume, crop_or_pad, pad_to_multiple, world_to_voxel
-from heatmap3d.io import Landmarks, find_landmark_file, load_volume, read_landmarks
+from heatmap3d.io import load_volume
+from heatmap3d.landmarks import Landmarks, find_landmark_file, read_landmarks
 from heatmap3d.preprocess import preprocess
 
 IMAGE_SUFFIXES = (".nii.gz", ".nii")

@@ -18,7 +18,7 @@ from heatmap3d.config import Config
 from heatmap3d.data import Case, find_cases, load_case, read_split
 from heatmap3d.distributed import DistInfo
 from heatmap3d.errors import InputError
-from heatmap3d.io import read_landmarks
+from heatmap3d.landmarks import read_landmarks
 from heatmap3d.manifest import read_manifest
 from heatmap3d.synthetic import generate_dataset
 

@@ -9,3 +9,8 @@ so users never see a bare traceback for a mistake in their data.
 
 class InputError(Exception):
     """Bad user input: the message is one line naming the file and the problem."""
+
+
+def one_line(exc: BaseException) -> str:
+    """``Type: message`` on one line (library messages may contain newlines)."""
+    return f"{type(exc).__name__}: {' '.join(str(exc).split())}"

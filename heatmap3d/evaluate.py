@@ -13,7 +13,7 @@ import numpy as np
 
 from heatmap3d.data import Case
 from heatmap3d.errors import InputError
-from heatmap3d.io import LANDMARK_SUFFIXES, Landmarks, find_landmark_file, read_landmarks
+from heatmap3d.landmarks import LANDMARK_SUFFIXES, Landmarks, find_landmark_file, read_landmarks
 from heatmap3d.metrics import LandmarkStats, format_table, radial_errors, stats_to_rows, summarize
 from heatmap3d.predict import Prediction, write_prediction
 

@@ -21,7 +21,8 @@ from heatmap3d import checkpoint
 from heatmap3d.config import Config, from_dict
 from heatmap3d.geometry import Volume, pad_to_multiple, voxel_to_world
 from heatmap3d.heatmaps import decode_heatmaps
-from heatmap3d.io import Landmarks, load_volume, write_landmarks
+from heatmap3d.io import load_volume
+from heatmap3d.landmarks import Landmarks, write_landmarks
 from heatmap3d.model import UNet3D, build_model
 from heatmap3d.preprocess import preprocess
 from heatmap3d.sliding import Windows, sliding_window, windows_from_config

@@ -27,7 +27,8 @@ from heatmap3d.data import (
 )
 from heatmap3d.distributed import DistInfo
 from heatmap3d.geometry import Volume
-from heatmap3d.io import load_volume, read_landmarks, save_volume
+from heatmap3d.io import load_volume, save_volume
+from heatmap3d.landmarks import read_landmarks
 from heatmap3d.preprocess import preprocess
 from heatmap3d.synthetic import generate_dataset
 

@@ -25,7 +25,8 @@ from heatmap3d.dataset_setup import prepare_dataset
 from heatmap3d.distributed import DistInfo
 from heatmap3d.errors import InputError
 from heatmap3d.geometry import Volume, resample_to_spacing, voxel_to_world
-from heatmap3d.io import Landmarks, load_volume, read_landmarks, save_volume, write_landmarks
+from heatmap3d.io import load_volume, save_volume
+from heatmap3d.landmarks import Landmarks, read_landmarks, write_landmarks
 from heatmap3d.manifest import read_manifest
 from heatmap3d.synthetic import generate_dataset
 

@@ -23,7 +23,8 @@ from heatmap3d.geometry import (
     voxel_to_world,
     world_to_voxel,
 )
-from heatmap3d.io import Landmarks, load_volume, read_landmarks, save_volume, write_landmarks
+from heatmap3d.io import load_volume, save_volume
+from heatmap3d.landmarks import Landmarks, read_landmarks, write_landmarks
 
 # --------------------------------------------------------------------------------------
 # Affines used throughout

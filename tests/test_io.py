@@ -16,13 +16,12 @@ from scipy import ndimage
 
 from heatmap3d.errors import InputError
 from heatmap3d.geometry import Volume, reorient_canonical, world_to_voxel
-from heatmap3d.io import (
+from heatmap3d.io import load_volume, save_volume
+from heatmap3d.landmarks import (
     LANDMARK_SUFFIXES,
     Landmarks,
     find_landmark_file,
-    load_volume,
     read_landmarks,
-    save_volume,
     write_landmarks,
 )
 

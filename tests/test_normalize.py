@@ -13,7 +13,7 @@ import pytest
 from scipy import ndimage
 
 from heatmap3d.geometry import world_to_voxel
-from heatmap3d.io import read_landmarks
+from heatmap3d.landmarks import read_landmarks
 from heatmap3d.normalize import normalize_intensity
 
 REAL = Path(__file__).resolve().parents[2] / "shared" / "data" / "real"

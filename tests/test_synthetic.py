@@ -5,7 +5,8 @@ import numpy as np
 from scipy.ndimage import map_coordinates
 
 from heatmap3d.geometry import world_to_voxel
-from heatmap3d.io import find_landmark_file, load_volume, read_landmarks
+from heatmap3d.io import load_volume
+from heatmap3d.landmarks import find_landmark_file, read_landmarks
 from heatmap3d.synthetic import LANDMARK_NAMES, generate_case, generate_dataset
 
 

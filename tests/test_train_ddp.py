@@ -12,7 +12,8 @@ import torch
 from torchrun_util import run, torchrun
 
 from heatmap3d.geometry import voxel_to_world
-from heatmap3d.io import load_volume, read_landmarks
+from heatmap3d.io import load_volume
+from heatmap3d.landmarks import read_landmarks
 from heatmap3d.synthetic import generate_dataset
 
 # Small and fast: 4 mm grid (phantoms become ~26^3), a two-level U-Net with 4 channels.
