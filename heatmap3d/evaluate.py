@@ -13,7 +13,7 @@ import numpy as np
 
 from heatmap3d.data import Case
 from heatmap3d.errors import InputError
-from heatmap3d.landmarks import LANDMARK_SUFFIXES, Landmarks, find_landmark_file, read_landmarks
+from heatmap3d.landmarks import Landmarks, find_landmark_file, landmark_case_id, read_landmarks
 from heatmap3d.metrics import LandmarkStats, format_table, radial_errors, stats_to_rows, summarize
 from heatmap3d.predict import Prediction, write_prediction
 
@@ -64,14 +64,7 @@ def read_dir(directory: Path) -> dict[str, Landmarks]:
     """Every landmark file in ``directory`` by case id (one file per case)."""
     if not directory.is_dir():
         raise InputError(f"{directory}: not a folder")
-    stems = sorted(
-        {
-            p.name[: -len(s)]
-            for p in directory.iterdir()
-            for s in LANDMARK_SUFFIXES
-            if p.name.endswith(s) and not (s == ".json" and p.name.endswith(".mrk.json"))
-        }
-    )
+    stems = sorted({landmark_case_id(p) for p in directory.iterdir() if p.is_file()} - {None})
     return {stem: read_landmarks(find_landmark_file(directory, stem)) for stem in stems}
 
 

@@ -54,6 +54,7 @@ __all__ = [
     "LANDMARK_SUFFIXES",
     "Landmarks",
     "find_landmark_file",
+    "landmark_case_id",
     "read_landmarks",
     "write_landmarks",
 ]
@@ -245,6 +246,16 @@ def write_landmarks(
         path.write_text(text, encoding="utf-8")
     except OSError as exc:
         raise InputError(f"{path}: cannot write landmark file ({one_line(exc)})") from exc
+
+
+def landmark_case_id(path: str | Path) -> str | None:
+    """``case001.mrk.json`` -> ``case001``; None when ``path`` is no landmark file."""
+    name = Path(path).name
+    # Case-sensitive, as find_landmark_file looks the file up; ".mrk.json" before ".json".
+    for suffix in LANDMARK_SUFFIXES:
+        if name.endswith(suffix):
+            return name[: -len(suffix)]
+    return None
 
 
 def find_landmark_file(directory: Path, case_id: str) -> Path:

@@ -24,6 +24,7 @@ from heatmap3d.data import LandmarkDataset, build_cache, default_workers, shard,
 from heatmap3d.dataset_setup import prepare_dataset
 from heatmap3d.distributed import DistInfo
 from heatmap3d.evaluate import report_predictions
+from heatmap3d.geometry import world_to_voxel
 from heatmap3d.metrics import LandmarkStats, radial_errors, summarize
 from heatmap3d.model import build_model
 from heatmap3d.monitor import make_monitor, slice_panel
@@ -208,8 +209,6 @@ class Trainer:
         return stats
 
     def _log_picture(self, vol, truth: np.ndarray, pred_vox: np.ndarray, epoch: int) -> None:
-        from heatmap3d.geometry import world_to_voxel
-
         panel = slice_panel(vol.data, world_to_voxel(truth, vol.affine), pred_vox)
         self.monitor.image("val/landmarks", panel, epoch)
 
