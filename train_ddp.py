@@ -10,10 +10,10 @@ Without ``--config`` it uses configs/demo.yaml. All the logic lives in heatmap3d
 import sys
 from pathlib import Path
 
-from heatmap3d.cli import main
+from heatmap3d.cli import entry
 
 if __name__ == "__main__":
     args = sys.argv[1:]
     if "--config" not in args and not any(a.startswith("--config=") for a in args):
         args = ["--config", str(Path(__file__).resolve().parent / "configs" / "demo.yaml"), *args]
-    sys.exit(main(["train", *args]))
+    entry(["train", *args])

@@ -10,7 +10,9 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import traceback
 from pathlib import Path
+from typing import NoReturn
 
 from heatmap3d.errors import InputError
 
@@ -132,5 +134,26 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def entry(argv: list[str] | None = None) -> NoReturn:
+    """The process entry point (console script, ``train_ddp.py``): main, then exit.
+
+    An unexpected exception is printed as a traceback and exits with status 1.
+    """
+    from heatmap3d.distributed import exit_process
+
+    try:
+        code = main(argv)
+    except SystemExit as stop:  # argparse and check exit this way
+        if stop.code is None or isinstance(stop.code, int):
+            code = stop.code or 0
+        else:
+            print(stop.code, file=sys.stderr)
+            code = 1
+    except BaseException:  # a crash: show it, then leave like every other exit
+        traceback.print_exc()
+        code = 1
+    exit_process(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()

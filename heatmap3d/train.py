@@ -131,21 +131,25 @@ class Trainer:
             total=epochs,
             disable=not self.world.is_main,
         )
-        for epoch in bar:
-            self.sampler.set_epoch(epoch)  # a different, reproducible shuffle every epoch
-            loss = self._train_epoch(epoch)
-            self.sched.step()
-            postfix = {"loss": f"{loss:.3g}"}
-            if (epoch + 1) % self.cfg.train.val_every == 0 or epoch + 1 == epochs:
-                stats = self.validate(epoch + 1)
-                mre = stats[-1].mre
-                postfix["val_mre_mm"] = f"{mre:.2f}"
-                if mre < self.best_mre:
-                    self.best_mre = mre
-                    self._save("best.pt", epoch + 1)
-            self._save("last.pt", epoch + 1)
-            bar.set_postfix(postfix)
-        self.monitor.close()
+        # A run that stops on an error still leaves its TensorBoard events on disk.
+        try:
+            for epoch in bar:
+                self.sampler.set_epoch(epoch)  # a different, reproducible shuffle every epoch
+                loss = self._train_epoch(epoch)
+                self.sched.step()
+                postfix = {"loss": f"{loss:.3g}"}
+                if (epoch + 1) % self.cfg.train.val_every == 0 or epoch + 1 == epochs:
+                    stats = self.validate(epoch + 1)
+                    mre = stats[-1].mre
+                    postfix["val_mre_mm"] = f"{mre:.2f}"
+                    if mre < self.best_mre:
+                        self.best_mre = mre
+                        self._save("best.pt", epoch + 1)
+                self._save("last.pt", epoch + 1)
+                bar.set_postfix(postfix)
+        finally:
+            bar.close()
+            self.monitor.close()
 
     def _train_epoch(self, epoch: int) -> float:
         self.stepper.net.train()

@@ -109,3 +109,21 @@ def test_no_traceback_from_the_launcher(tmp_path):
     assert "Traceback" not in proc.stderr
     split = tmp_path / "nowhere" / "split.json"
     assert proc.stderr.strip().startswith(f"error: {split}: split file not found")
+
+
+def test_entry_exits_with_main_status_and_shows_crashes(capsys, tmp_path, monkeypatch):
+    from heatmap3d import cli
+
+    missing = ["predict", "--checkpoint", str(tmp_path / "x.pt"), "s.nii.gz", "--out", "o"]
+    with pytest.raises(SystemExit) as stop:
+        cli.entry(missing)
+    assert stop.value.code == 2 and "checkpoint not found" in capsys.readouterr().err
+
+    def crash(args):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(cli, "_run", crash)
+    with pytest.raises(SystemExit) as stop:
+        cli.entry(missing)
+    err = capsys.readouterr().err
+    assert stop.value.code == 1 and "Traceback" in err and "RuntimeError: boom" in err
