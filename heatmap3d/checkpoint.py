@@ -35,7 +35,9 @@ def save(path: str | Path, payload: dict[str, Any]) -> None:
     """Write ``payload`` to ``path`` atomically.
 
     It goes to a temporary file in the same folder, is flushed to disk, and then renamed
-    over ``path``: a process killed mid-write leaves the previous checkpoint intact.
+    over ``path``: a process killed mid-write leaves the previous checkpoint intact. The
+    temporary files such a process left behind are removed by the next save (one
+    process, global rank 0, writes each checkpoint, so no other writer owns them).
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -49,6 +51,8 @@ def save(path: str | Path, payload: dict[str, Any]) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+    for stale in path.parent.glob(f".{path.name}.*.tmp"):
+        stale.unlink(missing_ok=True)
 
 
 def load(path: str | Path) -> dict[str, Any]:

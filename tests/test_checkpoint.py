@@ -48,6 +48,15 @@ def test_failed_write_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
     assert [p.name for p in tmp_path.iterdir()] == ["last.pt"]
 
 
+def test_next_save_removes_temp_files_left_by_a_killed_writer(tmp_path):
+    model = build_model(ModelConfig(channels=2, depth=1), 1)
+    path = tmp_path / "last.pt"
+    (tmp_path / ".last.pt.k1ll3d.tmp").write_bytes(b"half a checkpoint")
+    (tmp_path / ".best.pt.k1ll3d.tmp").write_bytes(b"another file's")
+    checkpoint.save(path, _payload(model))
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".best.pt.k1ll3d.tmp", "last.pt"]
+
+
 def test_wrapper_prefixes_are_stripped():
     state = {"module.a.weight": 1, "_orig_mod.b": 2, "module._orig_mod.c": 3, "d": 4}
     assert checkpoint.strip_wrapper_prefixes(state) == {"a.weight": 1, "b": 2, "c": 3, "d": 4}
