@@ -124,6 +124,7 @@ class Stepper:
             sigma=self.cfg.heatmap.sigma,
             spacing=self.cfg.data.spacing,
             mask=mask,
+            foreground_weight=self.cfg.heatmap.foreground_weight,
         )
 
     def _nonfinite(self, step: int, ranks: list[int]) -> None:

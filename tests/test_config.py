@@ -29,6 +29,7 @@ def test_round_trip_through_plain_dict():
         (["data.spacing=3"], ["data.spacing", "list"]),
         (["data.patch_size=[30,32,32]"], ["patch_size", "multiple"]),
         (["data.normalization=zscore"], ["normalization"]),
+        (["heatmap.foreground_weight=-1"], ["heatmap.foreground_weight", ">= 0"]),
         (["epochs"], ["section.key=value"]),
     ],
 )

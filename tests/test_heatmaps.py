@@ -60,10 +60,10 @@ def numpy_recipe(points, shape, sigma, spacing) -> np.ndarray:
     return out
 
 
-def materialised_mse(pred, coords, sigma, spacing, mask):
+def materialised_mse(pred, coords, sigma, spacing, mask, weight=0.0):
     target = gaussian_heatmaps(coords, pred.shape[2:], sigma=sigma, spacing=spacing, mask=mask)
     valid = torch.isfinite(coords).all(-1) & mask
-    return ((pred - target) ** 2)[valid].mean()
+    return ((1 + weight * target) * (pred - target) ** 2)[valid].mean()
 
 
 def assert_close_scaled(actual, expected, rel=1e-5):
@@ -291,14 +291,16 @@ def loss_inputs(seed, dtype=torch.float32):
     return pred.requires_grad_(True), coords, mask
 
 
-def test_loss_matches_materialised_mse_and_gradient(monkeypatch):
+@pytest.mark.parametrize("weight", [0.0, 20.0])
+def test_loss_matches_materialised_mse_and_gradient(monkeypatch, weight):
     monkeypatch.setattr(hm, "_CHUNK_VOXELS", 4 * 2 * math.prod(SHAPE))  # several chunks
     sigma = torch.tensor([1.5, 1.5, 1.5, 1.5])
     pred, coords, mask = loss_inputs(5)
-    loss = heatmap_loss(pred, coords, sigma=sigma, spacing=SPACING, mask=mask)
+    kw = {"sigma": sigma, "spacing": SPACING, "mask": mask, "foreground_weight": weight}
+    loss = heatmap_loss(pred, coords, **kw)
     (grad,) = torch.autograd.grad(loss, pred)
     pred_ref = pred.detach().clone().requires_grad_(True)
-    ref = materialised_mse(pred_ref, coords, 1.5, SPACING, mask)
+    ref = materialised_mse(pred_ref, coords, 1.5, SPACING, mask, weight)
     (grad_ref,) = torch.autograd.grad(ref, pred_ref)
     assert loss.dtype == torch.float32 and loss.ndim == 0
     assert abs(loss.item() - ref.item()) <= 1e-5 * ref.item()
@@ -309,7 +311,8 @@ def test_loss_matches_materialised_mse_and_gradient(monkeypatch):
     assert torch.count_nonzero(grad[~valid]) == 0
 
 
-def test_fused_kernels_match_materialised():
+@pytest.mark.parametrize("weight", [0.0, 20.0])
+def test_fused_kernels_match_materialised(weight):
     # The functions torch.compile fuses on CUDA, checked eagerly here.
     pred, coords, mask = loss_inputs(6)
     pts = coords.double()[:, :, None]
@@ -321,11 +324,11 @@ def test_fused_kernels_match_materialised():
     gi, gj, gk = (g[:, :, 0].float() for g in factors)
     valid = valid[:, :, 0]
     with torch.no_grad():
-        total = hm._fused_sq_err_sum(pred, gi, gj, gk, valid)
+        total = hm._fused_sq_err_sum(pred, gi, gj, gk, valid, weight)
         scale = torch.full(valid.shape, 0.5)
-        grad = hm._fused_sq_err_grad(pred, gi, gj, gk, scale, valid)
+        grad = hm._fused_sq_err_grad(pred, gi, gj, gk, scale, valid, weight)
     pred_ref = pred.detach().clone().requires_grad_(True)
-    ref = materialised_mse(pred_ref, coords, 1.5, SPACING, mask)
+    ref = materialised_mse(pred_ref, coords, 1.5, SPACING, mask, weight)
     (grad_ref,) = torch.autograd.grad(ref, pred_ref)
     n = valid.sum().item() * math.prod(SHAPE)
     assert abs(total.item() / n - ref.item()) <= 1e-5 * ref.item()
@@ -384,15 +387,17 @@ def test_cuda_compiled_loss_matches_materialised():
     pred, coords, mask = loss_inputs(10)
     pred = pred.detach().cuda().requires_grad_(True)
     coords, mask = coords.cuda(), mask.cuda()
-    loss = heatmap_loss(pred, coords, sigma=1.5, spacing=SPACING, mask=mask)
-    (grad,) = torch.autograd.grad(loss, pred)
-    pred_ref = pred.detach().clone().requires_grad_(True)
-    ref = materialised_mse(pred_ref, coords, 1.5, SPACING, mask)
-    (grad_ref,) = torch.autograd.grad(ref, pred_ref)
-    assert abs(loss.item() - ref.item()) <= 1e-5 * ref.item()
-    valid = mask & torch.isfinite(coords).all(-1)
-    assert_close_scaled(grad[valid], grad_ref[valid])
-    assert torch.count_nonzero(grad[~valid]) == 0
+    for weight in (0.0, 20.0):
+        kw = {"sigma": 1.5, "spacing": SPACING, "mask": mask, "foreground_weight": weight}
+        loss = heatmap_loss(pred, coords, **kw)
+        (grad,) = torch.autograd.grad(loss, pred)
+        pred_ref = pred.detach().clone().requires_grad_(True)
+        ref = materialised_mse(pred_ref, coords, 1.5, SPACING, mask, weight)
+        (grad_ref,) = torch.autograd.grad(ref, pred_ref)
+        assert abs(loss.item() - ref.item()) <= 1e-5 * ref.item()
+        valid = mask & torch.isfinite(coords).all(-1)
+        assert_close_scaled(grad[valid], grad_ref[valid])
+        assert torch.count_nonzero(grad[~valid]) == 0
     empty = heatmap_loss(pred, coords, sigma=1.5, mask=torch.zeros_like(mask))
     empty.backward()
     assert empty.item() == 0.0 and torch.count_nonzero(pred.grad) == 0
