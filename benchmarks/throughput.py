@@ -12,9 +12,12 @@ scans through two pipelines:
       the default), default memory layout, ``F.mse_loss`` against the shipped targets;
   (b) heatmap3d: volumes preprocessed once into the disk cache and memory-mapped,
       ``heatmap3d.data.train_loader`` (persistent workers, prefetch, seeded), coordinates
-      from the loader, ``heatmap_loss`` on the device.
+      from the loader, ``heatmap_loss`` on the device, and the U-Net in heatmap3d's
+      default channels_last_3d layout (``train.channels_last``);
+  (c) diagnostic: (b) in the recipe's default layout, which separates what the data
+      pipeline gains from what the layout gains.
 
-Epochs of (a) and (b) alternate (ABBA order) after a warm-up epoch of each; each reports
+Epochs of the pipelines alternate (ABCCBA order) after a warm-up epoch of each; each reports
 the median over its epochs of samples/s, the share of the epoch spent blocked on
 ``next(loader)``, and the peak memory (PSS of the process and its loader workers,
 sampled every 20 ms; CUDA: ``max_memory_allocated``). Then:
@@ -32,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import math
 import os
 import resource
@@ -54,7 +58,7 @@ from torch.nn import functional as F
 from torch.utils.data import DataLoader, Dataset
 
 from heatmap3d.cache import build_entries
-from heatmap3d.config import Config, DataConfig, ModelConfig
+from heatmap3d.config import Config, DataConfig, ModelConfig, TrainConfig
 from heatmap3d.data import Case, LandmarkDataset, default_workers, train_loader
 from heatmap3d.distributed import DistInfo
 from heatmap3d.geometry import Volume, world_to_voxel
@@ -69,6 +73,8 @@ SPACING = 1.5  # training grid, mm
 RAW_SHAPE = (120, 120, 80)  # stored scans: int16, LPS-like axes, anisotropic
 RAW_SPACING = (1.2, 1.2, 1.8)  # -> 96^3 at 1.5 mm after preprocessing
 SIGMA_VOX = 3.0  # target sigma in voxels of the training grid
+CONTIGUOUS = torch.contiguous_format  # the recipe's (default) memory layout
+OUR_LAYOUT = torch.channels_last_3d if TrainConfig().channels_last else CONTIGUOUS
 
 
 @dataclass
@@ -240,8 +246,8 @@ def recipe_loss(model, batch, device):
     return F.mse_loss(model(image), target), image.shape[0]
 
 
-def ours_loss(model, batch, device):
-    image = batch["image"].to(device, non_blocking=True)
+def ours_loss(model, batch, device, layout=torch.contiguous_format):
+    image = batch["image"].to(device, non_blocking=True).contiguous(memory_format=layout)
     coords = batch["coords"].to(device, non_blocking=True)
     mask = batch["mask"].to(device, non_blocking=True)
     pred = model(image)
@@ -331,8 +337,12 @@ def main() -> None:
         model_cfg = ModelConfig(channels=s.channels, depth=s.depth)
         init = build_model(model_cfg, s.landmarks).state_dict()
         pipelines = {}
-        for name in ("recipe", "heatmap3d"):
-            model = build_model(model_cfg, s.landmarks).to(device)
+        # heatmap3d trains in channels_last_3d by default (train.channels_last); the
+        # third pipeline is heatmap3d's data path in the recipe's layout, to show which
+        # part of the ratio comes from the data pipeline and which from the layout.
+        layouts = {"recipe": CONTIGUOUS, "heatmap3d": OUR_LAYOUT, "ours, NCDHW": CONTIGUOUS}
+        for name, layout in layouts.items():
+            model = build_model(model_cfg, s.landmarks).to(device, memory_format=layout)
             model.load_state_dict(init)
             opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
             if name == "recipe":
@@ -347,18 +357,19 @@ def main() -> None:
             else:
                 dataset = LandmarkDataset(cases, names, data_cfg, train=True)
                 loader, sampler = train_loader(dataset, s.batch, world, s.workers, seed=0)
-                step = make_step(model, opt, device, ours_loss)
-            pipelines[name] = (loader, step, model)
+                loss = functools.partial(ours_loss, layout=layout)
+                step = make_step(model, opt, device, loss)
+            pipelines[name] = (loader, step, model, sampler if name != "recipe" else None)
 
-        results: dict[str, list[EpochStats]] = {"recipe": [], "heatmap3d": []}
-        order = ["recipe", "heatmap3d"]
+        results: dict[str, list[EpochStats]] = {name: [] for name in layouts}
+        order = list(layouts)
         for epoch in range(s.repeats + 1):
-            for name in order if epoch % 2 == 0 else order[::-1]:  # ABBA: cancels drift
-                loader, step, _ = pipelines[name]
-                if name == "heatmap3d":
+            for name in order if epoch % 2 == 0 else order[::-1]:  # ABCCBA: cancels drift
+                loader, step, _, sampler = pipelines[name]
+                if sampler is not None:
                     sampler.set_epoch(epoch)
                 st = run_epoch(loader, step, device)
-                print(f"epoch {epoch} {name:9s}: {st.samples / st.seconds:6.2f} samples/s, "
+                print(f"epoch {epoch} {name:11s}: {st.samples / st.seconds:6.2f} samples/s, "
                       f"wait {100 * st.wait / st.seconds:5.1f}%, {st.seconds:5.1f} s, "
                       f"host {st.host_mb:6.0f} MB, load {os.getloadavg()[0]:.2f}")  # fmt: skip
                 if epoch > 0:  # epoch 0 is warm-up
@@ -378,7 +389,8 @@ def main() -> None:
             rows[name] = (rate, wait, step_s)
             print(f"{name:12s} {rate:10.2f} {wait:9.1f}% {step_s:8.3f} {host:8.0f} {dev:9.0f}")
         ratio = rows["heatmap3d"][0] / rows["recipe"][0]
-        print(f"ratio (heatmap3d / recipe samples/s): {ratio:.2f}")
+        print(f"ratio (heatmap3d / recipe samples/s): {ratio:.2f}; heatmap3d's data path "
+              f"alone (NCDHW): {rows['ours, NCDHW'][0] / rows['recipe'][0]:.2f}")  # fmt: skip
         print(f"peak RSS of this process (ru_maxrss): "
               f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MB")  # fmt: skip
 
@@ -398,10 +410,7 @@ def main() -> None:
         t_n = 2 * (n - 1) / n * size / bandwidth
         print(f"  N={n}: all-reduce {t_n * 1e3:.2f} ms, efficiency {step_s / (step_s + t_n):.3f}")
 
-    cfg = Config(
-        data=DataConfig(spacing=[SPACING] * 3, landmarks=names),
-        model=model_cfg,
-    )
+    cfg = Config(data=DataConfig(spacing=[SPACING] * 3, landmarks=names), model=model_cfg)
     times = predict_seconds(build_model(model_cfg, s.landmarks).to(device), cfg, names, device, s)
     predict_s = statistics.median(times)
     side = round(s.predict_side / SPACING)
