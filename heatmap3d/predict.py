@@ -55,6 +55,7 @@ def locate_landmarks(
     amp: bool = True,
     keep_heatmaps: bool = False,
     sliding: Windows | None = None,
+    channels_last: bool = False,
 ) -> Prediction:
     """Find the landmarks in a *preprocessed* volume.
 
@@ -64,11 +65,14 @@ def locate_landmarks(
     (:mod:`heatmap3d.sliding`). ``window`` is the half-width of the sub-voxel refinement
     box in mm: about the heatmap sigma is most accurate (see
     :func:`heatmap3d.heatmaps.decode_heatmaps`).
+    ``channels_last``: feed the network channels_last_3d inputs (for a model converted
+    to that layout, as ``train.channels_last`` does).
     """
+    layout = torch.channels_last_3d if channels_last else torch.contiguous_format
 
     def net(x: torch.Tensor) -> torch.Tensor:
         with autocast(device, amp):
-            return model(x)
+            return model(x.contiguous(memory_format=layout)).contiguous()
 
     if sliding is None:
         padded, shape = pad_to_multiple(vol, multiple)
@@ -94,6 +98,8 @@ class Predictor:
     """A trained model with everything needed to preprocess scans and decode heatmaps."""
 
     def __init__(self, model: UNet3D, cfg: Config, names: list[str], device: torch.device):
+        if cfg.train.channels_last:  # the layout it was trained in: faster convolutions
+            model = model.to(memory_format=torch.channels_last_3d)
         self.model, self.cfg, self.names, self.device = model.eval(), cfg, names, device
 
     @classmethod
@@ -129,6 +135,7 @@ class Predictor:
             amp=self.cfg.train.amp,
             keep_heatmaps=keep_heatmaps,
             sliding=windows_from_config(self.cfg),
+            channels_last=self.cfg.train.channels_last,
         )
 
     def predict_file(self, path: str | Path) -> Prediction:

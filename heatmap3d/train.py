@@ -193,6 +193,7 @@ class Trainer:
                 window=self.cfg.heatmap.sigma,
                 amp=self.precision.autocasts,
                 sliding=windows_from_config(self.cfg),
+                channels_last=self.cfg.train.channels_last,
             )
             mine[self.val_cases[index].case_id] = (pred.landmarks.points, truth)
             if index == 0:  # case 0 is always on rank 0: draw it
