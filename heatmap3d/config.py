@@ -123,8 +123,8 @@ class TrainConfig:
     nonfinite: str = "stop"  # on a NaN/Inf loss: "stop" the run, or "skip" the step
     timeout_min: float = 10.0  # collective timeout, minutes: how soon a dead peer ends the job
     compile: bool = False  # torch.compile the model (first steps are slow while it compiles)
-    # channels_last_3d memory format for the U-Net: 2.6x faster training steps on the
-    # 2-core CPU (oneDNN's native layout; benchmarks/RESULTS.md); the layout cuDNN's
+    # channels_last_3d memory format for the U-Net: 2.35x faster training steps on the
+    # 2-core CPU (oneDNN's native layout; benchmarks/layout.py); the layout cuDNN's
     # tensor-core convolutions use on GPUs.
     channels_last: bool = True
 

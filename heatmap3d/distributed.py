@@ -123,8 +123,8 @@ def exit_process(code: int) -> NoReturn:
     their last collective's tensors when the main thread returns. Releasing a tensor
     that Python knows takes the GIL; during interpreter shutdown that ends the thread
     inside a C++ destructor, and the process aborts (SIGABRT, "terminate called without
-    an active exception") after all its work is done: seen once in 30 runs of the test
-    jobs on 2 cores. ``os._exit`` skips interpreter shutdown, so those threads simply
+    an active exception") after all its work is done: seen in about 1 run in 20 of the
+    test jobs on 2 cores. ``os._exit`` skips interpreter shutdown, so those threads simply
     stop. Everything heatmap3d writes is closed by then (checkpoints are saved
     atomically, the TensorBoard writer is closed), so only the standard streams need a
     flush. Without a process group this is ``sys.exit``.
