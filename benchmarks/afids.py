@@ -145,7 +145,7 @@ def evaluate(predictor: Predictor, names: list[str], views: int, rng: np.random.
     return np.array(errors), np.array(baseline), float(np.median(seconds))
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--spacing", type=float, default=6.0, help="training grid, mm")
     p.add_argument("--patch", type=int, default=32, help="training crop, voxels per axis")
@@ -164,48 +164,90 @@ def main() -> None:
     p.add_argument("--views", type=int, default=5, help="random placements of Colin27")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, default=Path("runs"))
-    args = p.parse_args()
+    g = p.add_argument_group("refinement model (coarse-to-fine; --refine-epochs 0 = none)")
+    g.add_argument("--refine-epochs", type=int, default=300)
+    g.add_argument("--refine-spacing", type=float, default=2.0, help="mm")
+    g.add_argument("--refine-patch", type=int, default=32, help="window, voxels per axis")
+    g.add_argument("--refine-sigma", type=float, default=6.0, help="mm (~3 voxels)")
+    g.add_argument("--jitter", type=float, default=12.0, help="data.crop_jitter_mm")
+    return p.parse_args()
+
+
+def overrides(args: argparse.Namespace, root: str, name: str, refine: bool) -> list[str]:
+    """The config of the coarse model, or of the refinement model when ``refine``."""
+    spacing = args.refine_spacing if refine else args.spacing
+    patch = args.refine_patch if refine else args.patch
+    sigma = args.refine_sigma if refine else args.sigma
+    epochs = args.refine_epochs if refine else args.epochs
+    out = [
+        f"data.root={root}",
+        f"data.spacing=[{spacing},{spacing},{spacing}]",
+        f"data.patch_size=[{patch},{patch},{patch}]",
+        "data.num_workers=0",
+        f"model.channels={args.channels}",
+        "model.depth=3",
+        f"heatmap.sigma={sigma}",
+        f"heatmap.foreground_weight={args.foreground_weight}",
+        f"train.epochs={epochs}",
+        "train.batch_size=2",
+        f"train.lr={args.lr}",
+        "train.val_every=10",
+        f"train.out_dir={args.out}",
+        f"train.name={name}",
+        f"train.seed={args.seed}",
+        "augment.enabled=true",
+        "augment.rotation_deg=10",
+        "augment.translation_mm=10",
+        "augment.elastic_mm=0",
+        "augment.mirror_axis=0",
+        f"augment.mirror_pairs={json.dumps(MIRROR_PAIRS)}",
+    ]
+    if refine:
+        out += ["data.landmark_crops=1", f"data.crop_jitter_mm={args.jitter}"]
+    return out
+
+
+def report(label: str, errors: np.ndarray, names: list[str]) -> None:
+    stats = summarize(errors.reshape(-1, len(names)), names)
+    print(f"\n{label}\n" + format_table(stats))
+
+
+def main() -> None:
+    args = parse_args()
     if not REAL.is_dir():
         raise SystemExit(f"real data not found at {REAL} (set HEATMAP3D_REAL_DATA)")
+    from heatmap3d.refine import Cascade
+    from heatmap3d.train import run
+
     rng = np.random.default_rng(args.seed)
+    minutes = {}
     with tempfile.TemporaryDirectory() as tmp:
         names = build_dataset(Path(tmp) / "afids", rng, args.repeat)
-        overrides = [
-            f"data.root={tmp}/afids",
-            f"data.spacing=[{args.spacing},{args.spacing},{args.spacing}]",
-            f"data.patch_size=[{args.patch},{args.patch},{args.patch}]",
-            "data.num_workers=0",
-            f"model.channels={args.channels}",
-            "model.depth=3",
-            f"heatmap.sigma={args.sigma}",
-            f"heatmap.foreground_weight={args.foreground_weight}",
-            f"train.epochs={args.epochs}",
-            "train.batch_size=2",
-            f"train.lr={args.lr}",
-            "train.val_every=10",
-            f"train.out_dir={args.out}",
-            "train.name=afids",
-            f"train.seed={args.seed}",
-            "augment.enabled=true",
-            "augment.rotation_deg=10",
-            "augment.translation_mm=10",
-            "augment.elastic_mm=0",
-            "augment.mirror_axis=0",
-            f"augment.mirror_pairs={json.dumps(MIRROR_PAIRS)}",
-        ]
-        from heatmap3d.train import run
-
-        start = time.perf_counter()
-        run(load_config(None, overrides))
-        train_min = (time.perf_counter() - start) / 60
-    predictor = Predictor.from_checkpoint(args.out / "afids" / "best.pt")
-    errors, baseline, per_scan = evaluate(predictor, names, args.views, rng)
-    print(format_table(summarize(errors.reshape(-1, len(names)), names)))
+        stages = [("afids", False)] + ([("afids_refine", True)] if args.refine_epochs else [])
+        for name, refine in stages:
+            start = time.perf_counter()
+            run(load_config(None, overrides(args, f"{tmp}/afids", name, refine)))
+            minutes[name] = (time.perf_counter() - start) / 60
+    train_min = sum(minutes.values())
+    coarse = Predictor.from_checkpoint(args.out / "afids" / "best.pt")
+    predictor = coarse
+    if args.refine_epochs:
+        predictor = Cascade(
+            coarse, Predictor.from_checkpoint(args.out / "afids_refine" / "best.pt")
+        )
+        # The same views (same seed) through the coarse model alone, for comparison.
+        coarse_errors, _, _ = evaluate(
+            coarse, names, args.views, np.random.default_rng(args.seed + 1)
+        )
+        report("coarse model alone", coarse_errors, names)
+    errors, baseline, per_scan = evaluate(
+        predictor, names, args.views, np.random.default_rng(args.seed + 1)
+    )
+    report("heatmap3d" + (" (coarse-to-fine)" if args.refine_epochs else ""), errors, names)
     ours = summarize(errors.reshape(-1, len(names)), names)[-1]
     atlas = summarize(baseline.reshape(-1, len(names)), names)[-1]
-    print(
-        f"\nsettings: {vars(args)}; training {train_min:.1f} min; prediction {per_scan:.2f} s/scan"
-    )
+    trained = ", ".join(f"{k} {v:.1f} min" for k, v in minutes.items())
+    print(f"\nsettings: {vars(args)}; training {trained}; prediction {per_scan:.2f} s/scan")
     print(f"human raters (Colin27): mean {RATER_MEAN_MM} mm, median {RATER_MEDIAN_MM} mm")
     print(
         "atlas-mean baseline (perfect rigid alignment): "

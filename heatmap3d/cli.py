@@ -44,6 +44,13 @@ def _add_predict(sub: argparse._SubParsersAction) -> None:
     p.add_argument("scans", type=Path, nargs="+", help="NIfTI images (.nii / .nii.gz)")
     p.add_argument("--out", type=Path, required=True, help="folder for <scan>.csv/.mrk.json")
     p.add_argument("--device", default="auto", help="auto (CUDA if available), cuda, cpu")
+    p.add_argument(
+        "--refine",
+        type=Path,
+        metavar="CHECKPOINT",
+        help="a refinement model (trained with data.landmark_crops=1) that places each "
+        "landmark in a window around the --checkpoint model's estimate",
+    )
 
 
 def _add_evaluate(sub: argparse._SubParsersAction) -> None:
@@ -99,6 +106,10 @@ def _run(args: argparse.Namespace) -> None:
         if device == "auto":
             device = "cuda" if torch.cuda.is_available() else "cpu"
         predictor = Predictor.from_checkpoint(args.checkpoint, device)
+        if args.refine is not None:
+            from heatmap3d.refine import Cascade
+
+            predictor = Cascade(predictor, Predictor.from_checkpoint(args.refine, device))
         predict_files(predictor, args.scans, args.out)
         print(f"wrote {len(args.scans)} prediction(s) to {args.out}")
     elif args.command == "evaluate":

@@ -34,6 +34,12 @@ class DataConfig:
     spacing: list[float] = field(default_factory=lambda: [3.0, 3.0, 3.0])  # training grid, mm
     patch_size: list[int] = field(default_factory=lambda: [32, 32, 32])  # training crop, voxels
     random_crop: bool = True  # random crop position in training (else centred)
+    # Share of training crops centred on one present landmark (chosen at random) moved by
+    # up to crop_jitter_mm along each axis. 1 trains a refinement model: one that is shown
+    # windows around a coarse estimate (`heatmap3d predict --refine`, heatmap3d.refine),
+    # and is validated that way.
+    landmark_crops: float = 0.0
+    crop_jitter_mm: float = 10.0  # uniform in +-this per axis; about the coarse model's error
     normalization: str = "mr"  # "mr" (percentile clip + z-score), "ct" (HU window), "none"
     percentiles: list[float] = field(default_factory=lambda: [0.5, 99.5])  # for "mr"
     ct_window: list[float] = field(default_factory=lambda: [-1000.0, 1000.0])  # HU, for "ct"
@@ -153,6 +159,8 @@ def validate(cfg: Config) -> None:
             f"data.patch_size: each must be a multiple of 2**model.depth = {2**cfg.model.depth}",
         ),
         (cfg.data.normalization in ("mr", "ct", "none"), "data.normalization: mr, ct or none"),
+        (0 <= cfg.data.landmark_crops <= 1, "data.landmark_crops: between 0 and 1"),
+        (cfg.data.crop_jitter_mm >= 0, "data.crop_jitter_mm: >= 0 (mm)"),
         (len(set(cfg.data.landmarks)) == len(cfg.data.landmarks), "data.landmarks: duplicated"),
         (cfg.model.norm in ("instance", "group"), "model.norm: instance or group"),
         (cfg.model.depth >= 1 and cfg.model.channels >= 1, "model.depth, model.channels: >= 1"),

@@ -31,7 +31,13 @@ from heatmap3d.cache import build_entries, cached_volume
 from heatmap3d.config import DataConfig
 from heatmap3d.distributed import DistInfo
 from heatmap3d.errors import InputError
-from heatmap3d.geometry import Volume, crop_or_pad, pad_to_multiple, world_to_voxel
+from heatmap3d.geometry import (
+    Volume,
+    crop_or_pad,
+    pad_to_multiple,
+    window_start,
+    world_to_voxel,
+)
 from heatmap3d.io import load_volume
 from heatmap3d.landmarks import Landmarks, find_landmark_file, read_landmarks
 from heatmap3d.preprocess import preprocess
@@ -160,7 +166,7 @@ class LandmarkDataset(Dataset):
     def __getitem__(self, index: int) -> dict[str, torch.Tensor | int]:
         vol, world = self.volume(index)
         if self.train:
-            vol = crop_or_pad(vol, self.cfg.patch_size, start=self._crop_start(vol))
+            vol = crop_or_pad(vol, self.cfg.patch_size, start=self._crop_start(vol, world))
         else:
             vol, _ = pad_to_multiple(vol, self.multiple)
         coords = world_to_voxel(world, vol.affine)
@@ -176,10 +182,23 @@ class LandmarkDataset(Dataset):
             "index": index,
         }
 
-    def _crop_start(self, vol: Volume) -> list[int] | None:
+    def _crop_start(self, vol: Volume, world: np.ndarray) -> list[int] | None:
+        """First voxel of the training crop; ``None`` centres it. ``world``: ``(K, 3)`` mm.
+
+        Uses torch's RNG: seeded per worker by the DataLoader, so crops are reproducible.
+        """
+        present = np.flatnonzero(np.isfinite(world).all(1))
+        # No draw when off, so existing configs keep their exact random crops.
+        share = self.cfg.landmark_crops
+        if len(present) and share > 0 and (share >= 1 or torch.rand(()).item() < share):
+            pick = present[int(torch.randint(len(present), ()).item())]
+            jitter_mm = (torch.rand(3, dtype=torch.float64).numpy() * 2 - 1) * (
+                self.cfg.crop_jitter_mm
+            )
+            centre = world_to_voxel(world[pick], vol.affine) + jitter_mm / np.array(vol.spacing)
+            return window_start(centre, self.cfg.patch_size)
         if not self.cfg.random_crop:
-            return None  # centred
-        # torch's RNG: seeded per worker by the DataLoader, so crops are reproducible.
+            return None
         return [
             int(torch.randint(min(0, n - p), max(0, n - p) + 1, ()).item())
             for n, p in zip(vol.shape, self.cfg.patch_size)

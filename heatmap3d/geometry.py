@@ -44,6 +44,7 @@ __all__ = [
     "reorient_canonical",
     "resample_to_spacing",
     "spacing_of",
+    "window_start",
     "voxel_to_world",
     "world_to_voxel",
 ]
@@ -169,6 +170,18 @@ def resample_to_spacing(vol: Volume, spacing: Sequence[float], *, order: int = 1
         output=np.float32,
     )
     return Volume(data, new_affine)
+
+
+def window_start(centre: np.ndarray, size: Sequence[int]) -> list[int]:
+    """First voxel of the ``size`` window centred nearest to voxel ``centre`` ``(3,)``.
+
+    A window of ``n`` voxels starting at ``s`` has its centre at ``s + (n - 1) / 2``, so
+    ``s = round(centre - (n - 1) / 2)``: the centre lands within half a voxel of the
+    window's centre along each axis. The window may reach beyond the volume
+    (:func:`crop_or_pad` fills it).
+    """
+    half = (np.asarray(size, dtype=np.float64).reshape(3) - 1) / 2
+    return [int(v) for v in np.floor(np.asarray(centre, dtype=np.float64) - half + 0.5)]
 
 
 def crop_or_pad(

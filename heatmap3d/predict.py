@@ -9,10 +9,11 @@ the error of exactly this code path.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -43,6 +44,20 @@ def autocast(device: torch.device, enabled: bool = True) -> torch.autocast:
     )
 
 
+def inference_net(
+    model: torch.nn.Module, device: torch.device, *, amp: bool, channels_last: bool
+) -> Callable[[torch.Tensor], torch.Tensor]:
+    """``model`` as a function of ``(B, 1, I, J, K)`` images, in the layout and precision
+    it runs in (autocast on CUDA when ``amp``), returning contiguous heatmaps."""
+    layout = torch.channels_last_3d if channels_last else torch.contiguous_format
+
+    def net(x: torch.Tensor) -> torch.Tensor:
+        with autocast(device, amp):
+            return model(x.contiguous(memory_format=layout)).contiguous()
+
+    return net
+
+
 @torch.no_grad()
 def locate_landmarks(
     model: torch.nn.Module,
@@ -68,12 +83,7 @@ def locate_landmarks(
     ``channels_last``: feed the network channels_last_3d inputs (for a model converted
     to that layout, as ``train.channels_last`` does).
     """
-    layout = torch.channels_last_3d if channels_last else torch.contiguous_format
-
-    def net(x: torch.Tensor) -> torch.Tensor:
-        with autocast(device, amp):
-            return model(x.contiguous(memory_format=layout)).contiguous()
-
+    net = inference_net(model, device, amp=amp, channels_last=channels_last)
     if sliding is None:
         padded, shape = pad_to_multiple(vol, multiple)
         image = torch.from_numpy(np.ascontiguousarray(padded.data))[None, None].to(device)
@@ -142,6 +152,15 @@ class Predictor:
         return self.predict_volume(load_volume(path))
 
 
+class ScanPredictor(Protocol):
+    """What :func:`predict_files` needs: a :class:`Predictor`, or a
+    :class:`heatmap3d.refine.Cascade`."""
+
+    def prepare_file(self, path: str | Path) -> Any: ...
+
+    def predict_preprocessed(self, prepared: Any) -> Prediction: ...
+
+
 def scan_stem(path: str | Path) -> str:
     """``case001.nii.gz`` -> ``case001``."""
     name = Path(path).name
@@ -160,12 +179,12 @@ def write_prediction(out_dir: Path, stem: str, pred: Prediction) -> list[Path]:
     return paths
 
 
-def _timed_prepare(predictor: Predictor, scan: Path) -> tuple[Volume, float]:
+def _timed_prepare(predictor: ScanPredictor, scan: Path) -> tuple[Any, float]:
     start = time.perf_counter()
     return predictor.prepare_file(scan), time.perf_counter() - start
 
 
-def prefetched(predictor: Predictor, scans: list[Path]) -> Iterator[tuple[Path, Volume, float]]:
+def prefetched(predictor: ScanPredictor, scans: list[Path]) -> Iterator[tuple[Path, Any, float]]:
     """``(scan, preprocessed volume, seconds it took)`` in order, one scan read ahead.
 
     A background thread reads and preprocesses scan n+1 while the caller runs inference
@@ -190,7 +209,7 @@ def prefetched(predictor: Predictor, scans: list[Path]) -> Iterator[tuple[Path, 
 
 
 def predict_files(
-    predictor: Predictor, scans: list[Path], out_dir: Path, *, progress: bool = True
+    predictor: ScanPredictor, scans: list[Path], out_dir: Path, *, progress: bool = True
 ) -> dict[str, Prediction]:
     """Predict every scan, write its files, report time per scan; returns stem -> result.
 

@@ -24,11 +24,12 @@ from heatmap3d.data import LandmarkDataset, build_cache, default_workers, shard,
 from heatmap3d.dataset_setup import prepare_dataset
 from heatmap3d.distributed import DistInfo
 from heatmap3d.evaluate import report_predictions
-from heatmap3d.geometry import world_to_voxel
+from heatmap3d.geometry import Volume, world_to_voxel
 from heatmap3d.metrics import LandmarkStats, radial_errors, summarize
 from heatmap3d.model import build_model
 from heatmap3d.monitor import make_monitor, slice_panel
 from heatmap3d.predict import Predictor, locate_landmarks
+from heatmap3d.refine import refine_landmarks
 from heatmap3d.sliding import windows_from_config
 from heatmap3d.steps import Stepper, groups
 
@@ -184,20 +185,10 @@ class Trainer:
         mine = {}
         for index in shard(self.val_set, self.world).indices:
             vol, truth = self.val_set.volume(index)
-            pred = locate_landmarks(
-                self.model,
-                vol,
-                self.names,
-                device=self.world.device,
-                multiple=self.model.multiple,
-                window=self.cfg.heatmap.sigma,
-                amp=self.precision.autocasts,
-                sliding=windows_from_config(self.cfg),
-                channels_last=self.cfg.train.channels_last,
-            )
-            mine[self.val_cases[index].case_id] = (pred.landmarks.points, truth)
+            points = self._locate(vol, truth, index)
+            mine[self.val_cases[index].case_id] = (points, truth)
             if index == 0:  # case 0 is always on rank 0: draw it
-                self._log_picture(vol, truth, pred.voxels, epoch)
+                self._log_picture(vol, truth, world_to_voxel(points, vol.affine), epoch)
         results = {}
         for part in distributed.all_gather_objects(mine):
             results.update(part)
@@ -212,6 +203,37 @@ class Trainer:
         for t in (2.0, 4.0):
             self.monitor.scalar(f"val/sdr_{t:g}mm", overall.sdr[t], epoch)
         return stats
+
+    def _locate(self, vol: Volume, truth: np.ndarray, index: int) -> np.ndarray:
+        """``(K, 3)`` world mm: the landmarks of a validation volume, found as in use.
+
+        A refinement model (``data.landmark_crops=1``) is validated as the cascade uses
+        it: from estimates moved off the truth by up to ``data.crop_jitter_mm`` per axis
+        (a fixed draw per case, so epochs are comparable).
+        """
+        common = dict(
+            device=self.world.device,
+            window=self.cfg.heatmap.sigma,
+            amp=self.precision.autocasts,
+            channels_last=self.cfg.train.channels_last,
+        )
+        data = self.cfg.data
+        if data.landmark_crops < 1:
+            return locate_landmarks(
+                self.model,
+                vol,
+                self.names,
+                multiple=self.model.multiple,
+                sliding=windows_from_config(self.cfg),
+                **common,
+            ).landmarks.points
+        rng = np.random.default_rng(index)
+        estimates = truth + rng.uniform(-data.crop_jitter_mm, data.crop_jitter_mm, truth.shape)
+        channels = range(len(self.names))
+        size, batch = data.patch_size, self.cfg.inference.batch
+        return refine_landmarks(
+            self.model, vol, estimates, channels, size=size, batch=batch, **common
+        )[0]
 
     def _log_picture(self, vol, truth: np.ndarray, pred_vox: np.ndarray, epoch: int) -> None:
         panel = slice_panel(vol.data, world_to_voxel(truth, vol.affine), pred_vox)
@@ -271,7 +293,9 @@ class Trainer:
         """Predict the validation scans with ``best.pt`` as a user would, and evaluate."""
         best = self.run_dir / "best.pt"
         distributed.barrier()  # rank 0 has finished writing it
-        if not best.is_file():
+        # A refinement model alone finds nothing in a whole scan: it is evaluated in a
+        # cascade (heatmap3d predict --refine); its validation error is already reported.
+        if not best.is_file() or self.cfg.data.landmark_crops >= 1:
             return None
         predictor = Predictor.from_checkpoint(best, self.world.device)
         mine = {}

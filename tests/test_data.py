@@ -47,3 +47,32 @@ def test_items_have_the_documented_shapes(cases, train, tmp_path):
     np.testing.assert_allclose(world, item["world"].numpy()[mask], atol=1e-3)
     if not train:
         assert mask.all()
+
+
+@pytest.mark.parametrize("jitter_mm", [0.0, 6.0])
+def test_landmark_crops_put_a_landmark_near_the_centre(cases, jitter_mm, tmp_path):
+    """data.landmark_crops=1: every crop is centred on one landmark, moved by at most
+    crop_jitter_mm (+ half a voxel of rounding) along each axis."""
+    root, found = cases
+    spacing, patch = 4.0, [16, 24, 20]
+    cfg = DataConfig(
+        root=str(root),
+        spacing=[spacing] * 3,
+        patch_size=patch,
+        landmark_crops=1.0,
+        crop_jitter_mm=jitter_mm,
+        cache_dir=str(tmp_path / "cache"),
+    )
+    dataset = LandmarkDataset(found, LANDMARK_NAMES, cfg, train=True)
+    torch.manual_seed(0)
+    middle = (np.array(patch) - 1) / 2
+    bound = 0.5 + jitter_mm / spacing + 1e-6
+    offsets = []
+    for _ in range(20):
+        item = dataset[0]
+        coords = item["coords"].numpy()[item["mask"].numpy()]
+        near = np.abs(coords - middle).max(1)
+        assert near.min() <= bound  # the chosen landmark
+        offsets.append(np.abs(coords - middle)[near.argmin()])
+    if jitter_mm:  # the jitter is used, not only allowed
+        assert np.max(offsets) > 0.5 + 0.5 * jitter_mm / spacing

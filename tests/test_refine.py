@@ -1,0 +1,105 @@
+"""Coarse-to-fine: window placement, the refinement geometry, and the cascade.
+
+The stand-in networks of test_predict turn a bright Gaussian blob into a detected
+landmark, so whatever the scan's affine, a refined landmark must land on the blob.
+"""
+
+import numpy as np
+import pytest
+import torch
+from test_predict import EchoNet, affines, blob_scan
+
+from heatmap3d.config import Config, DataConfig
+from heatmap3d.errors import InputError
+from heatmap3d.geometry import Volume, window_start
+from heatmap3d.landmarks import Landmarks
+from heatmap3d.predict import Predictor
+from heatmap3d.preprocess import preprocess
+from heatmap3d.refine import Cascade, refine, refine_landmarks
+
+CENTRE = np.array([3.7, -5.2, 2.9])  # the blob, world mm
+
+
+def predictor(model, spacing, patch=16):
+    data = DataConfig(spacing=[spacing] * 3, patch_size=[patch] * 3, normalization="none")
+    return Predictor(model, Config(data=data), ["blob"], torch.device("cpu"))
+
+
+@pytest.mark.parametrize("size", [16, 15])
+def test_window_start_centres_the_window_on_the_point(size):
+    for c in np.linspace(-7.3, 40.2, 37):
+        start = window_start(np.array([c, c + 0.5, c - 0.49]), [size] * 3)
+        middle = np.array(start) + (size - 1) / 2
+        assert np.all(np.abs(middle - np.array([c, c + 0.5, c - 0.49])) <= 0.5 + 1e-9)
+
+
+@pytest.mark.parametrize("name", ["identity", "flip_perm", "oblique"])
+def test_refined_landmark_is_the_blob_in_any_orientation(name):
+    scan = blob_scan(affines()[name], (40, 30, 36), CENTRE)
+    fine = predictor(EchoNet(), spacing=1.5)
+    vol = preprocess(scan, fine.cfg.data)
+    # Estimates 9 mm off: the 24 mm window still holds the blob's peak.
+    for offset in ([9.0, 0, 0], [0, -9.0, 0], [5.0, 5.0, -5.0]):
+        pred = refine(fine, vol, Landmarks(["blob"], CENTRE + offset))
+        assert np.linalg.norm(pred.landmarks.points[0] - CENTRE) < 0.25, offset
+        assert pred.confidence[0] > 0.9
+        np.testing.assert_allclose(
+            pred.voxels[0] @ vol.affine[:3, :3].T + vol.affine[:3, 3],
+            pred.landmarks.points[0],
+            atol=1e-6,
+        )
+
+
+class ChannelNet(torch.nn.Module):
+    """Channel 0 is empty, channel 1 echoes the input: checks which channel is read."""
+
+    multiple = 8
+
+    def forward(self, x):
+        echo = EchoNet()(x)
+        return torch.cat([torch.zeros_like(echo), echo], 1)
+
+
+def test_each_row_reads_its_own_channel_and_nan_stays_nan():
+    scan = blob_scan(affines()["oblique"], (40, 30, 36), CENTRE)
+    vol = preprocess(scan, DataConfig(spacing=[2.0] * 3, normalization="none"))
+    estimates = np.stack([CENTRE + 3, CENTRE - 2, np.full(3, np.nan)])
+    world, conf = refine_landmarks(
+        ChannelNet(),
+        vol,
+        estimates,
+        [1, 0, 1],
+        size=[16] * 3,
+        device=torch.device("cpu"),
+        window=4.0,
+        batch=2,
+    )
+    assert np.linalg.norm(world[0] - CENTRE) < 0.25 and conf[0] > 0.9
+    assert np.isnan(world[1:]).all() and conf[1] == 0 and conf[2] == 0
+
+
+def test_window_beyond_the_scan_is_padded_not_shifted():
+    """An estimate near the border: the window reaches outside the scan (zeros) and the
+    blob inside it is still found where it is."""
+    affine = np.diag([2.0, 2.0, 2.0, 1.0])
+    centre = np.array([3.0, 30.0, 40.0])  # 1.5 voxels from the first face
+    scan = blob_scan(affine, (30, 30, 30), centre, sigma_mm=4.0)
+    fine = predictor(EchoNet(), spacing=2.0)
+    pred = refine(fine, preprocess(scan, fine.cfg.data), Landmarks(["blob"], centre + [-6, 4, 0]))
+    assert np.linalg.norm(pred.landmarks.points[0] - centre) < 0.25
+
+
+def test_cascade_coarse_then_fine_and_refuses_a_model_without_the_landmarks():
+    scan = blob_scan(affines()["flip_perm"], (40, 30, 36), CENTRE)
+    coarse, fine = predictor(EchoNet(), spacing=4.0), predictor(EchoNet(), spacing=1.25)
+    cascade = Cascade(coarse, fine)
+    pred = cascade.predict_volume(scan)
+    assert np.linalg.norm(pred.landmarks.points[0] - CENTRE) < 0.25
+    assert pred.landmarks.names == ["blob"]
+    other = Predictor(EchoNet(), fine.cfg, ["other"], torch.device("cpu"))
+    with pytest.raises(InputError, match="lacks landmark.*blob"):
+        Cascade(coarse, other)
+    with pytest.raises(InputError, match="no landmark.*blob"):
+        refine(
+            other, Volume(np.zeros((8, 8, 8), np.float32), np.eye(4)), Landmarks(["blob"], CENTRE)
+        )
