@@ -10,8 +10,10 @@ legal but worth a look. Checks, one function each:
 * per case: image and landmark file present; the image readable, 3D, finite, with a
   non-singular affine (:func:`heatmap3d.io.load_volume` raises for these) and not very
   anisotropic; the landmark file parses (duplicated names are a parse error);
-* across cases: landmark names equal to the reference set (``--landmarks``, else the
-  most common set); missing (NaN) landmarks; landmarks outside the image, with a hint
+* across cases: landmark names against the reference set (``--landmarks``, else the
+  most common set): a name the set lacks is an error, a file that leaves out some of the
+  set's names only a warning (training treats those as missing, as it treats NaN), a
+  name that no file has an error; missing (NaN) landmarks; landmarks outside the image, with a hint
   when negating x and y (LPS read as RAS) or permuting the voxel axes would put them all
   inside; landmarks within 2 voxels of the image border.
 
@@ -145,6 +147,7 @@ def check_dataset(
     names, source = _reference_names([d.landmarks for d in data], landmarks)
     for d in data:
         _check_case(d, names, source, found)
+    _check_unannotated(root, [d.landmarks for d in data], names, source, found)
     result = found.result
     result.n_cases, result.names = len(ids), names
     result.splits = {
@@ -309,12 +312,28 @@ def _check_names(
 ) -> None:
     missing = [n for n in names if n not in set(lm.names)]
     unexpected = [n for n in lm.names if n not in set(names)]
-    if missing:
-        report.error(path, f"landmark names missing: {_names(missing)} (expected from {source})")
+    message = f"landmark names missing: {_names(missing)} (expected from {source})"
+    if missing and not unexpected:  # not annotated: training treats them as missing (NaN)
+        report.warning(path, message + "; trained as missing landmarks")
+    elif missing:  # with names the set lacks: more likely renamed or another landmark set
+        report.error(path, message)
     if unexpected:
         report.error(
             path,
             f"landmark names not in the dataset's set: {_names(unexpected)} (set from {source})",
+        )
+
+
+def _check_unannotated(
+    root: Path, sets: list[Landmarks | None], names: list[str], source: str, report: _Collector
+) -> None:
+    """A name of the set that no landmark file has: a channel nothing could train."""
+    annotated = {n for lm in sets if lm is not None for n in lm.names}
+    never = [n for n in names if n not in annotated]
+    if never and any(lm is not None for lm in sets):
+        report.error(
+            root / "landmarks",
+            f"landmark names in no file: {_names(never)} (set from {source})",
         )
 
 

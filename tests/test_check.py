@@ -218,6 +218,18 @@ def test_renamed_landmark(data, capsys):
     assert all("4 of 5 landmark files" in line for line in found)  # where the set came from
 
 
+def test_landmark_left_out_of_a_file_is_a_warning(data, capsys):
+    """A file without one of the landmarks trains (that landmark counts as missing), so
+    check warns instead of failing; with an unknown name beside it (above) it is an error."""
+    path = data / "landmarks" / "case002.csv"
+    lines = path.read_text().splitlines()
+    path.write_text("\n".join(line for line in lines if not line.startswith("cone_apex")) + "\n")
+    status, out = check(data, capsys)
+    assert status == 0
+    (line,) = lines_about(out, path, "warning")
+    assert "landmark names missing: ['cone_apex']" in line and "trained as missing" in line
+
+
 def test_duplicated_landmark(data, capsys):
     path = edit_csv(data, "case000", "dark_cube", "cone_apex")
     status, out = check(data, capsys)
@@ -229,7 +241,10 @@ def test_names_given_on_the_command_line_are_the_reference(data, capsys):
     names = "bright_sphere,shell_centre,dark_cube,cone_apex,dark_sphere,top_pole,extra"
     status, out = check(data, capsys, "--landmarks", names)
     assert status == 1
+    # Each file only lacks it (a warning each); that no file has it is the error.
     assert out.count("landmark names missing: ['extra'] (expected from --landmarks)") == 5
+    (line,) = lines_about(out, data / "landmarks")
+    assert "landmark names in no file: ['extra'] (set from --landmarks)" in line
 
 
 def test_missing_landmark_is_a_warning(data, capsys):
