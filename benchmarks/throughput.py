@@ -62,9 +62,9 @@ from heatmap3d.config import Config, DataConfig, ModelConfig, TrainConfig
 from heatmap3d.data import Case, LandmarkDataset, default_workers, train_loader
 from heatmap3d.distributed import DistInfo
 from heatmap3d.geometry import Volume, world_to_voxel
-from heatmap3d.heatmaps import heatmap_loss
 from heatmap3d.io import load_volume
 from heatmap3d.landmarks import Landmarks, read_landmarks, write_landmarks
+from heatmap3d.loss import heatmap_loss
 from heatmap3d.model import build_model
 from heatmap3d.predict import Predictor
 from heatmap3d.preprocess import preprocess

@@ -104,7 +104,7 @@ class ModelConfig:
 class HeatmapConfig:
     sigma: float = 9.0  # Gaussian sigma of the target heatmaps, mm (about 3 voxels trains well)
     # Loss weight 1 + w * target per voxel (0: plain MSE). Many landmarks in few scans
-    # train far faster with w ~ 20 (see heatmap3d.heatmaps.heatmap_loss).
+    # train far faster with w ~ 20 (see heatmap3d.loss.heatmap_loss).
     foreground_weight: float = 0.0
 
 

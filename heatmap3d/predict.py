@@ -20,8 +20,8 @@ import torch
 
 from heatmap3d import checkpoint
 from heatmap3d.config import Config, from_dict
+from heatmap3d.decode import decode_heatmaps
 from heatmap3d.geometry import Volume, pad_to_multiple, voxel_to_world
-from heatmap3d.heatmaps import decode_heatmaps
 from heatmap3d.io import load_volume
 from heatmap3d.landmarks import Landmarks, write_landmarks
 from heatmap3d.model import UNet3D, build_model
@@ -79,7 +79,7 @@ def locate_landmarks(
     cropped back before decoding; with ``sliding``, overlapping windows are blended
     (:mod:`heatmap3d.sliding`). ``window`` is the half-width of the sub-voxel refinement
     box in mm: about the heatmap sigma is most accurate (see
-    :func:`heatmap3d.heatmaps.decode_heatmaps`).
+    :func:`heatmap3d.decode.decode_heatmaps`).
     ``channels_last``: feed the network channels_last_3d inputs (for a model converted
     to that layout, as ``train.channels_last`` does).
     """

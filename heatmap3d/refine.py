@@ -7,7 +7,7 @@ spacing is trained on windows centred near one landmark (``data.landmark_crops=1
 the centre moved by up to ``data.crop_jitter_mm``: the coarse model's error). At
 prediction time it sees one window of its training patch size around each coarse
 estimate, and the landmark is decoded from that landmark's channel in that window
-(sub-voxel refinement as everywhere, :func:`heatmap3d.heatmaps.decode_heatmaps`).
+(sub-voxel refinement as everywhere, :func:`heatmap3d.decode.decode_heatmaps`).
 
 Windows of the training size, centred like the training crops, show the network the
 inputs it learnt on: InstanceNorm sees the same statistics, and the landmark sits where
@@ -22,9 +22,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from heatmap3d.decode import decode_heatmaps
 from heatmap3d.errors import InputError
 from heatmap3d.geometry import Volume, crop_or_pad, voxel_to_world, window_start, world_to_voxel
-from heatmap3d.heatmaps import decode_heatmaps
 from heatmap3d.io import load_volume
 from heatmap3d.landmarks import Landmarks
 from heatmap3d.predict import Prediction, Predictor, inference_net

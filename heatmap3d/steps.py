@@ -24,7 +24,7 @@ from heatmap3d.augment import augment_batch
 from heatmap3d.config import Config
 from heatmap3d.distributed import DistInfo
 from heatmap3d.errors import InputError
-from heatmap3d.heatmaps import heatmap_loss
+from heatmap3d.loss import heatmap_loss
 from heatmap3d.precision import Precision
 
 

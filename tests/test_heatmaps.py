@@ -10,7 +10,10 @@ import pytest
 import torch
 
 from heatmap3d import heatmaps as hm
-from heatmap3d.heatmaps import decode_heatmaps, gaussian_heatmaps, heatmap_loss, sigma_vox
+from heatmap3d import loss as hm_loss
+from heatmap3d.decode import decode_heatmaps
+from heatmap3d.heatmaps import gaussian_heatmaps, sigma_vox
+from heatmap3d.loss import heatmap_loss
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -324,9 +327,9 @@ def test_fused_kernels_match_materialised(weight):
     gi, gj, gk = (g[:, :, 0].float() for g in factors)
     valid = valid[:, :, 0]
     with torch.no_grad():
-        total = hm._fused_sq_err_sum(pred, gi, gj, gk, valid, weight)
+        total = hm_loss._fused_sq_err_sum(pred, gi, gj, gk, valid, weight)
         scale = torch.full(valid.shape, 0.5)
-        grad = hm._fused_sq_err_grad(pred, gi, gj, gk, scale, valid, weight)
+        grad = hm_loss._fused_sq_err_grad(pred, gi, gj, gk, scale, valid, weight)
     pred_ref = pred.detach().clone().requires_grad_(True)
     ref = materialised_mse(pred_ref, coords, 1.5, SPACING, mask, weight)
     (grad_ref,) = torch.autograd.grad(ref, pred_ref)

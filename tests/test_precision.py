@@ -11,7 +11,7 @@ import torch
 
 from heatmap3d import gpus
 from heatmap3d.config import ModelConfig
-from heatmap3d.heatmaps import heatmap_loss
+from heatmap3d.loss import heatmap_loss
 from heatmap3d.model import build_model
 from heatmap3d.precision import Precision, resolve
 
