@@ -12,8 +12,15 @@ Reported beside it: the human rater error on Colin27 (from the data's README) an
 landmark moved by the view's (known) rigid transform: the error of a method that aligns
 perfectly and knows nothing of the individual's anatomy.
 
-    python benchmarks/afids.py                       # the CPU setting (see RESULTS.md)
-    python benchmarks/afids.py --spacing 2 --patch 96 --channels 16   # for a GPU; not yet run
+Two models are trained, coarse to fine (:mod:`heatmap3d.refine`): a coarse one on a 6 mm
+grid that sees the whole head, and a refinement model on a 2 mm grid trained on 64 mm
+windows around landmarks, which places each landmark in a window around the coarse
+estimate. The coarse model alone is evaluated on the same views, for comparison.
+
+    python benchmarks/afids.py                      # the CPU setting (see RESULTS.md)
+    python benchmarks/afids.py --refine-epochs 0    # the coarse model alone
+    python benchmarks/afids.py --channels 16 --refine-spacing 1 --refine-patch 48 --refine-sigma 3
+                                                    # a GPU-sized setting; not yet run
 
 Validation during training uses a training volume under a random transform (with three
 volumes there is none to spare); Colin27 is touched only by the final evaluation.
@@ -170,6 +177,11 @@ def parse_args() -> argparse.Namespace:
     g.add_argument("--refine-patch", type=int, default=32, help="window, voxels per axis")
     g.add_argument("--refine-sigma", type=float, default=6.0, help="mm (~3 voxels)")
     g.add_argument("--jitter", type=float, default=12.0, help="data.crop_jitter_mm")
+    p.add_argument(
+        "--evaluate-only",
+        action="store_true",
+        help="skip training: evaluate the checkpoints already in --out",
+    )
     return p.parse_args()
 
 
@@ -224,7 +236,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         names = build_dataset(Path(tmp) / "afids", rng, args.repeat)
         stages = [("afids", False)] + ([("afids_refine", True)] if args.refine_epochs else [])
-        for name, refine in stages:
+        for name, refine in [] if args.evaluate_only else stages:
             start = time.perf_counter()
             run(load_config(None, overrides(args, f"{tmp}/afids", name, refine)))
             minutes[name] = (time.perf_counter() - start) / 60

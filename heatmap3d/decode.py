@@ -23,14 +23,16 @@ def decode_heatmaps(
     spacing: Triple = (1.0, 1.0, 1.0),
     window: float = 3.0,
     min_peak: float = 0.05,
+    prior: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """Landmark coordinates from heatmaps, refined to sub-voxel precision.
 
-    Method: take the integer argmax, gather a box of half-width ``window`` mm around it
-    (``max(1, round(window / spacing[a]))`` voxels along axis ``a``, so the box is
-    anisotropic in voxels; shifted, not cut, to stay inside the volume at borders). For
-    each axis, sum the box over the two other axes: for a separable Gaussian this
-    marginal profile is exactly a 1D Gaussian (times a constant), whatever the box's
+    Method: take the integer argmax (of ``heatmaps * prior`` when a prior is given),
+    gather a box of half-width ``window`` mm around it (``max(1, round(window /
+    spacing[a]))`` voxels along axis ``a``, so the box is anisotropic in voxels; shifted,
+    not cut, to stay inside the volume at borders). For each axis, sum the box over the
+    two other axes: for a separable Gaussian this marginal profile is exactly a 1D
+    Gaussian (times a constant), whatever the box's
     offset from the true centre, with the noise averaged over a whole slab. Fit
     ``log(m) = a + b x + c x^2`` to the profile by least squares weighted by ``m^2``
     (Guo's weighting: ``var(log m) ~ var(m) / m^2``, and non-positive samples get
@@ -57,10 +59,13 @@ def decode_heatmaps(
         spacing: voxel size in mm along ``(i, j, k)``, shape ``(3,)``.
         window: half-width in mm of the refinement box (at least one voxel per axis).
         min_peak: a channel whose maximum is ``<= min_peak`` is "not found".
+        prior: ``(I, J, K)`` non-negative weights that say where to look: the peak is the
+            argmax of ``heatmaps * prior``; the fit and the confidence use the heatmaps
+            alone, so a smooth prior does not pull the coordinate towards its centre.
 
     Returns:
         ``coords``: float32 ``(B, K, 3)`` voxel coordinates in ``(i, j, k)`` order.
-        ``confidence``: float32 ``(B, K)``, the channel's maximum voxel value clamped
+        ``confidence``: float32 ``(B, K)``, the channel's value at the peak clamped
         to [0, 1] (the target peak is 1). A channel with maximum ``<= min_peak``, a
         constant channel (max == min) or one containing NaN gives NaN coordinates
         and confidence 0.
@@ -70,7 +75,11 @@ def decode_heatmaps(
     vol = tuple(heatmaps.shape[2:])
     sp = _as_spacing(spacing, torch.device("cpu")).tolist()
     flat = heatmaps.flatten(2)
-    peak, arg = flat.max(dim=-1)
+    if prior is None:
+        peak, arg = flat.max(dim=-1)
+    else:
+        arg = (flat * prior.to(flat).flatten()).argmax(dim=-1)
+        peak = flat.gather(-1, arg[..., None])[..., 0]
     # NaN compares False, so a channel holding NaN is invalid too.
     valid = (peak > min_peak) & (peak > flat.amin(dim=-1))
     centre = torch.stack([arg // (vol[1] * vol[2]), (arg // vol[2]) % vol[1], arg % vol[2]], -1)

@@ -231,8 +231,9 @@ class Trainer:
         estimates = truth + rng.uniform(-data.crop_jitter_mm, data.crop_jitter_mm, truth.shape)
         channels = range(len(self.names))
         size, batch = data.patch_size, self.cfg.inference.batch
+        search = data.crop_jitter_mm
         return refine_landmarks(
-            self.model, vol, estimates, channels, size=size, batch=batch, **common
+            self.model, vol, estimates, channels, size=size, batch=batch, search_mm=search, **common
         )[0]
 
     def _log_picture(self, vol, truth: np.ndarray, pred_vox: np.ndarray, epoch: int) -> None:
