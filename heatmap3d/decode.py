@@ -7,10 +7,12 @@ not found.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import torch
 from torch import Tensor
+from torch.nn import functional as F
 
 from heatmap3d.heatmaps import Triple, _as_spacing
 
@@ -27,7 +29,7 @@ def decode_heatmaps(
 ) -> tuple[Tensor, Tensor]:
     """Landmark coordinates from heatmaps, refined to sub-voxel precision.
 
-    Method: take the integer argmax (of ``heatmaps * prior`` when a prior is given),
+    Method: take the integer argmax (or the local maximum a ``prior`` prefers),
     gather a box of half-width ``window`` mm around it (``max(1, round(window /
     spacing[a]))`` voxels along axis ``a``, so the box is anisotropic in voxels; shifted,
     not cut, to stay inside the volume at borders). For each axis, sum the box over the
@@ -59,9 +61,10 @@ def decode_heatmaps(
         spacing: voxel size in mm along ``(i, j, k)``, shape ``(3,)``.
         window: half-width in mm of the refinement box (at least one voxel per axis).
         min_peak: a channel whose maximum is ``<= min_peak`` is "not found".
-        prior: ``(I, J, K)`` non-negative weights that say where to look: the peak is the
-            argmax of ``heatmaps * prior``; the fit and the confidence use the heatmaps
-            alone, so a smooth prior does not pull the coordinate towards its centre.
+        prior: ``(I, J, K)`` non-negative weights that say where to look: of the local
+            maxima of each channel, the one with the largest ``heatmap * prior`` is the
+            peak. The fit and the confidence use the heatmap alone, so the prior chooses
+            between peaks but does not pull a coordinate towards its centre.
 
     Returns:
         ``coords``: float32 ``(B, K, 3)`` voxel coordinates in ``(i, j, k)`` order.
@@ -78,7 +81,7 @@ def decode_heatmaps(
     if prior is None:
         peak, arg = flat.max(dim=-1)
     else:
-        arg = (flat * prior.to(flat).flatten()).argmax(dim=-1)
+        arg = _peak_under_prior(heatmaps, prior).flatten(2).argmax(dim=-1)
         peak = flat.gather(-1, arg[..., None])[..., 0]
     # NaN compares False, so a channel holding NaN is invalid too.
     valid = (peak > min_peak) & (peak > flat.amin(dim=-1))
@@ -100,6 +103,14 @@ def decode_heatmaps(
     out = torch.where(valid[..., None], out, torch.full_like(out, float("nan")))
     confidence = torch.where(valid, peak.float().clamp(0.0, 1.0), torch.zeros_like(peak.float()))
     return out, confidence
+
+
+def _peak_under_prior(heatmaps: Tensor, prior: Tensor) -> Tensor:
+    """``heatmaps * prior`` at the local maxima of ``heatmaps`` (3x3x3), -inf elsewhere."""
+    h = heatmaps.float()
+    local_max = h == F.max_pool3d(h.flatten(0, 1)[:, None], 3, 1, 1).view_as(h)
+    score = h * prior.to(h)
+    return torch.where(local_max, score, torch.full_like(score, -math.inf))
 
 
 def _gather_box(

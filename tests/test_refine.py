@@ -103,3 +103,39 @@ def test_cascade_coarse_then_fine_and_refuses_a_model_without_the_landmarks():
         refine(
             other, Volume(np.zeros((8, 8, 8), np.float32), np.eye(4)), Landmarks(["blob"], CENTRE)
         )
+
+
+def test_search_prior_picks_the_nearer_peak_and_does_not_bias_the_fit():
+    """Two peaks: the far, taller one wins without a prior; with one the near peak is
+    chosen, and its coordinate is still exact (the fit ignores the prior)."""
+    from heatmap3d.decode import decode_heatmaps
+    from heatmap3d.heatmaps import gaussian_heatmaps
+    from heatmap3d.refine import search_prior
+
+    size, spacing = (32, 32, 32), (2.0, 2.0, 2.0)
+    near = torch.tensor([[[18.3, 14.6, 16.2]]])  # 1.7 to 2.9 voxels from the centre 15.5
+    far = torch.tensor([[[29.0, 3.0, 28.0]]])
+    heat = 0.6 * gaussian_heatmaps(near, size, sigma=6.0, spacing=spacing)
+    heat = torch.maximum(heat, gaussian_heatmaps(far, size, sigma=6.0, spacing=spacing))
+    plain, _ = decode_heatmaps(heat, spacing=spacing, window=6.0)
+    prior = search_prior(size, spacing, 12.0)
+    chosen, conf = decode_heatmaps(heat, spacing=spacing, window=6.0, prior=prior)
+    assert (plain[0, 0] - far[0, 0]).norm() < 0.05
+    assert (chosen[0, 0] - near[0, 0]).norm() < 0.05
+    assert abs(conf.item() - 0.6) < 0.01  # the heatmap's value, not the weighted one
+    assert prior.shape == size and prior.max() <= 1 and prior[15:17, 15:17, 15:17].min() > 0.98
+
+
+class NothingNet(EchoNet):
+    def forward(self, x):
+        return torch.zeros_like(x)
+
+
+def test_cascade_keeps_the_coarse_estimate_where_the_window_has_no_peak():
+    scan = blob_scan(affines()["oblique"], (40, 30, 36), CENTRE)
+    coarse = predictor(EchoNet(), spacing=4.0)
+    pred = Cascade(coarse, predictor(NothingNet(), spacing=1.5)).predict_volume(scan)
+    alone = coarse.predict_volume(scan)
+    np.testing.assert_allclose(pred.landmarks.points, alone.landmarks.points)
+    np.testing.assert_allclose(pred.confidence, alone.confidence)
+    assert np.isfinite(pred.voxels).all()
