@@ -142,22 +142,25 @@ class Cascade:
             Predictor.from_checkpoint(coarse, device), Predictor.from_checkpoint(fine, device)
         )
 
+    def prepare(self, vol: Volume) -> tuple[Volume, Volume]:
+        """A raw volume preprocessed for each model (CPU only)."""
+        return preprocess(vol, self.coarse.cfg.data), preprocess(vol, self.fine.cfg.data)
+
     def prepare_file(self, path: str | Path) -> tuple[Volume, Volume]:
         """Read a scan once; preprocess it for each model (CPU only)."""
-        vol = load_volume(path)
-        return preprocess(vol, self.coarse.cfg.data), preprocess(vol, self.fine.cfg.data)
+        return self.prepare(load_volume(path))
 
     def predict_preprocessed(self, vols: tuple[Volume, Volume]) -> Prediction:
         coarse = self.coarse.predict_preprocessed(vols[0])
         fine = refine(self.fine, vols[1], coarse.landmarks)
         # No peak in the window: keep the coarse estimate (and its confidence).
         lost = np.isnan(fine.landmarks.points).any(1) & np.isfinite(coarse.landmarks.points).all(1)
-        fine.landmarks.points[lost] = coarse.landmarks.points[lost]
-        fine.confidence[lost] = coarse.confidence[lost]
-        fine.voxels = world_to_voxel(fine.landmarks.points, vols[1].affine)
+        if lost.any():
+            fine.landmarks.points[lost] = coarse.landmarks.points[lost]
+            fine.confidence[lost] = coarse.confidence[lost]
+            fine.voxels = world_to_voxel(fine.landmarks.points, vols[1].affine)
         return fine
 
     def predict_volume(self, vol: Volume) -> Prediction:
         """Landmarks of a raw volume (any orientation and spacing), in its world mm."""
-        pair = preprocess(vol, self.coarse.cfg.data), preprocess(vol, self.fine.cfg.data)
-        return self.predict_preprocessed(pair)
+        return self.predict_preprocessed(self.prepare(vol))
