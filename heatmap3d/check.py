@@ -409,7 +409,3 @@ def _outside_hint(
     return "".join(f"; hint: {h}" for h in hints) or (
         "; is the file's coordinate system (RAS/LPS) right?"
     )
-
-
-# --------------------------------------------------------------------------------------
-# Manifest

@@ -195,7 +195,7 @@ class LandmarkDataset(Dataset):
             jitter_mm = (torch.rand(3, dtype=torch.float64).numpy() * 2 - 1) * (
                 self.cfg.crop_jitter_mm
             )
-            centre = world_to_voxel(world[pick], vol.affine) + jitter_mm / np.array(vol.spacing)
+            centre = world_to_voxel(world[pick], vol.affine) + jitter_mm / vol.spacing
             return window_start(centre, self.cfg.patch_size)
         if not self.cfg.random_crop:
             return None

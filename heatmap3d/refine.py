@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from heatmap3d.config import Config
 from heatmap3d.decode import decode_heatmaps
 from heatmap3d.errors import InputError
 from heatmap3d.geometry import Volume, crop_or_pad, voxel_to_world, window_start, world_to_voxel
@@ -92,23 +93,52 @@ def refine_landmarks(
     return voxel_to_world(voxels, vol.affine), confidence
 
 
+def is_refiner(cfg: Config) -> bool:
+    """A refinement model: every training crop centred on a landmark (landmark_crops=1)."""
+    return cfg.data.landmark_crops >= 1
+
+
+def refine_as_configured(
+    model: torch.nn.Module,
+    cfg: Config,
+    vol: Volume,
+    estimates: np.ndarray,
+    channels: Sequence[int],
+    *,
+    device: torch.device,
+    amp: bool,
+) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`refine_landmarks` with the window, decoding and search settings of the
+    refinement model's config: the one place prediction and validation take them from."""
+    return refine_landmarks(
+        model,
+        vol,
+        estimates,
+        channels,
+        size=cfg.data.patch_size,
+        device=device,
+        window=cfg.heatmap.sigma,
+        amp=amp,
+        channels_last=cfg.train.channels_last,
+        batch=cfg.inference.batch,
+        search_mm=cfg.data.crop_jitter_mm,
+    )
+
+
 def refine(fine: Predictor, vol: Volume, estimates: Landmarks) -> Prediction:
     """Refine ``estimates`` (world mm) with ``fine`` in ``vol`` (preprocessed for ``fine``)."""
     missing = [n for n in estimates.names if n not in fine.names]
     if missing:
         raise InputError(f"the refinement model has no landmark(s) {', '.join(missing)}")
-    world, confidence = refine_landmarks(
+    channels = [fine.names.index(n) for n in estimates.names]
+    world, confidence = refine_as_configured(
         fine.model,
+        fine.cfg,
         vol,
         estimates.points,
-        [fine.names.index(n) for n in estimates.names],
-        size=fine.cfg.data.patch_size,
+        channels,
         device=fine.device,
-        window=fine.cfg.heatmap.sigma,
         amp=fine.cfg.train.amp,
-        channels_last=fine.cfg.train.channels_last,
-        batch=fine.cfg.inference.batch,
-        search_mm=fine.cfg.data.crop_jitter_mm,
     )
     return Prediction(
         landmarks=Landmarks(list(estimates.names), world),

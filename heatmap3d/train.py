@@ -29,7 +29,7 @@ from heatmap3d.metrics import LandmarkStats, radial_errors, summarize
 from heatmap3d.model import build_model
 from heatmap3d.monitor import make_monitor, slice_panel
 from heatmap3d.predict import Predictor, locate_landmarks
-from heatmap3d.refine import refine_landmarks
+from heatmap3d.refine import is_refiner, refine_as_configured
 from heatmap3d.sliding import windows_from_config
 from heatmap3d.steps import Stepper, groups
 
@@ -211,29 +211,24 @@ class Trainer:
         it: from estimates moved off the truth by up to ``data.crop_jitter_mm`` per axis
         (a fixed draw per case, so epochs are comparable).
         """
-        common = dict(
-            device=self.world.device,
-            window=self.cfg.heatmap.sigma,
-            amp=self.precision.autocasts,
-            channels_last=self.cfg.train.channels_last,
-        )
-        data = self.cfg.data
-        if data.landmark_crops < 1:
+        device, amp = self.world.device, self.precision.autocasts
+        if not is_refiner(self.cfg):
             return locate_landmarks(
                 self.model,
                 vol,
                 self.names,
+                device=device,
                 multiple=self.model.multiple,
+                window=self.cfg.heatmap.sigma,
+                amp=amp,
                 sliding=windows_from_config(self.cfg),
-                **common,
+                channels_last=self.cfg.train.channels_last,
             ).landmarks.points
-        rng = np.random.default_rng(index)
-        estimates = truth + rng.uniform(-data.crop_jitter_mm, data.crop_jitter_mm, truth.shape)
+        jitter = self.cfg.data.crop_jitter_mm
+        estimates = truth + np.random.default_rng(index).uniform(-jitter, jitter, truth.shape)
         channels = range(len(self.names))
-        size, batch = data.patch_size, self.cfg.inference.batch
-        search = data.crop_jitter_mm
-        return refine_landmarks(
-            self.model, vol, estimates, channels, size=size, batch=batch, search_mm=search, **common
+        return refine_as_configured(
+            self.model, self.cfg, vol, estimates, channels, device=device, amp=amp
         )[0]
 
     def _log_picture(self, vol, truth: np.ndarray, pred_vox: np.ndarray, epoch: int) -> None:
@@ -296,7 +291,7 @@ class Trainer:
         distributed.barrier()  # rank 0 has finished writing it
         # A refinement model alone finds nothing in a whole scan: it is evaluated in a
         # cascade (heatmap3d predict --refine); its validation error is already reported.
-        if not best.is_file() or self.cfg.data.landmark_crops >= 1:
+        if not best.is_file() or is_refiner(self.cfg):
             return None
         predictor = Predictor.from_checkpoint(best, self.world.device)
         mine = {}
