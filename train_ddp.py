@@ -4,7 +4,7 @@
     torchrun --nproc_per_node=4 train_ddp.py --config configs/my.yaml train.epochs=50
     python train_ddp.py --resume                                          # one process
 
-Without ``--config`` it uses configs/demo.yaml. All the logic lives in heatmap3d.train.
+Without ``--config`` it uses configs/demo.yaml. All the logic lives in heatmap3d.training.trainer.
 """
 
 import sys

@@ -12,7 +12,7 @@ Reported beside it: the human rater error on Colin27 (from the data's README) an
 landmark moved by the view's (known) rigid transform: the error of a method that aligns
 perfectly and knows nothing of the individual's anatomy.
 
-Two models are trained, coarse to fine (:mod:`heatmap3d.refine`): a coarse one on a 6 mm
+Two models are trained, coarse to fine (:mod:`heatmap3d.inference.refine`): a coarse one on a 6 mm
 grid that sees the whole head, and a refinement model on a 2 mm grid trained on 64 mm
 windows around landmarks, which places each landmark in a window around the coarse
 estimate. The coarse model alone is evaluated on the same views, for comparison.
@@ -39,11 +39,11 @@ import numpy as np
 from scipy.spatial.transform import Rotation
 
 from heatmap3d.config import load_config
+from heatmap3d.evaluation.metrics import format_table, radial_errors, summarize
 from heatmap3d.geometry import Volume, resample_to_spacing
-from heatmap3d.io import load_volume, save_volume
-from heatmap3d.landmarks import read_landmarks, write_landmarks
-from heatmap3d.metrics import format_table, radial_errors, summarize
-from heatmap3d.predict import Predictor
+from heatmap3d.inference.predictor import Predictor
+from heatmap3d.io.landmarks import read_landmarks, write_landmarks
+from heatmap3d.io.volumes import load_volume, save_volume
 
 REAL = Path(
     os.environ.get(
@@ -228,8 +228,8 @@ def main() -> None:
     args = parse_args()
     if not REAL.is_dir():
         raise SystemExit(f"real data not found at {REAL} (set HEATMAP3D_REAL_DATA)")
-    from heatmap3d.refine import Cascade
-    from heatmap3d.train import run
+    from heatmap3d.inference.refine import Cascade
+    from heatmap3d.training.trainer import run
 
     rng = np.random.default_rng(args.seed)
     minutes = {}

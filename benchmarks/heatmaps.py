@@ -27,9 +27,9 @@ import numpy as np
 import torch
 
 from heatmap3d import heatmaps as hm
-from heatmap3d.decode import decode_heatmaps
 from heatmap3d.heatmaps import gaussian_heatmaps
-from heatmap3d.loss import heatmap_loss
+from heatmap3d.inference.decode import decode_heatmaps
+from heatmap3d.training.loss import heatmap_loss
 
 SIGMA_MM = 3.0
 SPACING = (0.8, 0.8, 1.2)  # anisotropic: sigma_vox = (3.75, 3.75, 2.5), cube 23x23x15

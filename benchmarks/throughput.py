@@ -6,12 +6,12 @@ AdamW, same batch size, same number of loader workers) trains on the same synthe
 scans through two pipelines:
 
   (a) the common recipe, written here as a faithful baseline: the Dataset re-reads each
-      gzip NIfTI every epoch, preprocesses it (the same ``heatmap3d.preprocess`` code),
+      gzip NIfTI every epoch, preprocesses it (the same ``heatmap3d.data.preprocess`` code),
       and builds the K target heatmaps per sample in numpy (``np.zeros`` + a 3-sigma
       patch per landmark, float32); DataLoader workers ship them (non-persistent workers,
       the default), default memory layout, ``F.mse_loss`` against the shipped targets;
   (b) heatmap3d: volumes preprocessed once into the disk cache and memory-mapped,
-      ``heatmap3d.data.train_loader`` (persistent workers, prefetch, seeded), coordinates
+      ``heatmap3d.data.dataset.train_loader`` (persistent workers, prefetch, seeded), coordinates
       from the loader, ``heatmap_loss`` on the device, and the U-Net in heatmap3d's
       default channels_last_3d layout (``train.channels_last``);
   (c) diagnostic: (b) in the recipe's default layout, which separates what the data
@@ -57,17 +57,17 @@ from scipy.ndimage import gaussian_filter, zoom
 from torch.nn import functional as F
 from torch.utils.data import DataLoader, Dataset
 
-from heatmap3d.cache import build_entries
 from heatmap3d.config import Config, DataConfig, ModelConfig, TrainConfig
-from heatmap3d.data import Case, LandmarkDataset, default_workers, train_loader
+from heatmap3d.data.cache import build_entries
+from heatmap3d.data.dataset import Case, LandmarkDataset, default_workers, train_loader
+from heatmap3d.data.preprocess import preprocess
 from heatmap3d.distributed import DistInfo
 from heatmap3d.geometry import Volume, world_to_voxel
-from heatmap3d.io import load_volume
-from heatmap3d.landmarks import Landmarks, read_landmarks, write_landmarks
-from heatmap3d.loss import heatmap_loss
+from heatmap3d.inference.predictor import Predictor
+from heatmap3d.io.landmarks import Landmarks, read_landmarks, write_landmarks
+from heatmap3d.io.volumes import load_volume
 from heatmap3d.model import build_model
-from heatmap3d.predict import Predictor
-from heatmap3d.preprocess import preprocess
+from heatmap3d.training.loss import heatmap_loss
 
 SPACING = 1.5  # training grid, mm
 RAW_SHAPE = (120, 120, 80)  # stored scans: int16, LPS-like axes, anisotropic

@@ -86,7 +86,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _run(args: argparse.Namespace) -> None:
     if args.command == "synth":
-        from heatmap3d.synthetic import generate_dataset
+        from heatmap3d.data.synthetic import generate_dataset
 
         generate_dataset(
             args.out, n_train=args.n_train, n_val=args.n_val, n_test=args.n_test, seed=args.seed
@@ -94,42 +94,42 @@ def _run(args: argparse.Namespace) -> None:
         print(f"wrote {args.out}")
     elif args.command == "train":
         from heatmap3d.config import load_config
-        from heatmap3d.train import run
+        from heatmap3d.training.trainer import run
 
         run(load_config(args.config, args.overrides), resume=args.resume, init_from=args.init_from)
     elif args.command == "predict":
         import torch
 
-        from heatmap3d.predict import Predictor, predict_files
+        from heatmap3d.inference.predictor import Predictor, predict_files
 
         device = args.device
         if device == "auto":
             device = "cuda" if torch.cuda.is_available() else "cpu"
         predictor = Predictor.from_checkpoint(args.checkpoint, device)
         if args.refine is not None:
-            from heatmap3d.refine import Cascade
+            from heatmap3d.inference.refine import Cascade
 
             predictor = Cascade(predictor, Predictor.from_checkpoint(args.refine, device))
         predict_files(predictor, args.scans, args.out)
         print(f"wrote {len(args.scans)} prediction(s) to {args.out}")
     elif args.command == "evaluate":
-        from heatmap3d.evaluate import evaluate_dirs
+        from heatmap3d.evaluation.evaluate import evaluate_dirs
 
         print(evaluate_dirs(args.pred, args.truth, args.out))
     elif args.command == "check":
-        from heatmap3d.check import run_check
+        from heatmap3d.data.check import run_check
 
         status = run_check(args.data, args.split_file, args.landmarks, args.manifest)
         if status:  # 1: the data has problems (main's 2 stays for mistakes in the command)
             raise SystemExit(status)
     elif args.command == "gpus":
-        from heatmap3d.gpus import report
+        from heatmap3d.training.gpus import report
 
         print(report(args.n))
 
 
 def main(argv: list[str] | None = None) -> int:
-    from heatmap3d.faults import NonFiniteLossError
+    from heatmap3d.training.faults import NonFiniteLossError
 
     args = build_parser().parse_args(argv)
     rank = os.environ.get("RANK")

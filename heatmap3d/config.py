@@ -36,7 +36,7 @@ class DataConfig:
     random_crop: bool = True  # random crop position in training (else centred)
     # Share of training crops centred on one present landmark (chosen at random) moved by
     # up to crop_jitter_mm along each axis. 1 trains a refinement model: one that is shown
-    # windows around a coarse estimate (`heatmap3d predict --refine`, heatmap3d.refine),
+    # windows around a coarse estimate (`heatmap3d predict --refine`, heatmap3d.inference.refine),
     # and is validated that way.
     landmark_crops: float = 0.0
     crop_jitter_mm: float = 10.0  # uniform in +-this per axis; about the coarse model's error
@@ -104,7 +104,7 @@ class ModelConfig:
 class HeatmapConfig:
     sigma: float = 9.0  # Gaussian sigma of the target heatmaps, mm (about 3 voxels trains well)
     # Loss weight 1 + w * target per voxel (0: plain MSE). Many landmarks in few scans
-    # train far faster with w ~ 20 (see heatmap3d.loss.heatmap_loss).
+    # train far faster with w ~ 20 (see heatmap3d.training.loss.heatmap_loss).
     foreground_weight: float = 0.0
 
 

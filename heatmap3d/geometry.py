@@ -5,7 +5,7 @@ Conventions (project-wide)
 * **World coordinates** are RAS millimetres: +x Right, +y Anterior, +z Superior, in the
   frame of the NIfTI affine exactly as nibabel returns it (``img.affine``). Files written in
   LPS (3D Slicer >= 5 default, ITK) are converted to RAS when read (x and y negated) and back
-  when written; that happens in :mod:`heatmap3d.landmarks`, never here.
+  when written; that happens in :mod:`heatmap3d.io.landmarks`, never here.
 * **Voxel coordinates** are continuous indices in array-axis order ``(i, j, k)`` of an array
   of shape ``(I, J, K)``. Voxel centres sit at integer coordinates (nibabel convention), so
   voxel ``(0, 0, 0)`` covers ``[-0.5, 0.5]`` on every axis::

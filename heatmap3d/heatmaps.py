@@ -1,6 +1,7 @@
 """Gaussian landmark heatmaps: the targets, and the helpers the loss shares.
 
-Decoding is in :mod:`heatmap3d.decode`, the training loss in :mod:`heatmap3d.loss`.
+Decoding is in :mod:`heatmap3d.inference.decode`, the training loss in
+:mod:`heatmap3d.training.loss`.
 
 Conventions used throughout:
 
@@ -14,7 +15,8 @@ Conventions used throughout:
 The target for a landmark at voxel coordinates ``c`` is the unnormalised Gaussian
 ``exp(-sum_a ((n_a - c_a) * spacing[a])**2 / (2 * sigma**2))`` with peak 1.0 at ``c``.
 It is separable, so it is built from three 1D Gaussians per channel and never needs a
-full-size intermediate (see :func:`gaussian_heatmaps` and :func:`heatmap3d.loss.heatmap_loss`).
+full-size intermediate (see :func:`gaussian_heatmaps` and
+:func:`heatmap3d.training.loss.heatmap_loss`).
 """
 
 from __future__ import annotations

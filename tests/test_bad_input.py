@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from heatmap3d.cli import main
-from heatmap3d.synthetic import generate_dataset
+from heatmap3d.data.synthetic import generate_dataset
 
 ROOT = Path(__file__).resolve().parents[1]
 DEMO = str(ROOT / "configs" / "demo.yaml")

@@ -1,4 +1,4 @@
-"""The on-disk cache of preprocessed volumes (heatmap3d.cache) and the Dataset that uses it.
+"""The on-disk cache of preprocessed volumes (heatmap3d.data.cache) and the Dataset that uses it.
 
 Entries must follow the file's content and the preprocessing settings, survive concurrent
 builders, never be used when corrupt, and change nothing in what training sees.
@@ -16,21 +16,21 @@ import numpy as np
 import pytest
 import torch
 
-from heatmap3d import cache
 from heatmap3d.config import DataConfig
-from heatmap3d.data import (
+from heatmap3d.data import cache
+from heatmap3d.data.dataset import (
     LandmarkDataset,
     build_cache,
     find_cases,
     read_split,
     train_loader,
 )
+from heatmap3d.data.preprocess import preprocess
+from heatmap3d.data.synthetic import generate_dataset
 from heatmap3d.distributed import DistInfo
 from heatmap3d.geometry import Volume
-from heatmap3d.io import load_volume, save_volume
-from heatmap3d.landmarks import read_landmarks
-from heatmap3d.preprocess import preprocess
-from heatmap3d.synthetic import generate_dataset
+from heatmap3d.io.landmarks import read_landmarks
+from heatmap3d.io.volumes import load_volume, save_volume
 
 SINGLE = DistInfo(
     rank=0, local_rank=0, world_size=1, local_world_size=1, device=torch.device("cpu")

@@ -18,17 +18,17 @@ import numpy as np
 import pytest
 import torch
 
-from heatmap3d.check import check_dataset
 from heatmap3d.cli import main
 from heatmap3d.config import Config, DataConfig
-from heatmap3d.dataset_setup import prepare_dataset
+from heatmap3d.data.check import check_dataset
+from heatmap3d.data.setup import prepare_dataset
+from heatmap3d.data.synthetic import generate_dataset
 from heatmap3d.distributed import DistInfo
 from heatmap3d.errors import InputError
 from heatmap3d.geometry import Volume, resample_to_spacing, voxel_to_world
-from heatmap3d.io import load_volume, save_volume
-from heatmap3d.landmarks import Landmarks, read_landmarks, write_landmarks
-from heatmap3d.manifest import read_manifest
-from heatmap3d.synthetic import generate_dataset
+from heatmap3d.io.landmarks import Landmarks, read_landmarks, write_landmarks
+from heatmap3d.io.manifest import read_manifest
+from heatmap3d.io.volumes import load_volume, save_volume
 
 REAL = Path(__file__).resolve().parents[2] / "shared" / "data" / "real"
 CPU_WORLD = DistInfo(0, 0, 1, 1, torch.device("cpu"))

@@ -5,9 +5,9 @@ import pytest
 import torch
 
 from heatmap3d.config import DataConfig
-from heatmap3d.data import LandmarkDataset, find_cases, read_split
+from heatmap3d.data.dataset import LandmarkDataset, find_cases, read_split
+from heatmap3d.data.synthetic import LANDMARK_NAMES, generate_dataset
 from heatmap3d.geometry import voxel_to_world
-from heatmap3d.synthetic import LANDMARK_NAMES, generate_dataset
 
 
 @pytest.fixture(scope="module")

@@ -15,9 +15,9 @@ import pytest
 import torch
 from torchrun_util import TINY, torchrun
 
-from heatmap3d.data import train_loader
+from heatmap3d.data.dataset import train_loader
+from heatmap3d.data.synthetic import generate_dataset
 from heatmap3d.distributed import DistInfo
-from heatmap3d.synthetic import generate_dataset
 
 
 @pytest.fixture(scope="module")

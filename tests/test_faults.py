@@ -15,8 +15,8 @@ import torch
 from torchrun_util import ROOT, TINY, env, torchrun, torchrun_args
 
 from heatmap3d import checkpoint
-from heatmap3d.faults import ENV, Injection, injection_from_env
-from heatmap3d.synthetic import generate_dataset
+from heatmap3d.data.synthetic import generate_dataset
+from heatmap3d.training.faults import ENV, Injection, injection_from_env
 
 
 @pytest.fixture(scope="module")

@@ -23,8 +23,8 @@ from heatmap3d.geometry import (
     voxel_to_world,
     world_to_voxel,
 )
-from heatmap3d.io import load_volume, save_volume
-from heatmap3d.landmarks import Landmarks, read_landmarks, write_landmarks
+from heatmap3d.io.landmarks import Landmarks, read_landmarks, write_landmarks
+from heatmap3d.io.volumes import load_volume, save_volume
 
 # --------------------------------------------------------------------------------------
 # Affines used throughout

@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from heatmap3d import heatmaps as hm
-from heatmap3d import loss as hm_loss
-from heatmap3d.decode import decode_heatmaps
 from heatmap3d.heatmaps import gaussian_heatmaps, sigma_vox
-from heatmap3d.loss import heatmap_loss
+from heatmap3d.inference.decode import decode_heatmaps
+from heatmap3d.training import loss as hm_loss
+from heatmap3d.training.loss import heatmap_loss
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 

@@ -26,9 +26,9 @@ from scipy.spatial.transform import Rotation
 
 from heatmap3d.config import Config, DataConfig
 from heatmap3d.geometry import Volume, voxel_to_world, world_to_voxel
-from heatmap3d.io import load_volume, save_volume
-from heatmap3d.landmarks import Landmarks, read_landmarks, write_landmarks
-from heatmap3d.predict import Predictor
+from heatmap3d.inference.predictor import Predictor
+from heatmap3d.io.landmarks import Landmarks, read_landmarks, write_landmarks
+from heatmap3d.io.volumes import load_volume, save_volume
 
 SHAPE = (48, 40, 44)  # base grid, voxels: distinct sizes, so a wrong axis order shows
 SPACING = 1.5  # base grid, mm

@@ -1,4 +1,4 @@
-"""Tests for heatmap3d.io: NIfTI volumes, landmark files, user-facing errors, real data."""
+"""Tests for heatmap3d.io.volumes: NIfTI volumes, landmark files, user-facing errors, real data."""
 
 from __future__ import annotations
 
@@ -16,14 +16,14 @@ from scipy import ndimage
 
 from heatmap3d.errors import InputError
 from heatmap3d.geometry import Volume, reorient_canonical, world_to_voxel
-from heatmap3d.io import load_volume, save_volume
-from heatmap3d.landmarks import (
+from heatmap3d.io.landmarks import (
     LANDMARK_SUFFIXES,
     Landmarks,
     find_landmark_file,
     read_landmarks,
     write_landmarks,
 )
+from heatmap3d.io.volumes import load_volume, save_volume
 
 NAMES = ["AC", "PC", 'L, lateral "horn"', "missing one", "genu"]
 POINTS = np.array(

@@ -9,12 +9,12 @@ import pytest
 import torch
 
 from heatmap3d.config import Config, DataConfig
-from heatmap3d.data import default_workers, seed_worker, train_loader, usable_cpus
+from heatmap3d.data.dataset import default_workers, seed_worker, train_loader, usable_cpus
+from heatmap3d.data.synthetic import generate_case
 from heatmap3d.distributed import DistInfo
 from heatmap3d.errors import InputError
-from heatmap3d.io import save_volume
-from heatmap3d.predict import Predictor, predict_files
-from heatmap3d.synthetic import generate_case
+from heatmap3d.inference.predictor import Predictor, predict_files
+from heatmap3d.io.volumes import save_volume
 
 
 def world(local_world_size: int = 1, device: str = "cpu") -> DistInfo:

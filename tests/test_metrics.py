@@ -1,6 +1,6 @@
 import numpy as np
 
-from heatmap3d.metrics import format_table, radial_errors, summarize
+from heatmap3d.evaluation.metrics import format_table, radial_errors, summarize
 
 
 def test_radial_errors_in_mm_with_missing_and_missed():

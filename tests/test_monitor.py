@@ -1,6 +1,6 @@
 import numpy as np
 
-from heatmap3d.monitor import PRED_COLOUR, TRUE_COLOUR, slice_panel
+from heatmap3d.training.monitor import PRED_COLOUR, TRUE_COLOUR, slice_panel
 
 
 def test_panel_marks_truth_and_prediction_on_three_slices():

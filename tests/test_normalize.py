@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 from scipy import ndimage
 
+from heatmap3d.data.normalize import normalize_intensity
 from heatmap3d.geometry import world_to_voxel
-from heatmap3d.landmarks import read_landmarks
-from heatmap3d.normalize import normalize_intensity
+from heatmap3d.io.landmarks import read_landmarks
 
 REAL = Path(__file__).resolve().parents[2] / "shared" / "data" / "real"
 FOLDERS = {

@@ -9,11 +9,11 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from heatmap3d import gpus
 from heatmap3d.config import ModelConfig
-from heatmap3d.loss import heatmap_loss
 from heatmap3d.model import build_model
 from heatmap3d.precision import Precision, resolve
+from heatmap3d.training import gpus
+from heatmap3d.training.loss import heatmap_loss
 
 CPU, CUDA = torch.device("cpu"), torch.device("cuda")
 

@@ -12,7 +12,7 @@ from scipy.spatial.transform import Rotation
 
 from heatmap3d.config import Config, DataConfig
 from heatmap3d.geometry import Volume, voxel_to_world
-from heatmap3d.predict import Predictor
+from heatmap3d.inference.predictor import Predictor
 
 
 class EchoNet(torch.nn.Module):

@@ -10,12 +10,12 @@ import torch
 from test_predict import EchoNet, affines, blob_scan
 
 from heatmap3d.config import Config, DataConfig
+from heatmap3d.data.preprocess import preprocess
 from heatmap3d.errors import InputError
 from heatmap3d.geometry import Volume, window_start
-from heatmap3d.landmarks import Landmarks
-from heatmap3d.predict import Predictor
-from heatmap3d.preprocess import preprocess
-from heatmap3d.refine import Cascade, refine, refine_landmarks
+from heatmap3d.inference.predictor import Predictor
+from heatmap3d.inference.refine import Cascade, refine, refine_landmarks
+from heatmap3d.io.landmarks import Landmarks
 
 CENTRE = np.array([3.7, -5.2, 2.9])  # the blob, world mm
 
@@ -108,9 +108,9 @@ def test_cascade_coarse_then_fine_and_refuses_a_model_without_the_landmarks():
 def test_search_prior_picks_the_nearer_peak_and_does_not_bias_the_fit():
     """Two peaks: the far, taller one wins without a prior; with one the near peak is
     chosen, and its coordinate is still exact (the fit ignores the prior)."""
-    from heatmap3d.decode import decode_heatmaps
     from heatmap3d.heatmaps import gaussian_heatmaps
-    from heatmap3d.refine import search_prior
+    from heatmap3d.inference.decode import decode_heatmaps
+    from heatmap3d.inference.refine import search_prior
 
     size, spacing = (32, 32, 32), (2.0, 2.0, 2.0)
     near = torch.tensor([[[18.3, 14.6, 16.2]]])  # 1.7 to 2.9 voxels from the centre 15.5

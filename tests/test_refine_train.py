@@ -8,8 +8,8 @@ import pytest
 
 from heatmap3d.cli import main
 from heatmap3d.config import load_config
-from heatmap3d.synthetic import LANDMARK_NAMES, generate_dataset
-from heatmap3d.train import run
+from heatmap3d.data.synthetic import LANDMARK_NAMES, generate_dataset
+from heatmap3d.training.trainer import run
 
 JITTER_MM = 6.0
 

@@ -1,6 +1,6 @@
 import torch
 
-from heatmap3d.sliding import gaussian_weights, sliding_window, window_starts
+from heatmap3d.inference.sliding import gaussian_weights, sliding_window, window_starts
 
 
 def test_window_starts_cover_the_axis_with_overlap():
@@ -48,8 +48,8 @@ def test_small_image_is_padded_and_cropped_back():
 def test_landmarks_decoded_from_windows_match_one_pass():
     """A network with spatial context (a 5x5x5 smoothing convolution) differs slightly at
     window seams, but the landmark decoded from the blended heatmap is the same."""
-    from heatmap3d.decode import decode_heatmaps
     from heatmap3d.heatmaps import gaussian_heatmaps
+    from heatmap3d.inference.decode import decode_heatmaps
 
     smooth = torch.nn.Conv3d(1, 1, 5, padding=2, bias=False)
     torch.nn.init.constant_(smooth.weight, 1 / 125)

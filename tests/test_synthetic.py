@@ -4,10 +4,10 @@ import nibabel as nib
 import numpy as np
 from scipy.ndimage import map_coordinates
 
+from heatmap3d.data.synthetic import LANDMARK_NAMES, generate_case, generate_dataset
 from heatmap3d.geometry import world_to_voxel
-from heatmap3d.io import load_volume
-from heatmap3d.landmarks import find_landmark_file, read_landmarks
-from heatmap3d.synthetic import LANDMARK_NAMES, generate_case, generate_dataset
+from heatmap3d.io.landmarks import find_landmark_file, read_landmarks
+from heatmap3d.io.volumes import load_volume
 
 
 def test_dataset_layout_and_determinism(tmp_path):

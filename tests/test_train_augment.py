@@ -5,8 +5,8 @@ import math
 import pytest
 
 from heatmap3d.config import load_config
-from heatmap3d.synthetic import generate_dataset
-from heatmap3d.train import run
+from heatmap3d.data.synthetic import generate_dataset
+from heatmap3d.training.trainer import run
 
 SPACING, PATCH, SIGMA = 4.0, 24, 12.0
 

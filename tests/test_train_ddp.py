@@ -11,10 +11,10 @@ import pytest
 import torch
 from torchrun_util import run, torchrun
 
+from heatmap3d.data.synthetic import generate_dataset
 from heatmap3d.geometry import voxel_to_world
-from heatmap3d.io import load_volume
-from heatmap3d.landmarks import read_landmarks
-from heatmap3d.synthetic import generate_dataset
+from heatmap3d.io.landmarks import read_landmarks
+from heatmap3d.io.volumes import load_volume
 
 # Small and fast: 4 mm grid (phantoms become ~26^3), a two-level U-Net with 4 channels.
 FAST = [

@@ -1,6 +1,6 @@
 """``heatmap3d check``: read a whole dataset and report every problem, before training.
 
-Training stops at the first bad file (:func:`heatmap3d.dataset_setup.prepare_dataset`),
+Training stops at the first bad file (:func:`heatmap3d.data.setup.prepare_dataset`),
 which makes fixing a large dataset a loop of one fix per run. The checker instead reads
 every case listed in the split file and collects every problem it finds as a
 :class:`Finding`: an *error* makes the dataset unusable for training, a *warning* is
@@ -8,7 +8,7 @@ legal but worth a look. Checks, one function each:
 
 * split file: missing or invalid, ``train``/``val`` missing or empty, a case listed twice;
 * per case: image and landmark file present; the image readable, 3D, finite, with a
-  non-singular affine (:func:`heatmap3d.io.load_volume` raises for these) and not very
+  non-singular affine (:func:`heatmap3d.io.volumes.load_volume` raises for these) and not very
   anisotropic; the landmark file parses (duplicated names are a parse error);
 * across cases: landmark names against the reference set (``--landmarks``, else the
   most common set): a name the set lacks is an error, a file that leaves out some of the
@@ -31,12 +31,12 @@ from pathlib import Path
 
 import numpy as np
 
-from heatmap3d.data import IMAGE_SUFFIXES, Case, read_split
+from heatmap3d.data.dataset import IMAGE_SUFFIXES, Case, read_split
 from heatmap3d.errors import InputError
 from heatmap3d.geometry import Volume, world_to_voxel
-from heatmap3d.io import load_volume
-from heatmap3d.landmarks import LANDMARK_SUFFIXES, Landmarks, read_landmarks
-from heatmap3d.manifest import write_manifest
+from heatmap3d.io.landmarks import LANDMARK_SUFFIXES, Landmarks, read_landmarks
+from heatmap3d.io.manifest import write_manifest
+from heatmap3d.io.volumes import load_volume
 
 __all__ = [
     "CheckReport",

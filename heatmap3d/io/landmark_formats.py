@@ -1,9 +1,9 @@
-"""Landmark file formats: one reader and one writer per format (see :mod:`heatmap3d.landmarks`,
+"""Landmark file formats: one reader and one writer per format (see :mod:`heatmap3d.io.landmarks`,
 which chooses between them by extension and documents the formats).
 
 A reader takes ``(path, text)`` and returns ``(names, points, system)``: the names as in
 the file, ``(N, 3)`` coordinates (NaN rows for missing landmarks) and the coordinate system
-they are in; :func:`heatmap3d.landmarks.read_landmarks` checks the names and converts to
+they are in; :func:`heatmap3d.io.landmarks.read_landmarks` checks the names and converts to
 RAS. A writer takes ``(names, points, system, confidence)`` with the points already in
 ``system`` and returns the file's text. Every problem raises :class:`InputError` with a
 message that starts with the file name.

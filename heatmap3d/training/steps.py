@@ -19,13 +19,14 @@ import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from heatmap3d import distributed, faults
-from heatmap3d.augment import augment_batch
+from heatmap3d import distributed
 from heatmap3d.config import Config
 from heatmap3d.distributed import DistInfo
 from heatmap3d.errors import InputError
-from heatmap3d.loss import heatmap_loss
 from heatmap3d.precision import Precision
+from heatmap3d.training import faults
+from heatmap3d.training.augment import augment_batch
+from heatmap3d.training.loss import heatmap_loss
 
 
 def check_mirror_pairs(cfg: Config) -> None:

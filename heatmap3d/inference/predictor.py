@@ -20,13 +20,13 @@ import torch
 
 from heatmap3d import checkpoint
 from heatmap3d.config import Config, from_dict
-from heatmap3d.decode import decode_heatmaps
+from heatmap3d.data.preprocess import preprocess
 from heatmap3d.geometry import Volume, pad_to_multiple, voxel_to_world
-from heatmap3d.io import load_volume
-from heatmap3d.landmarks import Landmarks, write_landmarks
+from heatmap3d.inference.decode import decode_heatmaps
+from heatmap3d.inference.sliding import Windows, sliding_window, windows_from_config
+from heatmap3d.io.landmarks import Landmarks, write_landmarks
+from heatmap3d.io.volumes import load_volume
 from heatmap3d.model import UNet3D, build_model
-from heatmap3d.preprocess import preprocess
-from heatmap3d.sliding import Windows, sliding_window, windows_from_config
 
 
 @dataclass
@@ -77,9 +77,9 @@ def locate_landmarks(
     In one pass, the volume is padded at the end of each axis to ``multiple`` (the
     U-Net's stride), which leaves voxel coordinates unchanged, and the heatmaps are
     cropped back before decoding; with ``sliding``, overlapping windows are blended
-    (:mod:`heatmap3d.sliding`). ``window`` is the half-width of the sub-voxel refinement
+    (:mod:`heatmap3d.inference.sliding`). ``window`` is the half-width of the sub-voxel refinement
     box in mm: about the heatmap sigma is most accurate (see
-    :func:`heatmap3d.decode.decode_heatmaps`).
+    :func:`heatmap3d.inference.decode.decode_heatmaps`).
     ``channels_last``: feed the network channels_last_3d inputs (for a model converted
     to that layout, as ``train.channels_last`` does).
     """
@@ -154,7 +154,7 @@ class Predictor:
 
 class ScanPredictor(Protocol):
     """What :func:`predict_files` needs: a :class:`Predictor`, or a
-    :class:`heatmap3d.refine.Cascade`."""
+    :class:`heatmap3d.inference.refine.Cascade`."""
 
     def prepare_file(self, path: str | Path) -> Any: ...
 

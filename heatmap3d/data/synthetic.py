@@ -23,8 +23,8 @@ from scipy.spatial.transform import Rotation
 from tqdm import tqdm
 
 from heatmap3d.geometry import Volume, voxel_to_world
-from heatmap3d.io import save_volume
-from heatmap3d.landmarks import Landmarks, write_landmarks
+from heatmap3d.io.landmarks import Landmarks, write_landmarks
+from heatmap3d.io.volumes import save_volume
 
 LANDMARK_NAMES = [
     "bright_sphere",

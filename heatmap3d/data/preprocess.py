@@ -9,8 +9,8 @@ landmarks stay in world mm and get voxel coordinates from the returned affine.
 from __future__ import annotations
 
 from heatmap3d.config import DataConfig
+from heatmap3d.data.normalize import normalize_intensity
 from heatmap3d.geometry import Volume, reorient_canonical, resample_to_spacing
-from heatmap3d.normalize import normalize_intensity
 
 
 def preprocess(vol: Volume, cfg: DataConfig) -> Volume:

@@ -11,11 +11,17 @@ from pathlib import Path
 
 import numpy as np
 
-from heatmap3d.data import Case
+from heatmap3d.data.dataset import Case
 from heatmap3d.errors import InputError
-from heatmap3d.landmarks import Landmarks, find_landmark_file, landmark_case_id, read_landmarks
-from heatmap3d.metrics import LandmarkStats, format_table, radial_errors, stats_to_rows, summarize
-from heatmap3d.predict import Prediction, write_prediction
+from heatmap3d.evaluation.metrics import (
+    LandmarkStats,
+    format_table,
+    radial_errors,
+    stats_to_rows,
+    summarize,
+)
+from heatmap3d.inference.predictor import Prediction, write_prediction
+from heatmap3d.io.landmarks import Landmarks, find_landmark_file, landmark_case_id, read_landmarks
 
 N_WORST = 10
 

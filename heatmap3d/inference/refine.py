@@ -7,7 +7,7 @@ spacing is trained on windows centred near one landmark (``data.landmark_crops=1
 the centre moved by up to ``data.crop_jitter_mm``: the coarse model's error). At
 prediction time it sees one window of its training patch size around each coarse
 estimate, and the landmark is decoded from that landmark's channel in that window
-(sub-voxel refinement as everywhere, :func:`heatmap3d.decode.decode_heatmaps`).
+(sub-voxel refinement as everywhere, :func:`heatmap3d.inference.decode.decode_heatmaps`).
 
 Windows of the training size, centred like the training crops, show the network the
 inputs it learnt on: InstanceNorm sees the same statistics, and the landmark sits where
@@ -23,13 +23,13 @@ import numpy as np
 import torch
 
 from heatmap3d.config import Config
-from heatmap3d.decode import decode_heatmaps
+from heatmap3d.data.preprocess import preprocess
 from heatmap3d.errors import InputError
 from heatmap3d.geometry import Volume, crop_or_pad, voxel_to_world, window_start, world_to_voxel
-from heatmap3d.io import load_volume
-from heatmap3d.landmarks import Landmarks
-from heatmap3d.predict import Prediction, Predictor, inference_net
-from heatmap3d.preprocess import preprocess
+from heatmap3d.inference.decode import decode_heatmaps
+from heatmap3d.inference.predictor import Prediction, Predictor, inference_net
+from heatmap3d.io.landmarks import Landmarks
+from heatmap3d.io.volumes import load_volume
 
 
 def search_prior(size: Sequence[int], spacing: Sequence[float], sigma_mm: float) -> torch.Tensor:
@@ -150,7 +150,7 @@ def refine(fine: Predictor, vol: Volume, estimates: Landmarks) -> Prediction:
 class Cascade:
     """A coarse model that finds every landmark, then a refinement model that places each.
 
-    Has the interface :func:`heatmap3d.predict.predict_files` uses (``prepare_file``,
+    Has the interface :func:`heatmap3d.inference.predictor.predict_files` uses (``prepare_file``,
     ``predict_preprocessed``). Landmarks the coarse model misses stay missing; where the
     refinement window holds no peak the coarse estimate is kept. The confidence is the
     model's that placed the landmark; ``voxels`` are in the refinement grid.

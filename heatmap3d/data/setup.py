@@ -15,12 +15,12 @@ from pathlib import Path
 
 from heatmap3d import distributed
 from heatmap3d.config import Config
-from heatmap3d.data import Case, find_cases, load_case, read_split
+from heatmap3d.data.dataset import Case, find_cases, load_case, read_split
+from heatmap3d.data.synthetic import generate_dataset
 from heatmap3d.distributed import DistInfo
 from heatmap3d.errors import InputError
-from heatmap3d.landmarks import read_landmarks
-from heatmap3d.manifest import read_manifest
-from heatmap3d.synthetic import generate_dataset
+from heatmap3d.io.landmarks import read_landmarks
+from heatmap3d.io.manifest import read_manifest
 
 
 def prepare_dataset(cfg: Config, world: DistInfo) -> tuple[list[str], list[Case], list[Case]]:

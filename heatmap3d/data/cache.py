@@ -2,7 +2,7 @@
 
 Decoding a gzip NIfTI and resampling it costs tens to hundreds of milliseconds per scan;
 doing it in every loader worker every epoch is what starves an accelerator. Here each
-scan is preprocessed once (:func:`heatmap3d.preprocess.preprocess`) and stored as
+scan is preprocessed once (:func:`heatmap3d.data.preprocess.preprocess`) and stored as
 
     <cache_dir>/<key>.npy     the float32 (I, J, K) array, opened with mmap_mode="r"
     <cache_dir>/<key>.json    affine, shape, dtype, CRC32 of the .npy bytes, settings
@@ -46,9 +46,9 @@ from typing import Any
 import numpy as np
 
 from heatmap3d.config import DataConfig
+from heatmap3d.data.preprocess import preprocess
 from heatmap3d.geometry import Volume
-from heatmap3d.io import load_volume
-from heatmap3d.preprocess import preprocess
+from heatmap3d.io.volumes import load_volume
 
 # Part of every key: bump when preprocess() changes its output for the same settings.
 FORMAT_VERSION = 1

@@ -10,7 +10,7 @@ The Dataset returns images and landmark *coordinates*, never heatmaps: the Gauss
 targets are made on the device inside the training step (:mod:`heatmap3d.heatmaps`),
 which is far cheaper than shipping K volumes per sample through worker processes.
 With ``data.disk_cache`` (the default) each scan is decoded, reoriented, resampled and
-normalised once into an on-disk cache (:mod:`heatmap3d.cache`) that every worker
+normalised once into an on-disk cache (:mod:`heatmap3d.data.cache`) that every worker
 memory-maps; :func:`build_cache` fills it before training, using every rank of the node.
 """
 
@@ -27,8 +27,9 @@ import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Subset
 
 from heatmap3d import distributed
-from heatmap3d.cache import build_entries, cached_volume
 from heatmap3d.config import DataConfig
+from heatmap3d.data.cache import build_entries, cached_volume
+from heatmap3d.data.preprocess import preprocess
 from heatmap3d.distributed import DistInfo
 from heatmap3d.errors import InputError
 from heatmap3d.geometry import (
@@ -38,9 +39,8 @@ from heatmap3d.geometry import (
     window_start,
     world_to_voxel,
 )
-from heatmap3d.io import load_volume
-from heatmap3d.landmarks import Landmarks, find_landmark_file, read_landmarks
-from heatmap3d.preprocess import preprocess
+from heatmap3d.io.landmarks import Landmarks, find_landmark_file, read_landmarks
+from heatmap3d.io.volumes import load_volume
 
 IMAGE_SUFFIXES = (".nii.gz", ".nii")
 
@@ -211,7 +211,7 @@ def build_cache(cases: list[Case], cfg: DataConfig, world: DistInfo) -> None:
     The ranks of a node split the cases (local rank r builds r, r + L, ...), so the
     node's processes preprocess in parallel and each node gets every entry even when
     ``data.cache_dir`` is node-local. Where nodes share the directory they may build an
-    entry twice, which is harmless (atomic, identical writes; see :mod:`heatmap3d.cache`).
+    entry twice, which is harmless (atomic, identical writes; see :mod:`heatmap3d.data.cache`).
     All ranks then wait for each other, so no rank starts an epoch on a half-built cache
     (the Dataset would still build missing entries itself, only more slowly). A failure
     on any rank stops every rank with the same message instead of leaving them in a

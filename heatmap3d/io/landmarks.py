@@ -43,7 +43,7 @@ from typing import Any
 import numpy as np
 
 from heatmap3d.errors import InputError, one_line
-from heatmap3d.landmark_formats import (
+from heatmap3d.io.landmark_formats import (
     LPS_FLIP,
     READERS,
     WRITERS,

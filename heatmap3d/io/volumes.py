@@ -4,7 +4,7 @@ World coordinates are RAS millimetres in the frame of the NIfTI affine as nibabe
 it (``img.affine``: the sform when its code is > 0, else the qform); see
 :mod:`heatmap3d.geometry` for the conventions.
 
-Landmark files are read and written by :mod:`heatmap3d.landmarks`.
+Landmark files are read and written by :mod:`heatmap3d.io.landmarks`.
 
 Every problem with a user's file raises :class:`heatmap3d.errors.InputError` with a one-line
 message that starts with the file name.

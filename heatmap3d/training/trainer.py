@@ -18,20 +18,27 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
-from heatmap3d import checkpoint, distributed, faults, precision
+from heatmap3d import checkpoint, distributed, precision
 from heatmap3d.config import Config, to_dict
-from heatmap3d.data import LandmarkDataset, build_cache, default_workers, shard, train_loader
-from heatmap3d.dataset_setup import prepare_dataset
+from heatmap3d.data.dataset import (
+    LandmarkDataset,
+    build_cache,
+    default_workers,
+    shard,
+    train_loader,
+)
+from heatmap3d.data.setup import prepare_dataset
 from heatmap3d.distributed import DistInfo
-from heatmap3d.evaluate import report_predictions
+from heatmap3d.evaluation.evaluate import report_predictions
+from heatmap3d.evaluation.metrics import LandmarkStats, radial_errors, summarize
 from heatmap3d.geometry import Volume, world_to_voxel
-from heatmap3d.metrics import LandmarkStats, radial_errors, summarize
+from heatmap3d.inference.predictor import Predictor, locate_landmarks
+from heatmap3d.inference.refine import is_refiner, refine_as_configured
+from heatmap3d.inference.sliding import windows_from_config
 from heatmap3d.model import build_model
-from heatmap3d.monitor import make_monitor, slice_panel
-from heatmap3d.predict import Predictor, locate_landmarks
-from heatmap3d.refine import is_refiner, refine_as_configured
-from heatmap3d.sliding import windows_from_config
-from heatmap3d.steps import Stepper, groups
+from heatmap3d.training import faults
+from heatmap3d.training.monitor import make_monitor, slice_panel
+from heatmap3d.training.steps import Stepper, groups
 
 
 def run(

@@ -13,11 +13,11 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from heatmap3d.data import Case
+from heatmap3d.data.dataset import Case
 from heatmap3d.errors import InputError
 
 if TYPE_CHECKING:
-    from heatmap3d.check import CheckReport
+    from heatmap3d.data.check import CheckReport
 
 MANIFEST_FORMAT = 1
 

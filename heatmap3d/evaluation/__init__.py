@@ -1,0 +1,1 @@
+"""Evaluation: radial errors in world mm, per-landmark statistics and reports."""
