@@ -42,6 +42,7 @@ __all__ = [
     "crop_or_pad",
     "pad_to_multiple",
     "reorient_canonical",
+    "resample_to_grid",
     "resample_to_spacing",
     "spacing_of",
     "window_start",
@@ -170,6 +171,47 @@ def resample_to_spacing(vol: Volume, spacing: Sequence[float], *, order: int = 1
         output=np.float32,
     )
     return Volume(data, new_affine)
+
+
+def resample_to_grid(
+    vol: Volume,
+    affine: np.ndarray,
+    shape: Sequence[int],
+    *,
+    order: int = 1,
+    fill: float = 0.0,
+) -> Volume:
+    """The values of ``vol`` at the voxel centres of another grid, world positions kept.
+
+    ``affine`` ``(4, 4)`` (voxel -> world RAS mm) and ``shape`` ``(I, J, K)`` describe the
+    target grid; it may differ from ``vol``'s in any way (flipped, permuted, oblique,
+    other spacing or field of view). Each target voxel takes the value of ``vol`` at its
+    world position (spline ``order``: 0 nearest, 1 trilinear, 3 cubic); target voxels
+    whose position falls outside ``vol`` get ``fill``. Unlike :func:`resample_to_spacing`,
+    whose new grid never reaches beyond the old one, this grid may, so the outside is a
+    constant (e.g. zero heatmap), not the edge value repeated. ``grid-constant`` (not
+    ``constant``) blends towards ``fill`` within the last half voxel instead of dropping
+    to ``fill`` there, so a round-off of 1e-12 voxel past the last centre changes nothing.
+    """
+    target = np.asarray(affine, dtype=np.float64)
+    if target.shape != (4, 4):
+        raise ValueError(f"affine must be (4, 4), got {target.shape}")
+    out_shape = tuple(int(n) for n in shape)
+    if len(out_shape) != 3 or min(out_shape) < 1:
+        raise ValueError(f"shape must be 3 positive integers, got {shape!r}")
+    # Target voxel -> source voxel; the full 3x3 matrix covers permutations and obliques.
+    new_to_old = np.linalg.inv(vol.affine) @ target
+    data = ndimage.affine_transform(
+        vol.data,
+        new_to_old[:3, :3],
+        offset=new_to_old[:3, 3],
+        output_shape=out_shape,
+        order=order,
+        mode="grid-constant",
+        cval=fill,
+        output=np.float32,
+    )
+    return Volume(data, target.copy())
 
 
 def window_start(centre: np.ndarray, size: Sequence[int]) -> list[int]:
