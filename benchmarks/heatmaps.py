@@ -89,10 +89,10 @@ def numpy_patches_fresh(coords: np.ndarray, shape: tuple) -> np.ndarray:
 def two_pass(coords: torch.Tensor, out: torch.Tensor) -> None:
     """Design alternative with O(I+J+K) scratch: out = gi x gj (expanded), then *= gk."""
     pts = coords.double()[:, :, None]
-    sig = hm._as_sigma(SIGMA_MM, coords.shape[1], coords.device)
-    sp = hm._as_spacing(SPACING, coords.device)
+    sig = hm.as_sigma(SIGMA_MM, coords.shape[1], coords.device)
+    sp = hm.as_spacing(SPACING, coords.device)
     gi, gj, gk = (
-        g[:, :, 0] for g in hm._axis_factors(pts, None, out.shape[2:], sig, sp, None, False)
+        g[:, :, 0] for g in hm.axis_factors(pts, None, out.shape[2:], sig, sp, None, False)
     )
     torch.mul(gi[..., :, None, None], gj[..., None, :, None].expand(out.shape), out=out)
     out.mul_(gk[..., None, None, :])

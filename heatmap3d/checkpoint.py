@@ -1,61 +1,124 @@
-"""Checkpoints: atomic saving and safe loading.
+"""Checkpoints: one versioned schema, atomic saving and safe loading.
 
-A checkpoint is a dict of plain types and tensors, so ``torch.load(weights_only=True)``
-reads it and nothing is ever unpickled::
+A checkpoint is a :class:`Checkpoint`: plain types and tensors only, so
+``torch.load(weights_only=True)`` reads it and nothing is ever unpickled. The trainer
+writes and reads it (:mod:`heatmap3d.training.state`); the predictor reads it
+(:meth:`heatmap3d.inference.predictor.Predictor.from_checkpoint`). On disk it is the dict
+of :meth:`Checkpoint.to_payload`::
 
-    {"format": 1, "model": state_dict (unwrapped, no "module." prefix),
-     "optimizer": ..., "scheduler": ..., "epoch": int (epochs completed),
-     "best_mre": float (mm), "landmarks": [names], "config": nested dict}
+    {"version": 2, "model": state_dict (unwrapped, no "module." prefix),
+     "config": nested dict (the resolved config), "landmarks": [names],
+     "role": "whole_scan" | "refiner", "epoch": int (epochs completed),
+     "best_mre": float (mm), "optimizer": ..., "scheduler": ..., "scaler": ...,
+     "written_by": {"rank": 0, "world_size": W}}
 
-Only global rank 0 calls :func:`save`; the caller makes that check explicitly.
+Checkpoints written before the schema (``{"format": 1, ...}``, no role) still load: their
+role is what that version inferred, "refiner" when ``data.landmark_crops >= 1``.
 
-Loading always maps tensors to the CPU first (``map_location="cpu"``), so a checkpoint
-written on GPUs loads on a CPU-only machine; the model is moved to its device afterwards.
-Resuming needs the same landmarks and architecture (:func:`check_compatible`); fine-tuning
-from another run loads whatever matches by name and shape (:func:`load_matching`).
+Only global rank 0 calls :func:`save`; the caller makes that check explicitly. Loading
+always maps tensors to the CPU first, so a checkpoint written on GPUs loads on a CPU-only
+machine; the model is moved to its device afterwards.
 """
 
 from __future__ import annotations
 
-import os
-import tempfile
+import dataclasses
+import math
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from heatmap3d.errors import InputError
+from heatmap3d.config import Config, from_dict
+from heatmap3d.errors import InputError, first_line
+from heatmap3d.io.atomic import atomic_write, remove_stale
 
-FORMAT = 1
+SCHEMA_VERSION = 2
 # Wrappers add these to parameter names: DDP / DataParallel and torch.compile.
 _WRAPPER_PREFIXES = ("module.", "_orig_mod.")
 
 
-def save(path: str | Path, payload: dict[str, Any]) -> None:
-    """Write ``payload`` to ``path`` atomically.
+@dataclass
+class Checkpoint:
+    """Everything a run needs to resume and a predictor needs to run.
 
-    It goes to a temporary file in the same folder, is flushed to disk, and then renamed
-    over ``path``: a process killed mid-write leaves the previous checkpoint intact. The
-    temporary files such a process left behind are removed by the next save (one
-    process, global rank 0, writes each checkpoint, so no other writer owns them).
+    Attributes:
+        model: the unwrapped model's state dict.
+        config: the resolved config as nested plain dicts (:func:`heatmap3d.config.to_dict`).
+        landmarks: names, in output-channel order.
+        role: "whole_scan" or "refiner" (``model.role``).
+        epoch: epochs completed. best_mre: best validation MRE so far, mm.
+        optimizer, scheduler, scaler: training state (None/{} in a weights-only file).
+        written_by: ``{"rank", "world_size"}`` of the writer.
+    """
+
+    model: dict[str, torch.Tensor]
+    config: dict[str, Any]
+    landmarks: list[str]
+    role: str = "whole_scan"
+    epoch: int = 0
+    best_mre: float = math.inf
+    optimizer: dict[str, Any] | None = None
+    scheduler: dict[str, Any] | None = None
+    scaler: dict[str, Any] = field(default_factory=dict)
+    written_by: dict[str, int] = field(default_factory=dict)
+    version: int = SCHEMA_VERSION
+
+    def to_payload(self) -> dict[str, Any]:
+        """The dict written to disk (plain types and tensors; nothing copied)."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+    @classmethod
+    def from_payload(cls, raw: Any, *, source: str) -> Checkpoint:
+        """Read a payload of this version or of format 1; InputError naming ``source``."""
+        if not isinstance(raw, dict) or "model" not in raw or "config" not in raw:
+            raise InputError(f"{source}: not a heatmap3d checkpoint (no model or config entry)")
+        version = raw.get("version", 1 if raw.get("format") == 1 else None)
+        if version not in (1, SCHEMA_VERSION):
+            raise InputError(
+                f"{source}: checkpoint schema version {version!r} is not one this heatmap3d "
+                f"reads (1 or {SCHEMA_VERSION}); update heatmap3d"
+            )
+        config = dict(raw["config"] or {})
+        role = raw.get("role") if version == SCHEMA_VERSION else _legacy_role(config)
+        config["model"] = {**config.get("model", {}), "role": role or "whole_scan"}
+        known = {f.name for f in dataclasses.fields(cls)}
+        skip = ("model", "config", "role", "version")
+        kept = {k: v for k, v in raw.items() if k in known and k not in skip}
+        names = raw.get("landmarks", config.get("data", {}).get("landmarks", []))
+        kept["landmarks"] = list(names)
+        return cls(
+            **kept,
+            model=strip_wrapper_prefixes(raw["model"]),
+            config=config,
+            role=config["model"]["role"],
+        )
+
+    def resolved_config(self, *, source: str) -> Config:
+        """The stored config as a :class:`Config` (InputError naming ``source`` if invalid)."""
+        return from_dict(self.config, source=f"{source} (stored config)")
+
+
+def _legacy_role(config: dict[str, Any]) -> str:
+    """The role format-1 checkpoints implied: a refiner trained on landmark crops only."""
+    return "refiner" if config.get("data", {}).get("landmark_crops", 0.0) >= 1 else "whole_scan"
+
+
+def save(path: str | Path, ckpt: Checkpoint) -> None:
+    """Write ``ckpt`` to ``path`` atomically (:func:`heatmap3d.io.atomic.atomic_write`).
+
+    A process killed mid-write leaves the previous checkpoint intact; the temporary files
+    such a process left behind are removed by the next save (one process, global rank 0,
+    writes each checkpoint, so no other writer owns them).
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            torch.save({"format": FORMAT, **payload}, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    for stale in path.parent.glob(f".{path.name}.*.tmp"):
-        stale.unlink(missing_ok=True)
+    atomic_write(path, lambda f: torch.save(ckpt.to_payload(), f))
+    remove_stale(path)
 
 
-def load(path: str | Path) -> dict[str, Any]:
+def load(path: str | Path) -> Checkpoint:
     """Read a checkpoint onto the CPU with ``weights_only=True``.
 
     Raises :class:`InputError` when the file is missing, not a checkpoint, or would need
@@ -65,14 +128,19 @@ def load(path: str | Path) -> dict[str, Any]:
     if not path.is_file():
         raise InputError(f"{path}: checkpoint not found")
     try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=True)
+        raw = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:  # torch raises several types for unsafe or corrupt files
-        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise InputError(f"{path}: not a readable heatmap3d checkpoint ({first})") from None
-    if not isinstance(ckpt, dict) or "model" not in ckpt or "config" not in ckpt:
-        raise InputError(f"{path}: not a heatmap3d checkpoint (no model or config entry)")
-    ckpt["model"] = strip_wrapper_prefixes(ckpt["model"])
-    return ckpt
+        raise InputError(f"{path}: not a readable heatmap3d checkpoint ({_reason(err)})") from None
+    return Checkpoint.from_payload(raw, source=str(path))
+
+
+def _reason(err: Exception) -> str:
+    """torch's first line, without its advice to retry with ``weights_only=False``: that
+    would run whatever code the file holds, the one unsafe thing to do."""
+    text = str(err)
+    if "weights_only" in text or "Unsupported global" in text or "unpickl" in text.lower():
+        return "it holds Python objects other than tensors and plain types, which are never loaded"
+    return first_line(err)
 
 
 def strip_wrapper_prefixes(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -89,17 +157,8 @@ def strip_wrapper_prefixes(state: dict[str, torch.Tensor]) -> dict[str, torch.Te
     return out
 
 
-def unwrap(model: torch.nn.Module) -> torch.nn.Module:
-    """The bare model inside DDP / DataParallel / torch.compile wrappers."""
-    while True:
-        inner = getattr(model, "module", None) or getattr(model, "_orig_mod", None)
-        if inner is None:
-            return model
-        model = inner
-
-
 def check_compatible(
-    ckpt: dict[str, Any], names: list[str], model_cfg: dict[str, Any], *, source: str
+    ckpt: Checkpoint, names: list[str], model_cfg: dict[str, Any], *, source: str
 ) -> None:
     """Refuse a checkpoint whose landmarks or architecture differ from the run's.
 
@@ -109,10 +168,9 @@ def check_compatible(
     from heatmap3d.model import ARCHITECTURE_KEYS
 
     problems = []
-    theirs = list(ckpt.get("landmarks", []))
-    if theirs != list(names):
-        problems.append(f"landmarks {theirs} differ from the config's {list(names)}")
-    stored = ckpt.get("config", {}).get("model", {})
+    if list(ckpt.landmarks) != list(names):
+        problems.append(f"landmarks {list(ckpt.landmarks)} differ from the config's {list(names)}")
+    stored = ckpt.config.get("model", {})
     for key in ARCHITECTURE_KEYS:
         if stored.get(key) != model_cfg.get(key):
             problems.append(

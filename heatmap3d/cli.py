@@ -8,13 +8,12 @@ run stopped by a non-finite loss prints its one-line reason and exits with statu
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import traceback
 from pathlib import Path
 from typing import NoReturn
 
-from heatmap3d.errors import InputError
+from heatmap3d.errors import InputError, NonFiniteLossError
 
 
 def _add_synth(sub: argparse._SubParsersAction) -> None:
@@ -41,15 +40,44 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
 def _add_predict(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("predict", help="find landmarks on new scans")
     p.add_argument("--checkpoint", type=Path, required=True, help="e.g. runs/demo/best.pt")
-    p.add_argument("scans", type=Path, nargs="+", help="NIfTI images (.nii / .nii.gz)")
+    p.add_argument(
+        "scans",
+        type=Path,
+        nargs="+",
+        help="scans (NIfTI, NRRD/NHDR, MHA/MHD, or a folder holding one DICOM series), or "
+        "folders of scans",
+    )
     p.add_argument("--out", type=Path, required=True, help="folder for <scan>.csv/.mrk.json")
     p.add_argument("--device", default="auto", help="auto (CUDA if available), cuda, cpu")
     p.add_argument(
         "--refine",
         type=Path,
         metavar="CHECKPOINT",
-        help="a refinement model (trained with data.landmark_crops=1) that places each "
-        "landmark in a window around the --checkpoint model's estimate",
+        help="a refinement model (model.role=refiner) that places each landmark in a window "
+        "around the --checkpoint model's estimate",
+    )
+    p.add_argument("--series", help="DICOM SeriesInstanceUID, for folders with several series")
+    p.add_argument(
+        "--review-below",
+        type=float,
+        default=0.5,
+        metavar="CONF",
+        help="flag landmarks whose confidence is below this for review (default 0.5)",
+    )
+    p.add_argument(
+        "--save-heatmaps",
+        action="store_true",
+        help="also write <scan>_heatmaps.nii.gz: one channel per landmark on the scan's grid",
+    )
+    p.add_argument(
+        "--snapshots",
+        action="store_true",
+        help="also write <scan>.png: slices through each landmark",
+    )
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace existing output files even if heatmap3d did not write them",
     )
 
 
@@ -98,20 +126,9 @@ def _run(args: argparse.Namespace) -> None:
 
         run(load_config(args.config, args.overrides), resume=args.resume, init_from=args.init_from)
     elif args.command == "predict":
-        import torch
+        from heatmap3d.inference.command import predict_command
 
-        from heatmap3d.inference.predictor import Predictor, predict_files
-
-        device = args.device
-        if device == "auto":
-            device = "cuda" if torch.cuda.is_available() else "cpu"
-        predictor = Predictor.from_checkpoint(args.checkpoint, device)
-        if args.refine is not None:
-            from heatmap3d.inference.refine import Cascade
-
-            predictor = Cascade(predictor, Predictor.from_checkpoint(args.refine, device))
-        predict_files(predictor, args.scans, args.out)
-        print(f"wrote {len(args.scans)} prediction(s) to {args.out}")
+        predict_command(args)
     elif args.command == "evaluate":
         from heatmap3d.evaluation.evaluate import evaluate_dirs
 
@@ -129,11 +146,12 @@ def _run(args: argparse.Namespace) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from heatmap3d.training.faults import NonFiniteLossError
-
     args = build_parser().parse_args(argv)
-    rank = os.environ.get("RANK")
-    prefix = f"[rank {rank}] " if rank not in (None, "0") else ""
+    prefix = ""
+    if args.command == "train":  # only training runs under torchrun (and loads torch anyway)
+        from heatmap3d.distributed import rank_prefix
+
+        prefix = rank_prefix()
     try:
         _run(args)
     except InputError as err:
@@ -150,8 +168,6 @@ def entry(argv: list[str] | None = None) -> NoReturn:
 
     An unexpected exception is printed as a traceback and exits with status 1.
     """
-    from heatmap3d.distributed import exit_process
-
     try:
         code = main(argv)
     except SystemExit as stop:  # argparse and check exit this way
@@ -163,7 +179,11 @@ def entry(argv: list[str] | None = None) -> NoReturn:
     except BaseException:  # a crash: show it, then leave like every other exit
         traceback.print_exc()
         code = 1
-    exit_process(code)
+    # Only a process that trained has a process group to leave (and has imported torch).
+    distributed = sys.modules.get("heatmap3d.distributed")
+    if distributed is not None:
+        distributed.exit_process(code)
+    sys.exit(code)
 
 
 if __name__ == "__main__":

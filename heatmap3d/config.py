@@ -18,9 +18,10 @@ from typing import Any
 
 import yaml
 
-from heatmap3d.errors import InputError
+from heatmap3d.errors import InputError, first_line
 
 PRECISIONS = ("auto", "bf16", "fp16", "fp32", "fp64")
+ROLES = ("whole_scan", "refiner")
 
 
 @dataclass
@@ -94,6 +95,11 @@ class ModelConfig:
     channels: int = 16  # feature channels at full resolution; doubled at each level
     depth: int = 3  # number of 2x downsamplings (input sizes are padded to 2**depth)
     norm: str = "instance"  # "instance" or "group" (BatchNorm is not offered: small batches)
+    # "whole_scan": finds every landmark in a whole scan (one pass or sliding windows).
+    # "refiner": places each landmark again in a window around another model's estimate
+    # (`heatmap3d predict --refine`); trained with data.landmark_crops=1 and validated from
+    # the true landmarks moved by up to data.crop_jitter_mm (heatmap3d.inference.refine).
+    role: str = "whole_scan"
     # Recompute each U-Net block's activations in the backward pass instead of storing them
     # (torch.utils.checkpoint): less memory for larger patches, about 30% more compute.
     # Not part of the architecture: checkpoints load either way.
@@ -163,6 +169,12 @@ def validate(cfg: Config) -> None:
         (cfg.data.crop_jitter_mm >= 0, "data.crop_jitter_mm: >= 0 (mm)"),
         (len(set(cfg.data.landmarks)) == len(cfg.data.landmarks), "data.landmarks: duplicated"),
         (cfg.model.norm in ("instance", "group"), "model.norm: instance or group"),
+        (cfg.model.role in ROLES, f"model.role: one of {', '.join(ROLES)}"),
+        (
+            cfg.model.role != "refiner" or cfg.data.landmark_crops == 1,
+            "model.role=refiner: a refiner trains on landmark-centred crops, set "
+            "data.landmark_crops=1",
+        ),
         (cfg.model.depth >= 1 and cfg.model.channels >= 1, "model.depth, model.channels: >= 1"),
         (cfg.heatmap.sigma > 0, "heatmap.sigma: > 0 (mm)"),
         (cfg.heatmap.foreground_weight >= 0, "heatmap.foreground_weight: >= 0"),
@@ -177,6 +189,19 @@ def validate(cfg: Config) -> None:
     for ok, message in checks:
         if not ok:
             raise InputError(f"invalid config value: {message}")
+
+
+def check_mirror_pairs(cfg: AugmentConfig, names: list[str]) -> None:
+    """Every name in ``augment.mirror_pairs`` must be one of ``names``, in exactly one pair.
+
+    Checked once the dataset's landmark names are known (:mod:`heatmap3d.data.setup`).
+    """
+    flat = [name for pair in cfg.mirror_pairs for name in pair]
+    if any(len(pair) != 2 for pair in cfg.mirror_pairs) or len(set(flat)) != len(flat):
+        raise InputError("augment.mirror_pairs: pairs of two names, each name in one pair")
+    unknown = sorted(set(flat) - set(names))
+    if unknown:
+        raise InputError(f"augment.mirror_pairs: {unknown} are not landmarks of this dataset")
 
 
 def to_dict(cfg: Config) -> dict[str, Any]:
@@ -204,7 +229,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
         except FileNotFoundError:
             raise InputError(f"{path}: config file not found") from None
         except yaml.YAMLError as err:
-            raise InputError(f"{path}: not valid YAML ({_first_line(err)})") from None
+            raise InputError(f"{path}: not valid YAML ({first_line(err)})") from None
         if not isinstance(raw, dict):
             raise InputError(f"{path}: a config must be a mapping of sections")
     for item in overrides or []:
@@ -260,7 +285,3 @@ def _coerce(value: Any, hint: Any, key: str, source: str) -> Any:
     if not isinstance(value, hint) or (hint is not bool and isinstance(value, bool)):
         raise InputError(f"{source}: {key} must be {hint.__name__}, got {value!r}")
     return value
-
-
-def _first_line(err: Exception) -> str:
-    return str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__

@@ -14,11 +14,16 @@ from __future__ import annotations
 import datetime
 import os
 import sys
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, NoReturn
+from typing import Any, NoReturn, TypeVar
 
 import torch
 import torch.distributed as dist
+
+from heatmap3d.errors import InputError
+
+T = TypeVar("T")
 
 # A dead peer must end the job within minutes, not after the default 30 minutes.
 DEFAULT_TIMEOUT = datetime.timedelta(minutes=10)
@@ -175,3 +180,79 @@ def flagged_ranks(flag: bool, world: DistInfo) -> list[int]:
     votes = torch.zeros(world.world_size, dtype=torch.float32, device=world.device)
     votes[world.rank] = float(flag)
     return torch.nonzero(all_reduce_sum(votes)).flatten().tolist()
+
+
+# --------------------------------------------------------------------------------------
+# Named patterns: every rank calls each of these at the same point, so every collective
+# inside is reached by every rank.
+# --------------------------------------------------------------------------------------
+
+
+def main_then_broadcast(world: DistInfo, work: Callable[[], T]) -> T:
+    """Global rank 0 runs ``work``; every rank gets its result, or raises its error.
+
+    For work that must happen once (generating a dataset, reading every case to check
+    it): the other ranks wait, then all learn the same outcome. An :class:`InputError`
+    on rank 0 is raised on every rank with the same message, so a bad file stops the
+    whole job with one line instead of leaving ranks waiting in a collective.
+    """
+    outcome: tuple[str, Any] = ("ok", None)
+    if world.is_main:
+        try:
+            outcome = ("ok", work())
+        except InputError as err:
+            outcome = ("error", str(err))
+    status, value = broadcast_object(outcome)
+    if status == "error":
+        raise InputError(value)
+    return value
+
+
+def every_rank_tries(
+    world: DistInfo,
+    work: Callable[[], Any],
+    *,
+    errors: tuple[type[BaseException], ...],
+    what: str,
+) -> None:
+    """Every rank runs ``work``; if one of ``errors`` was raised anywhere, all raise it.
+
+    The first failing rank's message (``rank R: <what>: <error>``) is raised as
+    :class:`InputError` on every rank. Also a barrier: no rank returns before all have
+    finished.
+    """
+    error = None
+    try:
+        work()
+    except errors as err:
+        error = f"rank {world.rank}: {what}: {err}"
+    failed = [e for e in all_gather_objects(error) if e]
+    if failed:
+        raise InputError(failed[0])
+
+
+def gather_by_key(mine: Mapping[str, T]) -> dict[str, T]:
+    """Every rank's ``{key: value}`` merged into one dict, on every rank.
+
+    Keys (case ids) must be unique across ranks, as they are when each rank takes its
+    own share of the cases (:func:`my_share`).
+    """
+    merged: dict[str, T] = {}
+    for part in all_gather_objects(dict(mine)):
+        merged.update(part)
+    return merged
+
+
+def my_share(n: int, world: DistInfo) -> range:
+    """This rank's items of ``n``: rank, rank + W, ... (no padding, no repeats).
+
+    A DistributedSampler would pad the last round with repeated items, and metrics
+    averaged over it would count those cases twice.
+    """
+    return range(world.rank, n, world.world_size)
+
+
+def rank_prefix() -> str:
+    """``"[rank R] "`` for messages printed by a non-zero rank of a torchrun job, else ``""``."""
+    rank = _env_int("RANK", 0)
+    return f"[rank {rank}] " if launched_by_torchrun() and rank != 0 else ""

@@ -11,6 +11,17 @@ class InputError(Exception):
     """Bad user input: the message is one line naming the file and the problem."""
 
 
+class NonFiniteLossError(RuntimeError):
+    """The training loss became NaN or Inf (``train.nonfinite=stop``): every rank raises
+    it at the same step with the same message."""
+
+
 def one_line(exc: BaseException) -> str:
     """``Type: message`` on one line (library messages may contain newlines)."""
     return f"{type(exc).__name__}: {' '.join(str(exc).split())}"
+
+
+def first_line(exc: BaseException) -> str:
+    """The first line of a library's message (its type's name if it has none)."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__

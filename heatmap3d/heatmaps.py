@@ -28,13 +28,23 @@ import torch
 from torch import Tensor
 from torch.nn import functional as F
 
-__all__ = ["gaussian_heatmaps", "sigma_vox"]
+__all__ = [
+    "CHUNK_VOXELS",
+    "as_points",
+    "as_sigma",
+    "as_spacing",
+    "axis_factors",
+    "gaussian_heatmaps",
+    "sigma_vox",
+    "valid_points",
+    "write_outer",
+]
 
 Triple = Sequence[float] | Tensor
 
 # Largest number of voxels (summed over channels) processed at once by the chunked CPU
 # paths: bounds the scratch memory to 64 MiB of float32 whatever the batch size.
-_CHUNK_VOXELS = 1 << 24
+CHUNK_VOXELS = 1 << 24
 # ATen runs an elementwise op on one thread below this many elements (its grain size).
 _SERIAL_ELEMS = 32768
 
@@ -55,9 +65,10 @@ def sigma_vox(sigma: float | Tensor, spacing: Triple = (1.0, 1.0, 1.0)) -> Tenso
 
 
 # --------------------------------------------------------------------------- helpers
+# Shared with the loss (heatmap3d.training.loss) and the decoder (heatmap3d.inference.decode).
 
 
-def _as_spacing(spacing: Triple, device: torch.device) -> Tensor:
+def as_spacing(spacing: Triple, device: torch.device) -> Tensor:
     """Spacing in mm as float64 ``(3,)``, validated on the host (no device round trip)."""
     if isinstance(spacing, Tensor):
         values = spacing.detach().to(device="cpu", dtype=torch.float64).flatten().tolist()
@@ -68,7 +79,7 @@ def _as_spacing(spacing: Triple, device: torch.device) -> Tensor:
     return torch.tensor(values, dtype=torch.float64, device=device)
 
 
-def _as_sigma(sigma: float | Tensor, n_landmarks: int, device: torch.device) -> Tensor:
+def as_sigma(sigma: float | Tensor, n_landmarks: int, device: torch.device) -> Tensor:
     """Sigma in mm as float64 ``(K,)``."""
     if isinstance(sigma, (int, float)):  # the common case: checked without tensor ops
         if not (math.isfinite(sigma) and sigma > 0):
@@ -84,7 +95,7 @@ def _as_sigma(sigma: float | Tensor, n_landmarks: int, device: torch.device) -> 
     return sig
 
 
-def _as_points(coords: Tensor) -> tuple[Tensor, bool]:
+def as_points(coords: Tensor) -> tuple[Tensor, bool]:
     """``(B, K, 3)`` or ``(B, K, P, 3)`` -> float64 ``(B, K, P, 3)`` and whether P was given.
 
     Detached: targets are constants (and ``out=`` writes do not support autograd).
@@ -96,7 +107,7 @@ def _as_points(coords: Tensor) -> tuple[Tensor, bool]:
     raise ValueError(f"coords must be (B, K, 3) or (B, K, P, 3), got {tuple(coords.shape)}")
 
 
-def _channel_mask(pts: Tensor, mask: Tensor | None) -> Tensor | None:
+def channel_mask(pts: Tensor, mask: Tensor | None) -> Tensor | None:
     """Mask ``(B, K)`` as bool ``(B, K, 1)`` on the points' device (None stays None)."""
     if mask is None:
         return None
@@ -105,14 +116,14 @@ def _channel_mask(pts: Tensor, mask: Tensor | None) -> Tensor | None:
     return mask.to(device=pts.device, dtype=torch.bool)[:, :, None]
 
 
-def _valid_points(pts: Tensor, mask: Tensor | None) -> Tensor:
+def valid_points(pts: Tensor, mask: Tensor | None) -> Tensor:
     """Bool ``(B, K, P)``: finite point in a channel whose mask is True."""
     valid = torch.isfinite(pts).all(dim=-1)
-    channel_mask = _channel_mask(pts, mask)
-    return valid if channel_mask is None else valid & channel_mask
+    by_channel = channel_mask(pts, mask)
+    return valid if by_channel is None else valid & by_channel
 
 
-def _axis_factors(
+def axis_factors(
     pts: Tensor,
     mask: Tensor | None,
     shape: Sequence[int],
@@ -134,7 +145,7 @@ def _axis_factors(
 
     Returns:
         ``[g_i (B, K, P, I), g_j (B, K, P, J), g_k (B, K, P, K)]``, float64 for a float64
-        ``dtype`` and float32 otherwise (see :func:`_write_outer`); never NaN, and an
+        ``dtype`` and float32 otherwise (see :func:`write_outer`); never NaN, and an
         invalid point has an all-zero factor on at least one axis, so its product is 0.
         Factors below ``2 * tiny**(1/3)`` of that compute dtype are flushed to 0 so that no
         product of three is subnormal (subnormal arithmetic is slow on x86); this moves
@@ -173,7 +184,7 @@ def _gaussian_1d(
 ) -> Tensor:
     """1D Gaussians along G axes: ``(B, K, P, G, length)`` from centres ``(B, K, P, G)``.
 
-    ``sigma`` is ``(K,)`` and ``spacing`` ``(G,)`` in mm; see :func:`_axis_factors`.
+    ``sigma`` is ``(K,)`` and ``spacing`` ``(G,)`` in mm; see :func:`axis_factors`.
     """
     offset_vox = torch.arange(length, dtype=torch.float64, device=centre.device)
     offset_vox = offset_vox - centre[..., None]
@@ -195,7 +206,7 @@ def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
-def _write_outer(gi: Tensor, gj: Tensor, gk: Tensor, out: Tensor) -> None:
+def write_outer(gi: Tensor, gj: Tensor, gk: Tensor, out: Tensor) -> None:
     """``out[..., i, j, k] = gi[..., i] * gj[..., j] * gk[..., k]`` in one pass over ``out``.
 
     The (I, J) plane is formed first (1/K of the output's size) because a single
@@ -203,13 +214,13 @@ def _write_outer(gi: Tensor, gj: Tensor, gk: Tensor, out: Tensor) -> None:
     the O(I + J + K) variant (``mul`` into out, then ``mul_``) reads and writes it twice
     (measured 2.5-3.7x slower on 2 CPU cores, benchmarks/RESULTS.md).
     """
-    dt = _compute_dtype(out.dtype)  # no-op casts for factors from _axis_factors
+    dt = _compute_dtype(out.dtype)  # no-op casts for factors from axis_factors
     plane = torch.mul(gi.to(dt)[..., :, None], gj.to(dt)[..., None, :])
     torch.mul(plane[..., None], gk.to(dt)[..., None, None, :], out=out)
 
 
 def _channel_chunks(n_channels: int, voxels: int) -> list[slice]:
-    step = max(1, _CHUNK_VOXELS // max(voxels, 1))
+    step = max(1, CHUNK_VOXELS // max(voxels, 1))
     return [slice(s, min(s + step, n_channels)) for s in range(0, n_channels, step)]
 
 
@@ -262,7 +273,7 @@ def gaussian_heatmaps(
     plane per channel (1/K of the output). With P > 1 points, a scratch buffer of at
     most 16M voxels (64 MiB float32) is reused per point.
     """
-    pts, _ = _as_points(coords)
+    pts, _ = as_points(coords)
     n_batch, n_lmk, n_pts = pts.shape[:3]
     shape = tuple(int(s) for s in shape)
     if len(shape) != 3 or min(shape) < 1:
@@ -277,12 +288,12 @@ def gaussian_heatmaps(
             f"got {tuple(out.shape)} on {out.device}"
         )
 
-    sig = _as_sigma(sigma, n_lmk, device)
-    sp = _as_spacing(spacing, device)
-    point_mask = _channel_mask(pts, mask)
-    gi, gj, gk = _axis_factors(pts, point_mask, shape, sig, sp, truncate, compat, out.dtype)
+    sig = as_sigma(sigma, n_lmk, device)
+    sp = as_spacing(spacing, device)
+    point_mask = channel_mask(pts, mask)
+    gi, gj, gk = axis_factors(pts, point_mask, shape, sig, sp, truncate, compat, out.dtype)
 
-    _write_outer(gi[:, :, 0], gj[:, :, 0], gk[:, :, 0], out)
+    write_outer(gi[:, :, 0], gj[:, :, 0], gk[:, :, 0], out)
     if n_pts > 1:
         _merge_points_max(gi, gj, gk, out)
     return out
@@ -302,5 +313,5 @@ def _merge_points_max(gi: Tensor, gj: Tensor, gk: Tensor, out: Tensor) -> None:
     for p in range(1, fi.shape[1]):
         for ch in chunks:
             tmp = scratch[: ch.stop - ch.start]
-            _write_outer(fi[ch, p], fj[ch, p], fk[ch, p], tmp)
+            write_outer(fi[ch, p], fj[ch, p], fk[ch, p], tmp)
             torch.maximum(flat[ch], tmp, out=flat[ch])

@@ -28,6 +28,17 @@ def resolve(precision: str, amp: bool, device: torch.device) -> str:
     return precision
 
 
+def param_dtype(name: str) -> torch.dtype:
+    """The weights' dtype under resolved precision ``name`` (autocast keeps float32
+    master weights)."""
+    return torch.float64 if name == "fp64" else torch.float32
+
+
+def autocast_dtype(name: str) -> torch.dtype | None:
+    """The dtype autocast runs the forward pass in under ``name``, or None without autocast."""
+    return _AUTOCAST_DTYPES.get(name)
+
+
 class Precision:
     """Autocast context, loss scaling and the optimizer step for one resolved precision."""
 
@@ -39,16 +50,14 @@ class Precision:
 
     @property
     def param_dtype(self) -> torch.dtype:
-        """The dtype of the weights (autocast keeps float32 master weights)."""
-        return torch.float64 if self.name == "fp64" else torch.float32
+        return param_dtype(self.name)
 
     @property
-    def autocasts(self) -> bool:
-        return self.name in _AUTOCAST_DTYPES
+    def autocast_dtype(self) -> torch.dtype | None:
+        return autocast_dtype(self.name)
 
     def autocast(self) -> torch.autocast:
-        dtype = _AUTOCAST_DTYPES.get(self.name, torch.bfloat16)
-        return torch.autocast(self.device.type, dtype=dtype, enabled=self.autocasts)
+        return autocast_context(self.device, self.autocast_dtype)
 
     def loss_dtype(self, pred: torch.Tensor) -> torch.Tensor:
         """``pred`` for the loss: half types to float32, float32/float64 unchanged."""
@@ -71,3 +80,11 @@ class Precision:
     def load_state_dict(self, state: dict) -> None:
         if state:
             self.scaler.load_state_dict(state)
+
+
+def autocast_context(device: torch.device, dtype: torch.dtype | None) -> torch.autocast:
+    """Autocast to ``dtype`` on ``device``; a disabled context when ``dtype`` is None.
+
+    The one place training, validation and prediction enter autocast.
+    """
+    return torch.autocast(device.type, dtype=dtype or torch.bfloat16, enabled=dtype is not None)

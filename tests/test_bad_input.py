@@ -1,6 +1,5 @@
 """Bad input ends with one line naming the file and the problem, and exit status 2."""
 
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -10,21 +9,14 @@ import numpy as np
 import pytest
 
 from heatmap3d.cli import main
-from heatmap3d.data.synthetic import generate_dataset
 
 ROOT = Path(__file__).resolve().parents[1]
 DEMO = str(ROOT / "configs" / "demo.yaml")
 
 
-@pytest.fixture(scope="module")
-def clean(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("clean") / "data"
-    return generate_dataset(root, n_train=2, n_val=1, n_test=0, seed=2, progress=False)
-
-
 @pytest.fixture
-def data(clean, tmp_path) -> Path:
-    return Path(shutil.copytree(clean, tmp_path / "data"))
+def data(phantoms, copy_of) -> Path:
+    return copy_of(phantoms(n_train=2, n_val=1, seed=2))
 
 
 def train(capsys, root: Path, *overrides: str) -> str:

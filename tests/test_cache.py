@@ -9,7 +9,6 @@ from __future__ import annotations
 import dataclasses
 import multiprocessing
 import os
-import shutil
 from pathlib import Path
 
 import numpy as np
@@ -18,18 +17,13 @@ import torch
 
 from heatmap3d.config import DataConfig
 from heatmap3d.data import cache
-from heatmap3d.data.dataset import (
-    LandmarkDataset,
-    build_cache,
-    find_cases,
-    read_split,
-    train_loader,
-)
+from heatmap3d.data.dataset import LandmarkDataset, PreprocessedCases
+from heatmap3d.data.loaders import build_cache, train_loader
 from heatmap3d.data.preprocess import preprocess
-from heatmap3d.data.synthetic import generate_dataset
 from heatmap3d.distributed import DistInfo
 from heatmap3d.geometry import Volume
 from heatmap3d.io.landmarks import read_landmarks
+from heatmap3d.io.layout import find_cases, read_split
 from heatmap3d.io.volumes import load_volume, save_volume
 
 SINGLE = DistInfo(
@@ -37,17 +31,10 @@ SINGLE = DistInfo(
 )
 
 
-@pytest.fixture(scope="module")
-def dataset_root(tmp_path_factory) -> Path:
-    return generate_dataset(
-        tmp_path_factory.mktemp("syn"), n_train=4, n_val=1, n_test=0, seed=3, progress=False
-    )
-
-
 @pytest.fixture
-def root(dataset_root, tmp_path) -> Path:
+def root(phantoms, copy_of) -> Path:
     """A private copy of the dataset (tests modify files and caches)."""
-    return Path(shutil.copytree(dataset_root, tmp_path / "data"))
+    return copy_of(phantoms(n_train=4, n_val=1, seed=3))
 
 
 def config(root: Path, **kw) -> DataConfig:
@@ -241,19 +228,30 @@ def assert_same_items(a: list[dict], b: list[dict]) -> None:
                 assert x[key] == y[key], key
 
 
-@pytest.mark.parametrize("train", [True, False])
-def test_dataset_items_identical_with_and_without_cache(root, train):
+def test_dataset_items_identical_with_and_without_cache(root):
     cases = cases_of(root)
     names = read_landmarks(cases[0].landmarks).names
-    kw = {"train": train, "multiple": 8}
-    plain = LandmarkDataset(cases, names, config(root, disk_cache=False), **kw)
-    cached = LandmarkDataset(cases, names, config(root, disk_cache=True), **kw)
-    uncached_memo = LandmarkDataset(cases, names, config(root, cache=False), **kw)
+    plain = LandmarkDataset(cases, names, config(root, disk_cache=False))
+    cached = LandmarkDataset(cases, names, config(root, disk_cache=True))
+    uncached_memo = LandmarkDataset(cases, names, config(root, cache=False))
     reference_items = _items(plain, seed=5)
     assert_same_items(reference_items, _items(cached, seed=5))
     assert_same_items(reference_items, _items(cached, seed=5))  # second pass: from memory
     assert_same_items(reference_items, _items(uncached_memo, seed=5))  # mmap each time
     assert (root / ".cache").is_dir()
+
+
+def test_whole_volumes_identical_with_and_without_cache(root):
+    """What validation reads: whole preprocessed volumes and world landmarks."""
+    cases = cases_of(root)
+    names = read_landmarks(cases[0].landmarks).names
+    plain = PreprocessedCases(cases, names, config(root, disk_cache=False))
+    cached = PreprocessedCases(cases, names, config(root))
+    for i in range(len(cases)):
+        (a, wa), (b, wb) = plain.volume(i), cached.volume(i)
+        np.testing.assert_array_equal(a.data, b.data)
+        np.testing.assert_array_equal(a.affine, b.affine)
+        np.testing.assert_array_equal(wa, wb)
 
 
 def _epoch(dataset: LandmarkDataset, workers: int, epoch: int) -> list[dict]:
@@ -267,8 +265,8 @@ def _epoch(dataset: LandmarkDataset, workers: int, epoch: int) -> list[dict]:
 def test_loader_epoch_identical_with_and_without_cache(root, workers):
     cases = cases_of(root)
     names = read_landmarks(cases[0].landmarks).names
-    plain = LandmarkDataset(cases, names, config(root, disk_cache=False), train=True)
-    cached = LandmarkDataset(cases, names, config(root), train=True)
+    plain = LandmarkDataset(cases, names, config(root, disk_cache=False))
+    cached = LandmarkDataset(cases, names, config(root))
     build_cache(cases, cached.cfg, SINGLE)
     a, b = _epoch(plain, workers, epoch=1), _epoch(cached, workers, epoch=1)
     assert len(a) == len(b) == 2

@@ -8,7 +8,6 @@ mistake in the command itself).
 
 import gzip
 import json
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -22,7 +21,6 @@ from heatmap3d.cli import main
 from heatmap3d.config import Config, DataConfig
 from heatmap3d.data.check import check_dataset
 from heatmap3d.data.setup import prepare_dataset
-from heatmap3d.data.synthetic import generate_dataset
 from heatmap3d.distributed import DistInfo
 from heatmap3d.errors import InputError
 from heatmap3d.geometry import Volume, resample_to_spacing, voxel_to_world
@@ -34,16 +32,15 @@ REAL = Path(__file__).resolve().parents[2] / "shared" / "data" / "real"
 CPU_WORLD = DistInfo(0, 0, 1, 1, torch.device("cpu"))
 
 
-@pytest.fixture(scope="module")
-def pristine(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("pristine") / "data"
-    return generate_dataset(root, n_train=3, n_val=2, n_test=0, seed=0, progress=False)
+@pytest.fixture
+def pristine(phantoms) -> Path:
+    return phantoms(n_train=3, n_val=2, seed=0)
 
 
 @pytest.fixture
-def data(pristine, tmp_path) -> Path:
+def data(pristine, copy_of) -> Path:
     """A fresh copy of the valid dataset, to break."""
-    return Path(shutil.copytree(pristine, tmp_path / "data"))
+    return copy_of(pristine)
 
 
 def check(root: Path, capsys, *extra: str) -> tuple[int, str]:

@@ -10,14 +10,15 @@ from heatmap3d.errors import InputError
 from heatmap3d.model import build_model
 
 
-def _payload(model):
-    return {
-        "model": model.state_dict(),
-        "config": {"model": {"channels": 2}},
-        "epoch": 3,
-        "landmarks": ["a"],
-        "best_mre": 1.5,
-    }
+def _payload(model, **extra):
+    return checkpoint.Checkpoint(
+        model=model.state_dict(),
+        config={"model": {"channels": 2}},
+        landmarks=["a"],
+        epoch=3,
+        best_mre=1.5,
+        **extra,
+    )
 
 
 def test_save_is_atomic_and_loads_with_weights_only(tmp_path):
@@ -26,10 +27,16 @@ def test_save_is_atomic_and_loads_with_weights_only(tmp_path):
     checkpoint.save(path, _payload(model))
     assert [p.name for p in path.parent.iterdir()] == ["last.pt"]  # no temp file left
     raw = torch.load(path, weights_only=True)
-    assert raw["epoch"] == 3 and raw["format"] == checkpoint.FORMAT
+    assert raw["epoch"] == 3 and raw["version"] == checkpoint.SCHEMA_VERSION
     loaded = checkpoint.load(path)
+    assert (loaded.epoch, loaded.best_mre, loaded.landmarks, loaded.role) == (
+        3,
+        1.5,
+        ["a"],
+        "whole_scan",
+    )
     for key, value in model.state_dict().items():
-        assert torch.equal(loaded["model"][key], value)
+        assert torch.equal(loaded.model[key], value)
 
 
 def test_failed_write_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
@@ -43,7 +50,7 @@ def test_failed_write_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
 
     monkeypatch.setattr(os, "replace", crash)
     with pytest.raises(KeyboardInterrupt):
-        checkpoint.save(path, {**_payload(model), "epoch": 4})
+        checkpoint.save(path, _payload(model, scaler={"scale": 2.0}))
     assert path.read_bytes() == before
     assert [p.name for p in tmp_path.iterdir()] == ["last.pt"]
 
@@ -91,8 +98,8 @@ def _tiny(landmarks: int = 2, channels: int = 2):
 
 def _roundtrip(tmp_path, state):
     path = tmp_path / "wrapped.pt"
-    checkpoint.save(path, {"model": state, "config": {}})
-    return checkpoint.load(path)["model"]
+    checkpoint.save(path, checkpoint.Checkpoint(model=state, config={}, landmarks=[]))
+    return checkpoint.load(path).model
 
 
 @pytest.mark.slow  # importing torch.compile's machinery takes seconds
@@ -148,7 +155,7 @@ def test_gpu_checkpoint_loads_on_a_cpu_only_process(tmp_path):
         "import sys, torch; from heatmap3d import checkpoint; "
         "c = checkpoint.load(sys.argv[1]); "
         "assert not torch.cuda.is_available(); "
-        "assert all(v.device.type == 'cpu' for v in c['model'].values())"
+        "assert all(v.device.type == 'cpu' for v in c.model.values())"
     )
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
     proc = subprocess.run([sys.executable, "-c", code, str(tmp_path / "gpu.pt")], env=env)
@@ -175,13 +182,13 @@ def test_checkpoint_written_on_a_gpu_loads_on_a_cpu_only_machine(tmp_path, monke
     # ... and heatmap3d maps it to the CPU.
     loaded = checkpoint.load(tmp_path / "gpu.pt")
     for key, value in model.state_dict().items():
-        assert loaded["model"][key].device.type == "cpu"
-        assert torch.equal(loaded["model"][key], value)
+        assert loaded.model[key].device.type == "cpu"
+        assert torch.equal(loaded.model[key], value)
 
 
 def _ckpt(landmarks, **model):
     cfg = {"channels": 2, "depth": 1, "norm": "instance", "checkpointing": False, **model}
-    return {"landmarks": landmarks, "config": {"model": cfg}}
+    return checkpoint.Checkpoint(model={}, config={"model": cfg}, landmarks=landmarks)
 
 
 def test_resume_refuses_other_landmarks_or_architecture_naming_the_difference():
@@ -212,3 +219,69 @@ def test_init_from_loads_matching_weights_and_reports_the_head():
             assert torch.equal(target.state_dict()[key], value), key
     with pytest.raises(InputError, match="no weights match"):
         checkpoint.load_matching(target, {"other.weight": torch.zeros(1)}, source="s.pt")
+
+
+# -- the schema: versions, roles, permissions --------------------------------------------------
+
+
+def _format_1_payload(model, landmark_crops: float) -> dict:
+    """A checkpoint as heatmap3d wrote it before the schema (``"format": 1``, no role)."""
+    from heatmap3d.config import Config, to_dict
+
+    cfg = to_dict(Config())
+    del cfg["model"]["role"]  # that version had no such key
+    cfg["data"]["landmark_crops"] = landmark_crops
+    opt = torch.optim.AdamW(model.parameters())
+    return {
+        "format": 1,
+        "model": {f"module.{k}": v for k, v in model.state_dict().items()},
+        "optimizer": opt.state_dict(),
+        "scheduler": torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=5).state_dict(),
+        "epoch": 7,
+        "best_mre": 2.5,
+        "scaler": {},
+        "landmarks": ["a", "b"],
+        "config": cfg,
+        "written_by": {"rank": 0, "world_size": 2},
+    }
+
+
+@pytest.mark.parametrize("crops,role", [(0.0, "whole_scan"), (1.0, "refiner")])
+def test_a_format_1_checkpoint_still_loads_with_the_role_it_implied(tmp_path, crops, role):
+    model = _tiny(landmarks=2)
+    path = tmp_path / "old.pt"
+    torch.save(_format_1_payload(model, crops), path)
+    loaded = checkpoint.load(path)
+    assert (loaded.role, loaded.epoch, loaded.best_mre, loaded.landmarks) == (
+        role,
+        7,
+        2.5,
+        ["a", "b"],
+    )
+    assert loaded.resolved_config(source="old.pt").model.role == role
+    fresh = build_model(ModelConfig(channels=2, depth=1), 2)
+    fresh.load_state_dict(loaded.model)  # strict; prefixes stripped
+
+
+def test_an_unknown_schema_version_is_refused(tmp_path):
+    path = tmp_path / "future.pt"
+    torch.save({"version": 99, "model": {}, "config": {}}, path)
+    with pytest.raises(InputError, match="future.pt.*schema version 99"):
+        checkpoint.load(path)
+
+
+def test_refusing_a_pickle_never_advises_weights_only_false(tmp_path):
+    evil = tmp_path / "evil.pt"
+    torch.save({"model": Evil(), "config": {}}, evil)  # a real torch file with an object
+    with pytest.raises(InputError) as err:
+        checkpoint.load(evil)
+    assert "weights_only" not in str(err.value) and "evil.pt" in str(err.value)
+
+
+def test_checkpoints_get_the_umask_mode_not_0600(tmp_path):
+    old = os.umask(0o027)
+    try:
+        checkpoint.save(tmp_path / "c.pt", _payload(_tiny()))
+    finally:
+        os.umask(old)
+    assert (tmp_path / "c.pt").stat().st_mode & 0o777 == 0o640

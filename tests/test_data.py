@@ -5,21 +5,19 @@ import pytest
 import torch
 
 from heatmap3d.config import DataConfig
-from heatmap3d.data.dataset import LandmarkDataset, find_cases, read_split
-from heatmap3d.data.synthetic import LANDMARK_NAMES, generate_dataset
+from heatmap3d.data.dataset import LandmarkDataset
+from heatmap3d.data.synthetic import LANDMARK_NAMES
 from heatmap3d.geometry import voxel_to_world
+from heatmap3d.io.layout import find_cases, read_split
 
 
-@pytest.fixture(scope="module")
-def cases(tmp_path_factory):
-    root = generate_dataset(
-        tmp_path_factory.mktemp("d") / "data", n_train=2, n_val=1, n_test=0, seed=4, progress=False
-    )
+@pytest.fixture
+def cases(phantoms):
+    root = phantoms(n_train=2, n_val=1, seed=4)
     return root, find_cases(root, read_split(root, "split.json")["train"], "train")
 
 
-@pytest.mark.parametrize("train", [True, False])
-def test_items_have_the_documented_shapes(cases, train, tmp_path):
+def test_items_have_the_documented_shapes(cases, tmp_path):
     root, found = cases
     cfg = DataConfig(
         root=str(root),
@@ -27,26 +25,25 @@ def test_items_have_the_documented_shapes(cases, train, tmp_path):
         patch_size=[16, 24, 24],
         cache_dir=str(tmp_path / "cache"),
     )
-    item = LandmarkDataset(found, LANDMARK_NAMES, cfg, train=train, multiple=8)[0]
+    dataset = LandmarkDataset(found, LANDMARK_NAMES, cfg)
+    torch.manual_seed(3)
+    item = dataset[0]
     k = len(LANDMARK_NAMES)
     image = item["image"]
-    assert image.dtype == torch.float32 and image.ndim == 4 and image.shape[0] == 1
-    if train:
-        assert tuple(image.shape[1:]) == (16, 24, 24)
-    else:
-        assert all(n % 8 == 0 for n in image.shape[1:])
+    assert image.dtype == torch.float32 and tuple(image.shape) == (1, 16, 24, 24)
     assert item["coords"].shape == (k, 3) and item["coords"].dtype == torch.float32
     assert item["mask"].shape == (k,) and item["mask"].dtype == torch.bool
-    assert item["world"].shape == (k, 3) and item["affine"].shape == (4, 4)
+    assert set(item) == {"image", "coords", "mask"}  # coordinates, never heatmaps
     # Landmarks outside the crop are masked out, with NaN coordinates.
     coords, mask = item["coords"].numpy(), item["mask"].numpy()
     assert np.isnan(coords[~mask]).all() and np.isfinite(coords[mask]).all()
     assert (coords[mask] >= 0).all() and (coords[mask] <= np.array(image.shape[1:]) - 1).all()
-    # The voxel coordinates and the item's affine give back the world landmarks.
-    world = voxel_to_world(coords[mask].astype(float), item["affine"].numpy())
-    np.testing.assert_allclose(world, item["world"].numpy()[mask], atol=1e-3)
-    if not train:
-        assert mask.all()
+    # The same draw as a crop with its affine: the voxel coordinates give back the world.
+    torch.manual_seed(3)
+    crop, world = dataset.sample(0)
+    np.testing.assert_array_equal(crop.data, image[0].numpy())
+    back = voxel_to_world(coords[mask].astype(float), crop.affine)
+    np.testing.assert_allclose(back, world[mask], atol=1e-3)
 
 
 @pytest.mark.parametrize("jitter_mm", [0.0, 6.0])
@@ -63,7 +60,7 @@ def test_landmark_crops_put_a_landmark_near_the_centre(cases, jitter_mm, tmp_pat
         crop_jitter_mm=jitter_mm,
         cache_dir=str(tmp_path / "cache"),
     )
-    dataset = LandmarkDataset(found, LANDMARK_NAMES, cfg, train=True)
+    dataset = LandmarkDataset(found, LANDMARK_NAMES, cfg)
     torch.manual_seed(0)
     middle = (np.array(patch) - 1) / 2
     bound = 0.5 + jitter_mm / spacing + 1e-6

@@ -15,15 +15,13 @@ import pytest
 import torch
 from torchrun_util import TINY, torchrun
 
-from heatmap3d.data.dataset import train_loader
-from heatmap3d.data.synthetic import generate_dataset
+from heatmap3d.data.loaders import train_loader
 from heatmap3d.distributed import DistInfo
 
 
 @pytest.fixture(scope="module")
-def dataset(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("data") / "synthetic"
-    return generate_dataset(root, n_train=4, n_val=3, n_test=0, seed=0, progress=False)
+def dataset(phantoms) -> Path:
+    return phantoms(n_train=4, n_val=3, seed=0)
 
 
 # -- the sampler ------------------------------------------------------------------------------

@@ -15,14 +15,12 @@ import torch
 from torchrun_util import ROOT, TINY, env, torchrun, torchrun_args
 
 from heatmap3d import checkpoint
-from heatmap3d.data.synthetic import generate_dataset
 from heatmap3d.training.faults import ENV, Injection, injection_from_env
 
 
 @pytest.fixture(scope="module")
-def dataset(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("data") / "synthetic"
-    return generate_dataset(root, n_train=4, n_val=3, n_test=0, seed=0, progress=False)
+def dataset(phantoms) -> Path:
+    return phantoms(n_train=4, n_val=3, seed=0)
 
 
 def _args(dataset: Path, out: Path, *extra: str) -> list[str]:

@@ -180,7 +180,7 @@ def test_invalid_landmarks_give_zero_channels():
 
 def test_points_in_one_channel_merge_by_max(monkeypatch):
     # A tiny chunk size forces the bounded-scratch path through several chunks.
-    monkeypatch.setattr(hm, "_CHUNK_VOXELS", 2 * math.prod(SHAPE))
+    monkeypatch.setattr(hm, "CHUNK_VOXELS", 2 * math.prod(SHAPE))
     pts = torch.tensor([[1.0, 1.5, 1.0], [5.2, 7.0, 4.4], [float("nan")] * 3, [3.0, 3.0, 3.0]])
     coords = pts.expand(2, 3, 4, 3).clone()
     coords[1, 2, 3] = float("nan")
@@ -296,7 +296,7 @@ def loss_inputs(seed, dtype=torch.float32):
 
 @pytest.mark.parametrize("weight", [0.0, 20.0])
 def test_loss_matches_materialised_mse_and_gradient(monkeypatch, weight):
-    monkeypatch.setattr(hm, "_CHUNK_VOXELS", 4 * 2 * math.prod(SHAPE))  # several chunks
+    monkeypatch.setattr(hm, "CHUNK_VOXELS", 4 * 2 * math.prod(SHAPE))  # several chunks
     sigma = torch.tensor([1.5, 1.5, 1.5, 1.5])
     pred, coords, mask = loss_inputs(5)
     kw = {"sigma": sigma, "spacing": SPACING, "mask": mask, "foreground_weight": weight}
@@ -319,10 +319,10 @@ def test_fused_kernels_match_materialised(weight):
     # The functions torch.compile fuses on CUDA, checked eagerly here.
     pred, coords, mask = loss_inputs(6)
     pts = coords.double()[:, :, None]
-    valid = hm._valid_points(pts, mask)
-    sig = hm._as_sigma(1.5, 4, pred.device)
-    factors = hm._axis_factors(
-        pts, valid, SHAPE, sig, hm._as_spacing(SPACING, pred.device), None, False
+    valid = hm.valid_points(pts, mask)
+    sig = hm.as_sigma(1.5, 4, pred.device)
+    factors = hm.axis_factors(
+        pts, valid, SHAPE, sig, hm.as_spacing(SPACING, pred.device), None, False
     )
     gi, gj, gk = (g[:, :, 0].float() for g in factors)
     valid = valid[:, :, 0]

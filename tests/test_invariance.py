@@ -20,13 +20,12 @@ from pathlib import Path
 import nibabel as nib
 import numpy as np
 import pytest
-import torch
 from scipy import ndimage
 from scipy.spatial.transform import Rotation
+from stand_ins import EchoNet, echo_predictor
 
-from heatmap3d.config import Config, DataConfig
+from heatmap3d.config import DataConfig
 from heatmap3d.geometry import Volume, voxel_to_world, world_to_voxel
-from heatmap3d.inference.predictor import Predictor
 from heatmap3d.io.landmarks import Landmarks, read_landmarks, write_landmarks
 from heatmap3d.io.volumes import load_volume, save_volume
 
@@ -63,15 +62,6 @@ SAME_PREDICTION_MM = 1e-3
 # that makes the variants adds < 0.01 mm. 0.15 mm is three times the largest shift and
 # still far below what a wrong flip, axis order or half-voxel offset causes (>= 0.75 mm).
 INTERPOLATED_MM = 0.15
-
-
-class EchoNet(torch.nn.Module):
-    """Stand-in network: the (clamped, peak-normalised) input is the heatmap."""
-
-    multiple = 8
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x.clamp(min=0) / x.amax()
 
 
 def grid_world(affine: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
@@ -220,8 +210,8 @@ def _sample(vol: Volume, world: np.ndarray, order: int) -> float:
 
 def test_prediction_is_the_same_in_world_mm(scans):
     blob, stored = scans
-    cfg = Config(data=DataConfig(spacing=[2.0, 2.0, 2.0], normalization="none"))
-    predictor = Predictor(EchoNet(), cfg, ["blob"], torch.device("cpu"))
+    data = DataConfig(spacing=[2.0, 2.0, 2.0], normalization="none")
+    predictor = echo_predictor(EchoNet(), data)
     found = {
         name: predictor.predict_volume(load_volume(image)).landmarks.points[0]
         for name, (_, image, _) in stored.items()

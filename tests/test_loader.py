@@ -7,13 +7,14 @@ import os
 import numpy as np
 import pytest
 import torch
+from stand_ins import EchoNet, echo_predictor
 
-from heatmap3d.config import Config, DataConfig
-from heatmap3d.data.dataset import default_workers, seed_worker, train_loader, usable_cpus
+from heatmap3d.config import DataConfig
+from heatmap3d.data.loaders import default_workers, seed_worker, train_loader, usable_cpus
 from heatmap3d.data.synthetic import generate_case
 from heatmap3d.distributed import DistInfo
 from heatmap3d.errors import InputError
-from heatmap3d.inference.predictor import Predictor, predict_files
+from heatmap3d.inference.scans import output_stems, predict_files
 from heatmap3d.io.volumes import save_volume
 
 
@@ -67,31 +68,34 @@ def test_default_workers_share_the_usable_cpus_among_local_ranks():
     assert all(0 <= default_workers(world(n)) <= 4 for n in (1, 2, 8, 64))
 
 
-class EchoNet(torch.nn.Module):
-    multiple = 8
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x.clamp(min=0) / x.amax()
-
-
 def test_predict_files_prefetches_in_order_and_matches_one_by_one(tmp_path):
     scans = []
     for n in range(3):
         vol, _ = generate_case(np.random.default_rng([5, n]))
         scans.append(tmp_path / f"scan{n}.nii.gz")
         save_volume(scans[-1], vol)
-    cfg = Config(data=DataConfig(spacing=[3.0, 3.0, 3.0]))
-    predictor = Predictor(EchoNet(), cfg, ["a"], torch.device("cpu"))
-    results = predict_files(predictor, scans, tmp_path / "out", progress=False)
-    assert list(results) == ["scan0", "scan1", "scan2"]
+    predictor = echo_predictor(EchoNet(), DataConfig(spacing=[3.0, 3.0, 3.0]), ["a"])
+    written = []
+    results, failures = predict_files(
+        predictor, scans, lambda stem, pred, raw: written.append(stem), progress=False
+    )
+    assert list(results) == ["scan0", "scan1", "scan2"] == written and failures == []
     for scan in scans:
         one = predictor.predict_file(scan)
         np.testing.assert_array_equal(results[scan.name[:5]].voxels, one.voxels)
-        assert (tmp_path / "out" / f"{scan.name[:5]}.csv").is_file()
-    # A bad scan fails at its turn, after the scans before it were written.
+    # A bad scan is reported by name at its turn; the scans after it still complete.
     bad = tmp_path / "bad.nii.gz"
     bad.write_bytes(b"not a nifti")
-    with pytest.raises(InputError, match="bad.nii.gz"):
-        predict_files(predictor, [scans[0], bad, scans[1]], tmp_path / "out2", progress=False)
-    assert (tmp_path / "out2" / "scan0.csv").is_file()
-    assert not (tmp_path / "out2" / "scan1.csv").exists()
+    written.clear()
+    results, failures = predict_files(
+        predictor, [scans[0], bad, scans[1]], lambda s, p, r: written.append(s), progress=False
+    )
+    assert written == ["scan0", "scan1"] and list(results) == written
+    assert [f.scan for f in failures] == [bad] and "bad.nii.gz" in failures[0].reason
+
+
+def test_two_scans_with_the_same_name_are_refused_before_any_is_predicted(tmp_path):
+    for folder in ("a", "b"):
+        (tmp_path / folder).mkdir()
+    with pytest.raises(InputError, match="would write the same outputs scan"):
+        output_stems([tmp_path / "a" / "scan.nii.gz", tmp_path / "b" / "scan.nii.gz"])

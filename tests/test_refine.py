@@ -4,25 +4,26 @@ The stand-in networks of test_predict turn a bright Gaussian blob into a detecte
 landmark, so whatever the scan's affine, a refined landmark must land on the blob.
 """
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
-from test_predict import EchoNet, affines, blob_scan
+from stand_ins import EchoNet, affines, blob_scan, echo_predictor
 
-from heatmap3d.config import Config, DataConfig
+from heatmap3d.config import DataConfig
 from heatmap3d.data.preprocess import preprocess
 from heatmap3d.errors import InputError
 from heatmap3d.geometry import Volume, window_start
-from heatmap3d.inference.predictor import Predictor
 from heatmap3d.inference.refine import Cascade, refine, refine_landmarks
 from heatmap3d.io.landmarks import Landmarks
 
 CENTRE = np.array([3.7, -5.2, 2.9])  # the blob, world mm
 
 
-def predictor(model, spacing, patch=16):
+def predictor(model, spacing, patch=16, *, role="refiner", names=None):
     data = DataConfig(spacing=[spacing] * 3, patch_size=[patch] * 3, normalization="none")
-    return Predictor(model, Config(data=data), ["blob"], torch.device("cpu"))
+    return echo_predictor(model, data, names, role=role)
 
 
 @pytest.mark.parametrize("size", [16, 15])
@@ -37,7 +38,7 @@ def test_window_start_centres_the_window_on_the_point(size):
 def test_refined_landmark_is_the_blob_in_any_orientation(name):
     scan = blob_scan(affines()[name], (40, 30, 36), CENTRE)
     fine = predictor(EchoNet(), spacing=1.5)
-    vol = preprocess(scan, fine.cfg.data)
+    vol = fine.prepare(scan)
     # Estimates 9 mm off: the 24 mm window still holds the blob's peak.
     for offset in ([9.0, 0, 0], [0, -9.0, 0], [5.0, 5.0, -5.0]):
         pred = refine(fine, vol, Landmarks(["blob"], CENTRE + offset))
@@ -64,16 +65,10 @@ def test_each_row_reads_its_own_channel_and_nan_stays_nan():
     scan = blob_scan(affines()["oblique"], (40, 30, 36), CENTRE)
     vol = preprocess(scan, DataConfig(spacing=[2.0] * 3, normalization="none"))
     estimates = np.stack([CENTRE + 3, CENTRE - 2, np.full(3, np.nan)])
-    world, conf = refine_landmarks(
-        ChannelNet(),
-        vol,
-        estimates,
-        [1, 0, 1],
-        size=[16] * 3,
-        device=torch.device("cpu"),
-        window=4.0,
-        batch=2,
-    )
+    data = DataConfig(patch_size=[16] * 3, crop_jitter_mm=0.0)
+    fine = echo_predictor(ChannelNet(), data, ["empty", "blob"], role="refiner")
+    fine.settings = dataclasses.replace(fine.settings, decode_mm=4.0, batch=2)
+    world, conf = refine_landmarks(fine, vol, estimates, [1, 0, 1])
     assert np.linalg.norm(world[0] - CENTRE) < 0.25 and conf[0] > 0.9
     assert np.isnan(world[1:]).all() and conf[1] == 0 and conf[2] == 0
 
@@ -85,20 +80,25 @@ def test_window_beyond_the_scan_is_padded_not_shifted():
     centre = np.array([3.0, 30.0, 40.0])  # 1.5 voxels from the first face
     scan = blob_scan(affine, (30, 30, 30), centre, sigma_mm=4.0)
     fine = predictor(EchoNet(), spacing=2.0)
-    pred = refine(fine, preprocess(scan, fine.cfg.data), Landmarks(["blob"], centre + [-6, 4, 0]))
+    pred = refine(fine, fine.prepare(scan), Landmarks(["blob"], centre + [-6, 4, 0]))
     assert np.linalg.norm(pred.landmarks.points[0] - centre) < 0.25
 
 
 def test_cascade_coarse_then_fine_and_refuses_a_model_without_the_landmarks():
     scan = blob_scan(affines()["flip_perm"], (40, 30, 36), CENTRE)
-    coarse, fine = predictor(EchoNet(), spacing=4.0), predictor(EchoNet(), spacing=1.25)
+    coarse = predictor(EchoNet(), spacing=4.0, role="whole_scan")
+    fine = predictor(EchoNet(), spacing=1.25)
     cascade = Cascade(coarse, fine)
     pred = cascade.predict_volume(scan)
     assert np.linalg.norm(pred.landmarks.points[0] - CENTRE) < 0.25
     assert pred.landmarks.names == ["blob"]
-    other = Predictor(EchoNet(), fine.cfg, ["other"], torch.device("cpu"))
+    other = predictor(EchoNet(), spacing=1.25, names=["other"])
     with pytest.raises(InputError, match="lacks landmark.*blob"):
         Cascade(coarse, other)
+    with pytest.raises(InputError, match="--refine: this checkpoint is not a refinement model"):
+        Cascade(coarse, predictor(EchoNet(), spacing=1.25, role="whole_scan"))
+    with pytest.raises(InputError, match="refinement model cannot find landmarks alone"):
+        Cascade(fine, fine)
     with pytest.raises(InputError, match="no landmark.*blob"):
         refine(
             other, Volume(np.zeros((8, 8, 8), np.float32), np.eye(4)), Landmarks(["blob"], CENTRE)
@@ -133,7 +133,7 @@ class NothingNet(EchoNet):
 
 def test_cascade_keeps_the_coarse_estimate_where_the_window_has_no_peak():
     scan = blob_scan(affines()["oblique"], (40, 30, 36), CENTRE)
-    coarse = predictor(EchoNet(), spacing=4.0)
+    coarse = predictor(EchoNet(), spacing=4.0, role="whole_scan")
     pred = Cascade(coarse, predictor(NothingNet(), spacing=1.5)).predict_volume(scan)
     alone = coarse.predict_volume(scan)
     np.testing.assert_allclose(pred.landmarks.points, alone.landmarks.points)

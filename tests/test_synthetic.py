@@ -6,7 +6,8 @@ from scipy.ndimage import map_coordinates
 
 from heatmap3d.data.synthetic import LANDMARK_NAMES, generate_case, generate_dataset
 from heatmap3d.geometry import world_to_voxel
-from heatmap3d.io.landmarks import find_landmark_file, read_landmarks
+from heatmap3d.io.landmarks import read_landmarks
+from heatmap3d.io.layout import find_landmark_file
 from heatmap3d.io.volumes import load_volume
 
 

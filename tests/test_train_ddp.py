@@ -11,7 +11,6 @@ import pytest
 import torch
 from torchrun_util import run, torchrun
 
-from heatmap3d.data.synthetic import generate_dataset
 from heatmap3d.geometry import voxel_to_world
 from heatmap3d.io.landmarks import read_landmarks
 from heatmap3d.io.volumes import load_volume
@@ -29,9 +28,8 @@ FAST = [
 
 
 @pytest.fixture(scope="module")
-def dataset(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("data") / "synthetic"
-    return generate_dataset(root, n_train=4, n_val=3, n_test=2, seed=1, progress=False)
+def dataset(phantoms) -> Path:
+    return phantoms(n_train=4, n_val=3, n_test=2, seed=1)
 
 
 def _scalar_and_image_tags(run_dir: Path) -> tuple[set[str], set[str]]:

@@ -36,8 +36,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import tempfile
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,6 +46,7 @@ import numpy as np
 from heatmap3d.config import DataConfig
 from heatmap3d.data.preprocess import preprocess
 from heatmap3d.geometry import Volume
+from heatmap3d.io.atomic import atomic_write
 from heatmap3d.io.volumes import load_volume
 
 # Part of every key: bump when preprocess() changes its output for the same settings.
@@ -125,25 +124,11 @@ def _crc32(path: Path) -> int:
     return crc
 
 
-def _atomic_write(path: Path, write: Any) -> None:
-    """Call ``write(file)`` on a temporary file next to ``path``, fsync, then rename it."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)  # atomic on POSIX: readers see the old file or the new one
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def write_entry(entry: Entry, vol: Volume, source: Path, cfg: DataConfig) -> None:
     """Store a preprocessed volume: the ``.npy`` first, then the ``.json`` that vouches for it."""
     entry.npy.parent.mkdir(parents=True, exist_ok=True)
     data = np.ascontiguousarray(vol.data, dtype=np.float32)
-    _atomic_write(entry.npy, lambda f: np.save(f, data, allow_pickle=False))
+    atomic_write(entry.npy, lambda f: np.save(f, data, allow_pickle=False))
     meta = {
         "source": str(source),
         "settings": settings_of(cfg),
@@ -154,7 +139,7 @@ def write_entry(entry: Entry, vol: Volume, source: Path, cfg: DataConfig) -> Non
         # Python's float repr round-trips exactly, so the affine comes back bit for bit.
         "affine": np.asarray(vol.affine, np.float64).tolist(),
     }
-    _atomic_write(entry.meta, lambda f: f.write(json.dumps(meta).encode()))
+    atomic_write(entry.meta, lambda f: f.write(json.dumps(meta).encode()))
 
 
 def read_entry(entry: Entry) -> Volume | None:

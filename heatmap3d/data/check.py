@@ -31,16 +31,23 @@ from pathlib import Path
 
 import numpy as np
 
-from heatmap3d.data.dataset import IMAGE_SUFFIXES, Case, read_split
 from heatmap3d.errors import InputError
 from heatmap3d.geometry import Volume, world_to_voxel
-from heatmap3d.io.landmarks import LANDMARK_SUFFIXES, Landmarks, read_landmarks
+from heatmap3d.io.landmarks import Landmarks, read_landmarks
+from heatmap3d.io.layout import (
+    Case,
+    find_image,
+    image_candidates,
+    landmark_candidates,
+    read_split,
+)
 from heatmap3d.io.manifest import write_manifest
 from heatmap3d.io.volumes import load_volume
 
 __all__ = [
     "CheckReport",
     "Finding",
+    "check_cases",
     "check_dataset",
     "run_check",
     "write_manifest",
@@ -116,7 +123,6 @@ class _Collector:
 
     def __init__(self, result: CheckReport) -> None:
         self.result = result
-        self.split: dict[str, list[str]] = {}
 
     def error(self, path: Path, message: str) -> None:
         self.result.findings.append(Finding(ERROR, path, message))
@@ -142,18 +148,45 @@ def check_dataset(
     """
     root = Path(root)
     found = _Collector(CheckReport(root))
-    ids = _check_split(root / split_file, found)
-    data = [d for case_id in ids if (d := _read_case(root, case_id, found)) is not None]
+    split = _check_split(root / split_file, found)
+    ids = list(dict.fromkeys(itertools.chain.from_iterable(split.values())))
+    located = {case_id: _locate_case(root, case_id, found) for case_id in ids}
+    cases = {
+        name: [located[c] for c in members if located[c] is not None]
+        for name, members in split.items()
+    }
+    check_cases(cases, landmarks=landmarks, split_path=root / split_file, found=found)
+    found.result.n_cases = len(ids)
+    return found.result
+
+
+def check_cases(
+    cases: dict[str, list[Case]],
+    *,
+    landmarks: list[str] | None,
+    split_path: Path,
+    found: _Collector | None = None,
+) -> CheckReport:
+    """The case-level checks of ``heatmap3d check``, on cases already located.
+
+    ``cases`` maps split name -> cases; ``split_path`` is where the split came from (the
+    file split problems are reported against). Training runs exactly these checks before
+    its first epoch (:func:`heatmap3d.data.setup.prepare_dataset`), so what ``check``
+    calls an error stops training too. Returns the report (``found``'s, when given).
+    """
+    found = found or _Collector(CheckReport(split_path.parent))
+    _check_split_members(split_path, {n: [c.case_id for c in cs] for n, cs in cases.items()}, found)
+    unique = list({c.case_id: c for cs in cases.values() for c in cs}.values())
+    data = [_read_case(case, found) for case in unique]
     names, source = _reference_names([d.landmarks for d in data], landmarks)
     for d in data:
         _check_case(d, names, source, found)
-    _check_unannotated(root, [d.landmarks for d in data], names, source, found)
+    if unique:
+        where = unique[0].landmarks.parent
+        _check_unannotated(where, [d.landmarks for d in data], names, source, found)
     result = found.result
-    result.n_cases, result.names = len(ids), names
-    result.splits = {
-        name: [d.case for d in data if d.case.case_id in members]
-        for name, members in found.split.items()
-    }
+    result.n_cases, result.names = len(unique), names
+    result.splits = {name: list(members) for name, members in cases.items()}
     # Stable sort by file: every problem of one file is listed together, in check order.
     result.findings.sort(key=lambda f: str(f.path))
     return result
@@ -188,20 +221,18 @@ def run_check(data: Path, split_file: str, landmarks: str, manifest: Path | None
 # --------------------------------------------------------------------------------------
 
 
-def _check_split(path: Path, report: _Collector) -> list[str]:
-    """Distinct case ids of every split, in order; split problems become findings."""
+def _check_split(path: Path, report: _Collector) -> dict[str, list[str]]:
+    """The split file's case ids by split ({} if unreadable); problems become findings."""
     try:
         split = read_split(path.parent, path.name)
     except InputError as err:
         report.input_error(path, err)
-        return []
-    report.split = split
+        return {}
     for name in REQUIRED_SPLITS:
         if not split.get(name):
             state = "empty" if name in split else "missing"
             report.error(path, f"split {name!r} is {state}; training needs train and val cases")
-    _check_split_members(path, split, report)
-    return list(dict.fromkeys(itertools.chain.from_iterable(split.values())))
+    return split
 
 
 def _check_split_members(path: Path, split: dict[str, list[str]], report: _Collector) -> None:
@@ -222,11 +253,8 @@ def _check_split_members(path: Path, split: dict[str, list[str]], report: _Colle
 # --------------------------------------------------------------------------------------
 
 
-def _read_case(root: Path, case_id: str, report: _Collector) -> _CaseData | None:
-    """Find and read one case's files; None when a file is missing."""
-    case = _locate_case(root, case_id, report)
-    if case is None:
-        return None
+def _read_case(case: Case, report: _Collector) -> _CaseData:
+    """Read one case's files (what could be read; problems become findings)."""
     data = _CaseData(case)
     vol = _read_image(case.image, report)
     if vol is not None:
@@ -238,12 +266,13 @@ def _read_case(root: Path, case_id: str, report: _Collector) -> _CaseData | None
 
 def _locate_case(root: Path, case_id: str, report: _Collector) -> Case | None:
     """The case's image and landmark file; an error for each one that is missing."""
-    images = [root / "images" / f"{case_id}{s}" for s in IMAGE_SUFFIXES]
-    tried = [root / "landmarks" / f"{case_id}{s}" for s in LANDMARK_SUFFIXES]
-    image = next((p for p in images if p.is_file()), None)
+    image = find_image(root, case_id)
+    tried = landmark_candidates(root / "landmarks", case_id)
     marks = next((p for p in tried if p.is_file()), None)
     if image is None:
-        report.error(images[0], f"image of case {case_id!r} not found (nor {images[1].name})")
+        images = image_candidates(root, case_id)
+        others = ", ".join(p.name for p in images[1:])
+        report.error(images[0], f"image of case {case_id!r} not found (nor {others})")
     if marks is None:
         names = ", ".join(p.name for p in tried)
         report.error(root / "landmarks" / case_id, f"no landmark file (tried {names})")
@@ -325,14 +354,14 @@ def _check_names(
 
 
 def _check_unannotated(
-    root: Path, sets: list[Landmarks | None], names: list[str], source: str, report: _Collector
+    where: Path, sets: list[Landmarks | None], names: list[str], source: str, report: _Collector
 ) -> None:
     """A name of the set that no landmark file has: a channel nothing could train."""
     annotated = {n for lm in sets if lm is not None for n in lm.names}
     never = [n for n in names if n not in annotated]
     if never and any(lm is not None for lm in sets):
         report.error(
-            root / "landmarks",
+            where,
             f"landmark names in no file: {_names(never)} (set from {source})",
         )
 

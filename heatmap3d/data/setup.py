@@ -1,12 +1,14 @@
 """Getting a dataset ready on every rank before training starts.
 
-Rank 0 generates the synthetic dataset when asked and it is absent, and reads every case
-once to check it; the other ranks wait at a barrier and then learn the outcome. A bad file
-thus stops every rank with the same one-line message, instead of one rank failing in the
-middle of an epoch while the others wait in a collective.
+Rank 0 generates the synthetic dataset when asked and it is absent, and runs the case
+checks of ``heatmap3d check`` (:func:`heatmap3d.data.check.check_cases`) on every training
+and validation case; the other ranks then learn the outcome
+(:func:`heatmap3d.distributed.main_then_broadcast`). What ``check`` calls an error (a
+landmark outside its image, a case in two splits, an unreadable file, ...) thus stops
+every rank with the same one-line message, before any epoch.
 
 With ``data.manifest`` set, the cases and landmark names come from that manifest (written
-by ``heatmap3d check --manifest``) instead of ``split.json``; they are still read once here.
+by ``heatmap3d check --manifest``) instead of ``split.json``; they are still checked here.
 """
 
 from __future__ import annotations
@@ -14,41 +16,50 @@ from __future__ import annotations
 from pathlib import Path
 
 from heatmap3d import distributed
-from heatmap3d.config import Config
-from heatmap3d.data.dataset import Case, find_cases, load_case, read_split
+from heatmap3d.config import Config, check_mirror_pairs
+from heatmap3d.data.check import CheckReport, check_cases
 from heatmap3d.data.synthetic import generate_dataset
 from heatmap3d.distributed import DistInfo
 from heatmap3d.errors import InputError
-from heatmap3d.io.landmarks import read_landmarks
+from heatmap3d.io.layout import Case, find_cases, read_split
 from heatmap3d.io.manifest import read_manifest
+
+_WARNINGS_SHOWN = 5  # the rest are counted; `heatmap3d check` lists every one
 
 
 def prepare_dataset(cfg: Config, world: DistInfo) -> tuple[list[str], list[Case], list[Case]]:
     """Landmark names and the train and validation cases, checked, on every rank."""
-    root = Path(cfg.data.root)
-    outcome: tuple | str
-    if world.is_main:
-        try:
-            outcome = _prepare_on_main(cfg, root)
-        except InputError as err:
-            outcome = str(err)
-    else:
-        outcome = None
-    distributed.barrier()
-    outcome = distributed.broadcast_object(outcome)
-    if isinstance(outcome, str):
-        raise InputError(outcome)
-    return outcome
+    return distributed.main_then_broadcast(world, lambda: _prepare_on_main(cfg))
 
 
-def _prepare_on_main(cfg: Config, root: Path) -> tuple[list[str], list[Case], list[Case]]:
+def _prepare_on_main(cfg: Config) -> tuple[list[str], list[Case], list[Case]]:
     if cfg.data.manifest:
-        names, train, val = _cases_from_manifest(Path(cfg.data.manifest), cfg.data.landmarks)
+        source = Path(cfg.data.manifest)
+        names, train, val = _cases_from_manifest(source, cfg.data.landmarks)
     else:
-        names, train, val = _cases_from_split(cfg, root)
-    for case in train + val:
-        load_case(case, names)  # raises InputError naming the file
-    return names, train, val
+        source = Path(cfg.data.root) / cfg.data.split_file
+        names, train, val = _cases_from_split(cfg, Path(cfg.data.root))
+    report = check_cases({"train": train, "val": val}, landmarks=names, split_path=source)
+    _refuse_errors(report, cfg)
+    check_mirror_pairs(cfg.augment, report.names)
+    return report.names, train, val
+
+
+def _refuse_errors(report: CheckReport, cfg: Config) -> None:
+    """Print the warnings; raise the first error (with a count of the others)."""
+    for finding in report.warnings[:_WARNINGS_SHOWN]:
+        print(finding)
+    hidden = len(report.warnings) - _WARNINGS_SHOWN
+    if hidden > 0:
+        print(f"... and {hidden} more warnings (heatmap3d check {cfg.data.root} lists them)")
+    if report.errors:
+        # A problem in one case's file first: more telling than its consequence on the set.
+        errors = sorted(report.errors, key=lambda f: not f.path.is_file())
+        path = errors[0].path
+        mine = [f.message for f in errors if f.path == path]
+        more = len(errors) - len(mine)
+        tail = f" ({more} more errors: run heatmap3d check {cfg.data.root})" if more else ""
+        raise InputError(f"{path}: {'; '.join(mine)}{tail}")
 
 
 def _cases_from_manifest(
@@ -71,6 +82,7 @@ def _cases_from_manifest(
 
 
 def _cases_from_split(cfg: Config, root: Path) -> tuple[list[str], list[Case], list[Case]]:
+    """Names (``data.landmarks``; [] = the check's most common set) and train/val cases."""
     if cfg.synthetic.generate and not (root / cfg.data.split_file).is_file():
         s = cfg.synthetic
         print(f"generating the synthetic dataset in {root} (seed {s.seed})")
@@ -78,5 +90,4 @@ def _cases_from_split(cfg: Config, root: Path) -> tuple[list[str], list[Case], l
     split = read_split(root, cfg.data.split_file)
     train = find_cases(root, split.get("train", []), "train")
     val = find_cases(root, split.get("val", []), "val")
-    names = list(cfg.data.landmarks) or read_landmarks(train[0].landmarks).names
-    return names, train, val
+    return list(cfg.data.landmarks), train, val

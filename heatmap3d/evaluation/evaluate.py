@@ -1,6 +1,7 @@
 """Evaluation of predicted landmarks against the truth, in world mm.
 
-Used by ``heatmap3d evaluate --pred DIR --truth DIR`` and by the end of training.
+Used by ``heatmap3d evaluate --pred DIR --truth DIR`` and by the end of training
+(:mod:`heatmap3d.training.validation`). Imports no torch.
 """
 
 from __future__ import annotations
@@ -11,7 +12,6 @@ from pathlib import Path
 
 import numpy as np
 
-from heatmap3d.data.dataset import Case
 from heatmap3d.errors import InputError
 from heatmap3d.evaluation.metrics import (
     LandmarkStats,
@@ -20,8 +20,8 @@ from heatmap3d.evaluation.metrics import (
     stats_to_rows,
     summarize,
 )
-from heatmap3d.inference.predictor import Prediction, write_prediction
-from heatmap3d.io.landmarks import Landmarks, find_landmark_file, landmark_case_id, read_landmarks
+from heatmap3d.io.landmarks import Landmarks, read_landmarks
+from heatmap3d.io.layout import find_landmark_file, landmark_case_id
 
 N_WORST = 10
 
@@ -86,17 +86,3 @@ def evaluate_dirs(pred_dir: Path, truth_dir: Path, out_dir: Path | None = None) 
     names = next(iter(truth.values())).names
     stats, errors, ids = evaluate(pred, truth, names)
     return write_report(out_dir or pred_dir / "evaluation", stats, errors, ids, names)
-
-
-def report_predictions(
-    results: Mapping[str, Prediction], cases: Sequence[Case], names: Sequence[str], run_dir: Path
-) -> list[LandmarkStats]:
-    """End of training: write the predictions, evaluate them, print the table."""
-    out = run_dir / "predictions"
-    for case_id, pred in results.items():
-        write_prediction(out, case_id, pred)
-    truth = {c.case_id: read_landmarks(c.landmarks) for c in cases if c.case_id in results}
-    stats, errors, ids = evaluate({c: p.landmarks for c, p in results.items()}, truth, names)
-    print(f"\nvalidation scans predicted with {run_dir / 'best.pt'}:\n")
-    print(write_report(run_dir / "evaluation", stats, errors, ids, names))
-    return stats

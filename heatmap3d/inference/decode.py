@@ -14,7 +14,7 @@ import torch
 from torch import Tensor
 from torch.nn import functional as F
 
-from heatmap3d.heatmaps import Triple, _as_spacing
+from heatmap3d.heatmaps import Triple, as_spacing
 
 __all__ = ["decode_heatmaps"]
 
@@ -76,7 +76,7 @@ def decode_heatmaps(
     if heatmaps.ndim != 5:
         raise ValueError(f"heatmaps must be (B, K, I, J, K), got {tuple(heatmaps.shape)}")
     vol = tuple(heatmaps.shape[2:])
-    sp = _as_spacing(spacing, torch.device("cpu")).tolist()
+    sp = as_spacing(spacing, torch.device("cpu")).tolist()
     flat = heatmaps.flatten(2)
     if prior is None:
         peak, arg = flat.max(dim=-1)

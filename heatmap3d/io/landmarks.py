@@ -55,14 +55,12 @@ from heatmap3d.io.landmark_formats import (
 __all__ = [
     "LANDMARK_SUFFIXES",
     "Landmarks",
-    "find_landmark_file",
-    "landmark_case_id",
     "read_landmarks",
     "write_landmarks",
 ]
 
 LANDMARK_SUFFIXES = (".mrk.json", ".fcsv", ".csv", ".json")
-"""Landmark file suffixes, in order of precedence for :func:`find_landmark_file`."""
+"""Landmark file suffixes, in order of precedence (``.mrk.json`` before ``.json``)."""
 
 # --------------------------------------------------------------------------------------
 # Landmarks in memory
@@ -180,27 +178,3 @@ def write_landmarks(
         path.write_text(text, encoding="utf-8")
     except OSError as exc:
         raise InputError(f"{path}: cannot write landmark file ({one_line(exc)})") from exc
-
-
-def landmark_case_id(path: str | Path) -> str | None:
-    """``case001.mrk.json`` -> ``case001``; None when ``path`` is no landmark file."""
-    name = Path(path).name
-    # Case-sensitive, as find_landmark_file looks the file up; ".mrk.json" before ".json".
-    for suffix in LANDMARK_SUFFIXES:
-        if name.endswith(suffix):
-            return name[: -len(suffix)]
-    return None
-
-
-def find_landmark_file(directory: Path, case_id: str) -> Path:
-    """``directory/<case_id><suffix>`` for the first suffix of :data:`LANDMARK_SUFFIXES`
-    that exists; InputError listing every path tried otherwise."""
-    directory = Path(directory)
-    tried = [directory / f"{case_id}{suffix}" for suffix in LANDMARK_SUFFIXES]
-    for candidate in tried:
-        if candidate.is_file():
-            return candidate
-    raise InputError(
-        f"{directory}: no landmark file for case {case_id!r}; tried "
-        + ", ".join(p.name for p in tried)
-    )

@@ -28,10 +28,6 @@ ENV = "HEATMAP3D_FAULT"
 KINDS = ("nan", "raise", "stall")
 
 
-class NonFiniteLossError(RuntimeError):
-    """The training loss became NaN or Inf (train.nonfinite=stop)."""
-
-
 @dataclass(frozen=True)
 class Injection:
     kind: str  # one of KINDS

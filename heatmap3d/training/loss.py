@@ -15,12 +15,12 @@ from torch import Tensor
 from heatmap3d import heatmaps as hm
 from heatmap3d.heatmaps import (
     Triple,
-    _as_points,
-    _as_sigma,
-    _as_spacing,
-    _axis_factors,
-    _valid_points,
-    _write_outer,
+    as_points,
+    as_sigma,
+    as_spacing,
+    axis_factors,
+    valid_points,
+    write_outer,
 )
 
 __all__ = ["heatmap_loss"]
@@ -74,11 +74,11 @@ def heatmap_loss(
             f"pred must be (B, K, I, J, K) and coords (B, K, 3); got {tuple(pred.shape)} "
             f"and {tuple(coords.shape)}"
         )
-    pts, _ = _as_points(coords.to(pred.device))
-    sig = _as_sigma(sigma, pred.shape[1], pred.device)
-    sp = _as_spacing(spacing, pred.device)
-    valid_pts = _valid_points(pts, mask)
-    factors = _axis_factors(pts, valid_pts, pred.shape[2:], sig, sp, None, False)
+    pts, _ = as_points(coords.to(pred.device))
+    sig = as_sigma(sigma, pred.shape[1], pred.device)
+    sp = as_spacing(spacing, pred.device)
+    valid_pts = valid_points(pts, mask)
+    factors = axis_factors(pts, valid_pts, pred.shape[2:], sig, sp, None, False)
     gi, gj, gk = (g[:, :, 0] for g in factors)  # float32
     return _HeatmapMSE.apply(pred, gi, gj, gk, valid_pts[:, :, 0], float(foreground_weight))
 
@@ -128,7 +128,7 @@ def _use_fused(pred: Tensor) -> bool:
 def _valid_chunks(valid: Tensor, voxels: int) -> list[Tensor]:
     """Flat channel indices of valid channels, in chunks of at most 4M voxels."""
     idx = valid.flatten().nonzero().squeeze(1)
-    step = max(1, (hm._CHUNK_VOXELS // 4) // max(voxels, 1))
+    step = max(1, (hm.CHUNK_VOXELS // 4) // max(voxels, 1))
     return list(idx.split(step))
 
 
@@ -137,7 +137,7 @@ def _chunk_residual(
 ) -> tuple[Tensor, Tensor | None]:
     """``target - pred`` and ``1 + weight * target`` (None for weight 0), float32, one chunk."""
     target = torch.empty((idx.numel(), *pred_flat.shape[1:]), dtype=torch.float32)
-    _write_outer(gi[idx], gj[idx], gk[idx], target)
+    write_outer(gi[idx], gj[idx], gk[idx], target)
     pred_chunk = pred_flat.index_select(0, idx)
     if weight == 0:
         return target.sub_(pred_chunk), None

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
@@ -22,21 +22,11 @@ from torch.nn.parallel import DistributedDataParallel
 from heatmap3d import distributed
 from heatmap3d.config import Config
 from heatmap3d.distributed import DistInfo
-from heatmap3d.errors import InputError
+from heatmap3d.errors import NonFiniteLossError
 from heatmap3d.precision import Precision
 from heatmap3d.training import faults
 from heatmap3d.training.augment import augment_batch
 from heatmap3d.training.loss import heatmap_loss
-
-
-def check_mirror_pairs(cfg: Config) -> None:
-    """Every name in ``augment.mirror_pairs`` must be a landmark, in exactly one pair."""
-    flat = [name for pair in cfg.augment.mirror_pairs for name in pair]
-    if any(len(pair) != 2 for pair in cfg.augment.mirror_pairs) or len(set(flat)) != len(flat):
-        raise InputError("augment.mirror_pairs: pairs of two names, each name in one pair")
-    unknown = sorted(set(flat) - set(cfg.data.landmarks))
-    if unknown:
-        raise InputError(f"augment.mirror_pairs: {unknown} are not landmarks of this dataset")
 
 
 def groups(batches: Iterable[dict], size: int) -> Iterator[list[dict]]:
@@ -61,13 +51,12 @@ class Stepper:
     precision: Precision
     cfg: Config
     world: DistInfo
-    injection: faults.Injection | None = None
+    injection: faults.Injection | None = field(default_factory=faults.injection_from_env)
     skipped: int = 0  # steps skipped for a non-finite loss (train.nonfinite=skip)
     augment_rng: torch.Generator | None = None  # CPU generator for augmentation draws
 
     def __post_init__(self) -> None:
         if self.cfg.augment.enabled:
-            check_mirror_pairs(self.cfg)
             # A stream per rank: ranks must not draw the same transforms for their samples.
             seed = self.cfg.train.seed * 1_000_003 + self.world.rank
             self.augment_rng = torch.Generator().manual_seed(seed)
@@ -131,7 +120,7 @@ class Stepper:
     def _nonfinite(self, step: int, ranks: list[int]) -> None:
         where = f"non-finite loss (NaN or Inf) at step {step} on rank(s) {ranks}"
         if self.cfg.train.nonfinite == "stop":
-            raise faults.NonFiniteLossError(
+            raise NonFiniteLossError(
                 f"{where}; stopping (lower train.lr, check the data, or set "
                 "train.nonfinite=skip to skip such steps)"
             )

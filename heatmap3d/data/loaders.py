@@ -1,0 +1,102 @@
+"""DataLoaders for training: workers, seeding, sharding across ranks, the cache fill.
+
+Workers persist across epochs and memory-map the on-disk cache (:mod:`heatmap3d.data.cache`),
+which :func:`build_cache` fills before the first epoch, using every rank of the node.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, DistributedSampler
+
+from heatmap3d import distributed
+from heatmap3d.config import DataConfig
+from heatmap3d.data.cache import build_entries
+from heatmap3d.data.dataset import LandmarkDataset
+from heatmap3d.distributed import DistInfo
+from heatmap3d.errors import InputError
+from heatmap3d.io.layout import Case
+
+
+def build_cache(cases: list[Case], cfg: DataConfig, world: DistInfo) -> None:
+    """Fill the disk cache for ``cases`` before training; every rank must call it.
+
+    The ranks of a node split the cases (local rank r builds r, r + L, ...), so the
+    node's processes preprocess in parallel and each node gets every entry even when
+    ``data.cache_dir`` is node-local. Where nodes share the directory they may build an
+    entry twice, which is harmless (atomic, identical writes; see :mod:`heatmap3d.data.cache`).
+    All ranks then wait for each other, so no rank starts an epoch on a half-built cache
+    (the Dataset would still build missing entries itself, only more slowly). A failure
+    on any rank stops every rank with the same message instead of leaving them in a
+    collective. Does nothing when ``data.disk_cache`` is off.
+    """
+    if not cfg.disk_cache:
+        return
+    images = [c.image for c in cases]
+    distributed.every_rank_tries(
+        world,
+        lambda: build_entries(images, cfg, world.local_rank, world.local_world_size),
+        errors=(InputError, OSError),
+        what="building the preprocessed-volume cache",
+    )
+
+
+def usable_cpus() -> int:
+    """CPUs this process may run on (its affinity mask: cgroup/SLURM/taskset limits)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def default_workers(world: DistInfo) -> int:
+    """Loader workers per process: the node's CPUs shared among its ranks, minus the rank.
+
+    With cached volumes an item is a memory-mapped crop (milliseconds), so a few workers
+    keep a GPU fed; more would only take cores and memory from the other ranks.
+    """
+    return max(0, min(4, usable_cpus() // world.local_world_size - 1))
+
+
+def seed_worker(worker_id: int) -> None:
+    """``worker_init_fn``: seed numpy and ``random`` from torch's per-worker seed.
+
+    The DataLoader seeds torch differently in each worker (base seed + worker id, the
+    base drawn from the loader's generator each epoch) but leaves numpy's and Python's
+    global RNGs as copied from the parent: without this, every worker would draw the
+    same "random" numbers from them, again in every epoch.
+    """
+    seed = torch.initial_seed() % 2**32
+    np.random.seed(seed)  # noqa: NPY002  (the legacy global RNG is what libraries draw from)
+    random.seed(seed)
+
+
+def train_loader(
+    dataset: LandmarkDataset, batch_size: int, world: DistInfo, workers: int, seed: int
+) -> tuple[DataLoader, DistributedSampler]:
+    """Shuffled, rank-disjoint batches; call ``sampler.set_epoch(epoch)`` every epoch.
+
+    Workers persist across epochs (no re-fork, and their open cache maps survive) and each
+    keeps ``data.prefetch_factor`` batches ready; on CUDA the batches are pinned, so the
+    trainer's ``non_blocking`` copies overlap with compute.
+    """
+    sampler = DistributedSampler(
+        dataset, num_replicas=world.world_size, rank=world.rank, shuffle=True, seed=seed
+    )
+    loader = DataLoader(
+        dataset,
+        batch_size=batch_size,
+        sampler=sampler,
+        num_workers=workers,
+        pin_memory=world.device.type == "cuda",
+        persistent_workers=workers > 0,
+        prefetch_factor=max(1, dataset.cfg.prefetch_factor) if workers > 0 else None,
+        worker_init_fn=seed_worker,
+        generator=torch.Generator().manual_seed(seed + world.rank),
+        drop_last=False,
+    )
+    return loader, sampler

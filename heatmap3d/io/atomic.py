@@ -1,0 +1,67 @@
+"""Atomic file writes: a reader sees the old file or the new one, never half of one.
+
+The one writer behind checkpoints, cache entries and prediction files: the content goes
+to a temporary file in the same folder, is flushed to disk, gets the permissions an
+ordinary file would get (``0o666`` minus the umask, so a shared group can read
+checkpoints and cache entries where the umask allows it), and is renamed over the target.
+A process killed mid-write leaves the previous file intact and a temporary file named
+``.<name>.<random>.tmp`` behind (see :func:`remove_stale`).
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import BinaryIO
+
+__all__ = ["atomic_write", "atomic_write_bytes", "remove_stale", "umask"]
+
+
+def umask() -> int:
+    """This process's umask, read without changing it where the system allows."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except OSError:
+        pass
+    current = os.umask(0o022)  # elsewhere: set and restore (not atomic, but brief)
+    os.umask(current)
+    return current
+
+
+def atomic_write(path: str | Path, write: Callable[[BinaryIO], None]) -> None:
+    """Call ``write(file)`` on a temporary file next to ``path``, fsync, rename it over.
+
+    ``mkstemp`` creates the temporary file with mode 0600 whatever the umask; it is given
+    the mode a plain ``open(path, "w")`` would have before the rename.
+    """
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o666 & ~umask())
+        os.replace(tmp, path)  # atomic on POSIX
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def atomic_write_bytes(path: str | Path, data: bytes) -> None:
+    """:func:`atomic_write` of ``data``."""
+    atomic_write(path, lambda f: f.write(data))
+
+
+def remove_stale(path: str | Path) -> None:
+    """Remove the temporary files a killed writer of ``path`` left behind.
+
+    Only safe where one process writes ``path`` (as global rank 0 writes checkpoints).
+    """
+    path = Path(path)
+    for stale in path.parent.glob(f".{path.name}.*.tmp"):
+        stale.unlink(missing_ok=True)

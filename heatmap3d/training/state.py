@@ -1,0 +1,100 @@
+"""What a run trains and saves: model, optimizer, schedule, precision, progress.
+
+:class:`TrainState` is built once per run and written to and read from
+:class:`~heatmap3d.checkpoint.Checkpoint` files here, and only here, so the schema has one
+writer and one reader on the training side.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from pathlib import Path
+
+import torch
+
+from heatmap3d import checkpoint, precision
+from heatmap3d.checkpoint import Checkpoint
+from heatmap3d.config import Config, to_dict
+from heatmap3d.distributed import DistInfo
+from heatmap3d.errors import InputError
+from heatmap3d.model import UNet3D, build_model
+
+
+@dataclasses.dataclass
+class TrainState:
+    """The model and what moves it, plus the run's progress.
+
+    Attributes:
+        model: the bare model (never wrapped): checkpoints are saved from it.
+        epoch: epochs completed. best_mre: best validation MRE so far, mm.
+    """
+
+    model: UNet3D
+    opt: torch.optim.Optimizer
+    sched: torch.optim.lr_scheduler.LRScheduler
+    precision: precision.Precision
+    epoch: int = 0
+    best_mre: float = math.inf
+
+    @classmethod
+    def build(cls, cfg: Config, device: torch.device) -> TrainState:
+        """A fresh model (seeded by ``train.seed``) for ``cfg.data.landmarks``, on ``device``."""
+        prec = precision.Precision(
+            precision.resolve(cfg.train.precision, cfg.train.amp, device), device
+        )
+        torch.manual_seed(cfg.train.seed)
+        model = build_model(cfg.model, len(cfg.data.landmarks))
+        model.to(device, prec.param_dtype)
+        opt = torch.optim.AdamW(
+            model.parameters(), lr=cfg.train.lr, weight_decay=cfg.train.weight_decay
+        )
+        sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=cfg.train.epochs)
+        return cls(model, opt, sched, prec)
+
+    def to_checkpoint(self, cfg: Config, world: DistInfo) -> Checkpoint:
+        return Checkpoint(
+            model=self.model.state_dict(),
+            config=to_dict(cfg),
+            landmarks=list(cfg.data.landmarks),
+            role=cfg.model.role,
+            epoch=self.epoch,
+            best_mre=self.best_mre,
+            optimizer=self.opt.state_dict(),
+            scheduler=self.sched.state_dict(),
+            scaler=self.precision.state_dict(),
+            written_by={"rank": world.rank, "world_size": world.world_size},
+        )
+
+    def save(self, path: Path, cfg: Config, world: DistInfo) -> None:
+        """Write a checkpoint; global rank 0 only (the one writer of every run file)."""
+        if world.is_main:
+            checkpoint.save(path, self.to_checkpoint(cfg, world))
+
+    def resume(self, path: Path, cfg: Config) -> None:
+        """Continue from ``path``: weights, optimizer, schedule, scaler and progress.
+
+        Refuses (InputError naming the difference) a checkpoint of other landmarks or
+        another architecture.
+        """
+        ckpt = checkpoint.load(path)
+        model_cfg = dataclasses.asdict(cfg.model)
+        checkpoint.check_compatible(ckpt, cfg.data.landmarks, model_cfg, source=str(path))
+        if ckpt.optimizer is None or ckpt.scheduler is None:
+            raise InputError(
+                f"{path}: holds weights but no optimizer state, so it cannot be resumed "
+                "(fine-tune from it with --init-from)"
+            )
+        self.model.load_state_dict(ckpt.model)
+        self.opt.load_state_dict(ckpt.optimizer)
+        self.sched.load_state_dict(ckpt.scheduler)
+        self.precision.load_state_dict(ckpt.scaler)
+        self.epoch, self.best_mre = int(ckpt.epoch), float(ckpt.best_mre)
+
+    def init_from(self, path: Path) -> list[str]:
+        """Fine-tuning: load the weights of ``path`` that match by name and shape.
+
+        Returns one line per tensor skipped, for the caller to print.
+        """
+        ckpt = checkpoint.load(path)
+        return checkpoint.load_matching(self.model, ckpt.model, source=str(path))

@@ -1,0 +1,118 @@
+"""Validation during training, and the final evaluation of ``best.pt``.
+
+The :class:`Validator` runs the live model through the same
+:class:`~heatmap3d.inference.predictor.Predictor` that ``heatmap3d predict`` uses, built
+from the run's resolved config, so the validation error is the error of prediction.
+Rank r predicts validation scans r, r + W, ... and the results are gathered by case id
+(:func:`heatmap3d.distributed.gather_by_key`), so each scan counts once for any W.
+
+A refinement model (``model.role=refiner``) is validated as the cascade uses it: from
+estimates moved off the truth by up to ``data.crop_jitter_mm`` per axis (a fixed draw per
+case, so epochs are comparable).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from heatmap3d import distributed
+from heatmap3d.config import Config
+from heatmap3d.data.dataset import PreprocessedCases
+from heatmap3d.distributed import DistInfo
+from heatmap3d.evaluation.evaluate import evaluate, write_report
+from heatmap3d.evaluation.metrics import LandmarkStats, radial_errors, summarize
+from heatmap3d.geometry import Volume, world_to_voxel
+from heatmap3d.inference.predictor import Prediction, Predictor
+from heatmap3d.inference.refine import refine
+from heatmap3d.io.landmarks import Landmarks, read_landmarks
+from heatmap3d.io.layout import Case
+from heatmap3d.training.monitor import NullMonitor, slice_panel
+
+
+class Validator:
+    """Per-landmark errors of a model on the validation cases, as prediction makes them."""
+
+    def __init__(
+        self, cfg: Config, world: DistInfo, cases: list[Case], monitor: NullMonitor, run_dir: Path
+    ) -> None:
+        """``cfg`` is the run's resolved config (``data.landmarks`` set)."""
+        self.cfg, self.world, self.cases = cfg, world, cases
+        self.names = list(cfg.data.landmarks)
+        self.volumes = PreprocessedCases(cases, self.names, cfg.data)
+        self.monitor, self.run_dir = monitor, run_dir
+
+    @torch.no_grad()
+    def validate(self, model: torch.nn.Module, epoch: int) -> list[LandmarkStats]:
+        """Statistics over the validation scans, each counted once (on every rank).
+
+        ``model`` is the bare model being trained; it is left in eval mode.
+        """
+        predictor = Predictor.from_config(model, self.cfg, self.world.device)
+        mine = {}
+        for index in distributed.my_share(len(self.cases), self.world):
+            vol, truth = self.volumes.volume(index)
+            points = self._locate(predictor, vol, truth, index).landmarks.points
+            mine[self.cases[index].case_id] = (points, truth)
+            if index == 0:  # case 0 is always on rank 0: draw it
+                self._log_picture(vol, truth, points, epoch)
+        results = distributed.gather_by_key(mine)
+        ids = sorted(results)
+        errors = radial_errors(
+            np.stack([results[c][0] for c in ids]), np.stack([results[c][1] for c in ids])
+        )
+        stats = summarize(errors, self.names)
+        self._log_stats(stats, epoch)
+        return stats
+
+    def _locate(self, predictor: Predictor, vol: Volume, truth: np.ndarray, index: int):
+        """The landmarks of a preprocessed validation volume, found as in use."""
+        if predictor.settings.role == "whole_scan":
+            return predictor.predict_preprocessed(vol)
+        jitter = self.cfg.data.crop_jitter_mm
+        moved = truth + np.random.default_rng(index).uniform(-jitter, jitter, truth.shape)
+        return refine(predictor, vol, Landmarks(self.names, moved))
+
+    def _log_picture(self, vol: Volume, truth: np.ndarray, points: np.ndarray, epoch: int) -> None:
+        truth_vox, pred_vox = world_to_voxel(truth, vol.affine), world_to_voxel(points, vol.affine)
+        self.monitor.image("val/landmarks", slice_panel(vol.data, truth_vox, pred_vox), epoch)
+
+    def _log_stats(self, stats: list[LandmarkStats], epoch: int) -> None:
+        overall = stats[-1]
+        self.monitor.scalar("val/mre_mm", overall.mre, epoch)
+        self.monitor.scalar("val/median_mm", overall.median, epoch)
+        for t in (2.0, 4.0):
+            self.monitor.scalar(f"val/sdr_{t:g}mm", overall.sdr[t], epoch)
+
+    def final_report(self, best: Path) -> list[LandmarkStats] | None:
+        """Predict the validation scans from their files with ``best`` as a user would,
+        write the predictions and the evaluation (rank 0), print the table; the stats on
+        every rank, or None for a refinement model (it finds nothing in a whole scan: its
+        validation error is already reported) or when there is no ``best``."""
+        distributed.barrier()  # rank 0 has finished writing it
+        if not best.is_file() or self.cfg.model.role != "whole_scan":
+            return None
+        predictor = Predictor.from_checkpoint(best, self.world.device)
+        mine = {}
+        for index in distributed.my_share(len(self.cases), self.world):
+            case = self.cases[index]
+            mine[case.case_id] = predictor.predict_file(case.image)
+        results = distributed.gather_by_key(mine)
+        stats = self._report(results, best) if self.world.is_main else None
+        return distributed.broadcast_object(stats)
+
+    def _report(self, results: dict[str, Prediction], best: Path) -> list[LandmarkStats]:
+        """Rank 0: write predictions and evaluation under the run folder, print the table."""
+        from heatmap3d.io.predictions import write_prediction  # TODO(top-level once it lands)
+
+        out = self.run_dir / "predictions"
+        for case_id, pred in results.items():
+            write_prediction(out, case_id, pred.landmarks, pred.confidence)
+        truth = {c.case_id: read_landmarks(c.landmarks) for c in self.cases}
+        points = {c: p.landmarks for c, p in results.items()}
+        stats, errors, ids = evaluate(points, truth, self.names)
+        print(f"\nvalidation scans predicted with {best}:\n")
+        print(write_report(self.run_dir / "evaluation", stats, errors, ids, self.names))
+        return stats

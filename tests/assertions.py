@@ -1,0 +1,30 @@
+"""Assertions shared by the tests."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from heatmap3d.errors import InputError
+
+
+def raises_naming(path: Path, *fragments: str):
+    """Context: expect InputError whose one-line message names ``path`` and fragments."""
+
+    class _Check:
+        def __enter__(self):
+            self._ctx = pytest.raises(InputError)
+            self.info = self._ctx.__enter__()
+            return self.info
+
+        def __exit__(self, *exc):
+            handled = self._ctx.__exit__(*exc)
+            message = str(self.info.value)
+            assert str(path) in message, message
+            assert "\n" not in message, message
+            for fragment in fragments:
+                assert fragment.lower() in message.lower(), message
+            return handled
+
+    return _Check()

@@ -1,0 +1,45 @@
+"""Shared fixtures: phantom datasets generated once per session, and private copies.
+
+A phantom dataset (:func:`heatmap3d.data.synthetic.generate_dataset`) depends only on its
+sizes and seed, so tests that ask for the same one share it; a test that modifies files
+asks for ``copy_of(...)`` instead.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from heatmap3d.data.synthetic import generate_dataset
+
+PhantomFactory = Callable[..., Path]
+
+
+@pytest.fixture(scope="session")
+def phantoms(tmp_path_factory) -> PhantomFactory:
+    """``phantoms(n_train=, n_val=, n_test=, seed=)``: the dataset's folder (read-only use)."""
+    made: dict[tuple[int, int, int, int], Path] = {}
+
+    def get(*, n_train: int, n_val: int, n_test: int = 0, seed: int = 0) -> Path:
+        key = (n_train, n_val, n_test, seed)
+        if key not in made:
+            root = tmp_path_factory.mktemp(f"phantoms_{n_train}_{n_val}_{n_test}_{seed}") / "data"
+            made[key] = generate_dataset(
+                root, n_train=n_train, n_val=n_val, n_test=n_test, seed=seed, progress=False
+            )
+        return made[key]
+
+    return get
+
+
+@pytest.fixture
+def copy_of(tmp_path) -> Callable[[Path], Path]:
+    """``copy_of(root)``: a private copy of a dataset under this test's tmp_path, to modify."""
+
+    def copy(root: Path) -> Path:
+        return Path(shutil.copytree(root, tmp_path / "data"))
+
+    return copy
