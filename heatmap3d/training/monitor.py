@@ -1,12 +1,19 @@
-"""TensorBoard logging (global rank 0) and pictures of landmarks on slices.
+"""TensorBoard logging (global rank 0): scalars, pictures and text tables.
 
 The logging rank is decided once, in :func:`make_monitor`: rank 0 gets a TensorBoard
 writer, every other rank a :class:`NullMonitor` with the same methods that does nothing,
 so call sites never test the rank.
+
+Pictures of landmarks come from :func:`heatmap3d.evaluation.pictures.landmark_views`
+(anatomical views in radiological display); :func:`error_table` turns per-landmark errors
+into a markdown table for the text tab ("which landmarks lag"). :func:`slice_panel`, the
+older array-axis picture, stays until validation has switched to ``landmark_views``.
 """
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -26,6 +33,9 @@ class NullMonitor:
     def image(self, tag: str, image: np.ndarray, step: int) -> None:
         pass
 
+    def text(self, tag: str, markdown: str, step: int) -> None:
+        pass
+
     def close(self) -> None:
         pass
 
@@ -43,12 +53,55 @@ class TensorBoardMonitor(NullMonitor):
         """``image``: uint8 ``(H, W, 3)``."""
         self.writer.add_image(tag, image, step, dataformats="HWC")
 
+    def text(self, tag: str, markdown: str, step: int) -> None:
+        """``markdown`` shown in TensorBoard's text tab (tables render)."""
+        self.writer.add_text(tag, markdown, step)
+
     def close(self) -> None:
         self.writer.close()
 
 
 def make_monitor(world: DistInfo, log_dir: Path) -> NullMonitor:
+    """A TensorBoard writer into ``log_dir`` on global rank 0, a no-op everywhere else."""
     return TensorBoardMonitor(log_dir) if world.is_main else NullMonitor()
+
+
+def _worst_first(mre_mm: np.ndarray) -> list[int]:
+    """Indices by decreasing error; landmarks without an error (NaN) last, in order."""
+    known = [i for i in range(len(mre_mm)) if math.isfinite(mre_mm[i])]
+    unknown = [i for i in range(len(mre_mm)) if not math.isfinite(mre_mm[i])]
+    # stable sort: equal errors keep the landmarks' order
+    return sorted(known, key=lambda i: -mre_mm[i]) + unknown
+
+
+def worst_landmarks(mre_per_landmark_mm: Sequence[float] | np.ndarray, k: int) -> list[int]:
+    """The indices of the ``k`` landmarks with the largest mean radial error (mm), worst
+    first, skipping those without an error (NaN): e.g. ``which=`` for ``landmark_views``."""
+    mre = np.asarray(mre_per_landmark_mm, dtype=np.float64).reshape(-1)
+    return [i for i in _worst_first(mre) if math.isfinite(mre[i])][: max(0, k)]
+
+
+def error_table(
+    names: Sequence[str],
+    mre_per_landmark_mm: Sequence[float] | np.ndarray,
+    n_per_landmark: Sequence[int] | np.ndarray,
+) -> str:
+    """A markdown table of the landmarks sorted worst-first, for :meth:`NullMonitor.text`.
+
+    ``mre_per_landmark_mm`` ``(N,)``: mean radial error in mm (NaN when no case has that
+    landmark); ``n_per_landmark`` ``(N,)``: how many cases it was measured on. Landmarks
+    without an error come last with "n/a".
+    """
+    mre = np.asarray(mre_per_landmark_mm, dtype=np.float64).reshape(-1)
+    counts = np.asarray(n_per_landmark).reshape(-1)
+    if not len(names) == len(mre) == len(counts):
+        raise ValueError(f"{len(names)} names, {len(mre)} errors and {len(counts)} counts")
+    lines = ["| rank | landmark | MRE (mm) | n |", "|---:|:---|---:|---:|"]
+    for rank, i in enumerate(_worst_first(mre), start=1):
+        error = f"{mre[i]:.2f}" if math.isfinite(mre[i]) else "n/a"
+        name = str(names[i]).replace("|", "\\|")  # a "|" would split the cell
+        lines.append(f"| {rank} | {name} | {error} | {int(counts[i])} |")
+    return "\n".join(lines) + "\n"
 
 
 def slice_panel(
@@ -60,6 +113,10 @@ def slice_panel(
     zoom: int = 4,
 ) -> np.ndarray:
     """Three orthogonal slices with true (+, green) and predicted (x, red) landmarks.
+
+    Kept for :mod:`heatmap3d.training.validation` until it calls
+    :func:`heatmap3d.evaluation.pictures.landmark_views` (anatomical orientation, labels,
+    heatmaps); slices here follow the array axes, whatever anatomy they hold.
 
     ``image`` ``(I, J, K)``; ``truth``, ``pred`` ``(N, 3)`` voxel coordinates (NaN rows are
     skipped); slices pass through ``centre`` (default: the first true landmark). Every
