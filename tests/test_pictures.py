@@ -190,6 +190,14 @@ def test_snapshot_labels_confidence_and_review():
         label = picture[top - LABEL_PX : top, left : left + 3 * S]
         assert _has_colour(label, REVIEW_LABEL) is flagged
     assert _caption("PC", "conf 0.20", found=True, flagged=True) == "REVIEW  PC  conf 0.20"
+    heat = np.zeros((2, *vol.shape), np.float32)
+    heat[:, 20, 20, 20] = 1.0
+    with_heat = snapshot(vol, points, ["AC", "PC"], np.array([0.9, 0.2]), heatmaps=heat)
+    top, left = view_origin(0, "axial", columns=2)
+    assert (
+        with_heat[top + int(HALF) - 1, left + int(HALF), 0]
+        > picture[top + int(HALF) - 1, left + int(HALF), 0]
+    )
 
 
 def test_which_draws_only_the_chosen_landmarks():

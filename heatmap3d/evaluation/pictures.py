@@ -379,20 +379,29 @@ def snapshot(
     confidence: np.ndarray | None = None,
     flagged: Sequence[bool] | np.ndarray | None = None,
     *,
+    heatmaps: np.ndarray | None = None,
     columns: int | None = None,
 ) -> np.ndarray:
     """The review picture of one prediction: :func:`landmark_views` of every landmark,
     each labelled with its confidence (``conf 0.83``), the ``flagged`` ones ``REVIEW``.
 
     ``vol``: the scan as read (any orientation); ``landmarks_world`` ``(N, 3)`` RAS mm;
-    ``confidence`` ``(N,)``. Returns uint8 ``(H, W, 3)``.
+    ``confidence`` ``(N,)``; ``heatmaps`` ``(N, I, J, K)`` on ``vol``'s grid, overlaid
+    when given (put them there with :func:`heatmap3d.geometry.resample_to_grid`).
+    Returns uint8 ``(H, W, 3)``.
     """
     notes = None
     if confidence is not None:
         conf = np.asarray(confidence, dtype=np.float64).reshape(-1)
         notes = [f"conf {c:.2f}" if np.isfinite(c) else "" for c in conf]
     return landmark_views(
-        vol, landmarks_world, names, notes=notes, flagged=flagged, columns=columns
+        vol,
+        landmarks_world,
+        names,
+        notes=notes,
+        flagged=flagged,
+        heatmaps=heatmaps,
+        columns=columns,
     )
 
 

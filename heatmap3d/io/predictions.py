@@ -129,8 +129,7 @@ def _csv_is_ours(path: Path) -> bool:
     reader = csv.DictReader(lines[1:])
     if "written_by" not in (reader.fieldnames or []):
         return False
-    rows = list(reader)
-    return bool(rows) and all(str(r["written_by"]).startswith("heatmap3d ") for r in rows)
+    return all(str(row["written_by"]).startswith("heatmap3d ") for row in reader)
 
 
 def check_overwrite(path: str | Path, overwrite: bool = False) -> None:
