@@ -60,7 +60,7 @@ def test_load_volume_scales_int_data_and_squeezes_4d(tmp_path: Path) -> None:
 
 
 def test_save_volume_rejects_other_extensions(tmp_path: Path) -> None:
-    path = tmp_path / "vol.mha"
+    path = tmp_path / "vol.png"  # .mha, .nrrd and DICOM folders are written too: test_formats
     with raises_naming(path, ".nii"):
         save_volume(path, Volume(np.zeros((2, 2, 2)), np.eye(4)))
 

@@ -3,7 +3,8 @@
 One module holds these rules, so that ``heatmap3d check``, training and prediction agree
 on what a case is::
 
-    <root>/images/<case>.nii.gz       (or another suffix of IMAGE_SUFFIXES)
+    <root>/images/<case>.nii.gz       (or .nii, .nrrd, .nhdr, .mha, .mhd: IMAGE_SUFFIXES)
+    <root>/images/<case>/             (or a folder holding the case's DICOM series)
     <root>/landmarks/<case>.mrk.json  (or .fcsv, .csv, .json; world mm, RAS or LPS)
     <root>/split.json                 {"train": [case ids], "val": [case ids], "test": [...]}
 
@@ -17,21 +18,26 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from heatmap3d.errors import InputError
+from heatmap3d.io.dicom import holds_dicom
 from heatmap3d.io.landmarks import LANDMARK_SUFFIXES
+from heatmap3d.io.volumes import VOLUME_SUFFIXES
 
 __all__ = [
     "IMAGE_SUFFIXES",
     "Case",
+    "expand_scans",
     "find_cases",
     "find_image",
     "find_landmark_file",
+    "image_candidates",
     "landmark_case_id",
     "read_split",
     "scan_stem",
 ]
 
-IMAGE_SUFFIXES = (".nii.gz", ".nii")
-"""Image file suffixes, in order of precedence for :func:`find_image`."""
+IMAGE_SUFFIXES = VOLUME_SUFFIXES
+"""Image file suffixes, in order of precedence for :func:`find_image` (NIfTI first); a
+folder ``images/<case>/`` holding a DICOM series comes after them all."""
 
 
 @dataclass(frozen=True)
@@ -60,13 +66,20 @@ def read_split(root: Path, split_file: str) -> dict[str, list[str]]:
 
 
 def image_candidates(root: Path, case_id: str) -> list[Path]:
-    """Every path :func:`find_image` tries for ``case_id``, in order."""
-    return [Path(root) / "images" / f"{case_id}{s}" for s in IMAGE_SUFFIXES]
+    """Every path :func:`find_image` tries for ``case_id``, in order: the image files,
+    then the DICOM series folder."""
+    images = Path(root) / "images"
+    return [images / f"{case_id}{s}" for s in IMAGE_SUFFIXES] + [images / case_id]
 
 
 def find_image(root: Path, case_id: str) -> Path | None:
-    """The image of ``case_id`` under ``root/images``, or None."""
-    return next((p for p in image_candidates(root, case_id) if p.is_file()), None)
+    """The image of ``case_id`` under ``root/images`` (a file, or a DICOM series folder),
+    or None."""
+    *files, folder = image_candidates(root, case_id)
+    found = next((p for p in files if p.is_file()), None)
+    if found is None and folder.is_dir() and holds_dicom(folder):
+        return folder
+    return found
 
 
 def landmark_candidates(directory: Path, case_id: str) -> list[Path]:
@@ -99,12 +112,49 @@ def landmark_case_id(path: str | Path) -> str | None:
 
 
 def scan_stem(path: str | Path) -> str:
-    """The name a scan's outputs are written under: ``case001.nii.gz`` -> ``case001``."""
-    name = Path(path).name
+    """The name a scan's outputs are written under: ``case001.nii.gz`` -> ``case001``; a
+    DICOM series folder ``.../case001/`` -> ``case001``."""
+    path = Path(path)
+    if path.is_dir():
+        return path.name
     for suffix in IMAGE_SUFFIXES:
-        if name.endswith(suffix):
-            return name[: -len(suffix)]
-    return Path(path).stem
+        if path.name.lower().endswith(suffix):
+            return path.name[: -len(suffix)]
+    return path.stem
+
+
+def expand_scans(paths: list[Path]) -> list[Path]:
+    """The scans named by ``paths`` (``heatmap3d predict PATH...``), in the order given.
+
+    A file is a scan (its reader judges it); a folder holding DICOM files is one scan (a
+    series); any other folder stands for the scans directly in it: its image files (by
+    :data:`IMAGE_SUFFIXES`) and its sub-folders holding DICOM files, sorted by name.
+    InputError names a path that does not exist, or a folder with no scan in it.
+    """
+    scans: list[Path] = []
+    for path in map(Path, paths):
+        if path.is_file():
+            scans.append(path)
+        elif not path.is_dir():
+            raise InputError(f"{path}: no such file or folder")
+        elif holds_dicom(path):
+            scans.append(path)
+        else:
+            found = sorted(p for p in path.iterdir() if _is_scan(p))
+            if not found:
+                raise InputError(
+                    f"{path}: no scans in this folder (expected image files "
+                    f"{', '.join(IMAGE_SUFFIXES)} or sub-folders holding a DICOM series)"
+                )
+            scans.extend(found)
+    return scans
+
+
+def _is_scan(path: Path) -> bool:
+    """An image file by its suffix, or a folder holding a DICOM series."""
+    if path.is_file():
+        return path.name.lower().endswith(IMAGE_SUFFIXES)
+    return path.is_dir() and holds_dicom(path)
 
 
 def find_cases(root: Path, ids: list[str], split_name: str) -> list[Case]:

@@ -1,103 +1,98 @@
-"""Reading and writing NIfTI volumes (nibabel).
+"""Reading and writing volumes, whatever the format: the one entry point.
 
-World coordinates are RAS millimetres in the frame of the NIfTI affine as nibabel returns
-it (``img.affine``: the sform when its code is > 0, else the qform); see
-:mod:`heatmap3d.geometry` for the conventions.
+Chosen by the path (suffixes matched case-insensitively):
+
+* ``.nii``, ``.nii.gz``: NIfTI, by :mod:`heatmap3d.io.nifti` (nibabel);
+* ``.nrrd``, ``.nhdr`` (NRRD) and ``.mha``, ``.mhd`` (MetaImage): by
+  :mod:`heatmap3d.io.itk_io` (SimpleITK);
+* a folder: the DICOM series in it (single-frame slices), by :mod:`heatmap3d.io.dicom`
+  (SimpleITK/GDCM).
+
+Every reader gives the same :class:`~heatmap3d.geometry.Volume`: float32 ``(I, J, K)``
+voxels (rescale slopes applied) and the voxel -> world RAS mm affine (LPS formats are
+converted in :func:`heatmap3d.io.itk_io.lps_ras`). Whatever the format, a scan is refused
+with a one-line :class:`~heatmap3d.errors.InputError` naming it when it is missing,
+unreadable or truncated; not 3D (a 4D image whose last axis has length 1 is squeezed);
+empty; has NaN/Inf voxels; has a non-finite, zero-spacing or singular affine; is constant;
+or claims in its header more voxels than memory holds (checked before reading them).
 
 Landmark files are read and written by :mod:`heatmap3d.io.landmarks`.
-
-Every problem with a user's file raises :class:`heatmap3d.errors.InputError` with a one-line
-message that starts with the file name.
 """
 
 from __future__ import annotations
 
-import zlib
 from pathlib import Path
 
-import nibabel as nib
 import numpy as np
-from nibabel.filebasedimages import ImageFileError
-from nibabel.spatialimages import HeaderDataError
 
-from heatmap3d.errors import InputError, one_line
-from heatmap3d.geometry import Volume, spacing_of
+from heatmap3d.errors import InputError
+from heatmap3d.geometry import Volume
+from heatmap3d.io import dicom, itk_io, nifti
+from heatmap3d.io.volume_checks import (
+    check_affine,
+    check_not_constant,
+    check_voxels,
+)
 
-__all__ = ["load_volume", "save_volume"]
+__all__ = ["VOLUME_SUFFIXES", "load_volume", "save_volume"]
 
-# NIfTI xform code written by save_volume: 2 = NIFTI_XFORM_ALIGNED_ANAT, "aligned to another
-# file's coordinates". Our outputs live in the world frame of the input image they were
-# computed from, which is exactly that; 1 (scanner) would claim a scanner frame we cannot
-# vouch for (inputs are often templates or registered images). nibabel also defaults to 2.
-NIFTI_XFORM_CODE = 2
+VOLUME_SUFFIXES = nifti.NIFTI_SUFFIXES + itk_io.ITK_SUFFIXES
+"""File suffixes :func:`load_volume` reads and :func:`save_volume` writes (lower case)."""
 
-# What nibabel raises on unreadable, corrupt or truncated files (gzip/zlib errors included).
-_NIBABEL_READ_ERRORS = (ImageFileError, HeaderDataError, OSError, EOFError, ValueError, zlib.error)
-
-
-# --------------------------------------------------------------------------------------
-# Volumes
-# --------------------------------------------------------------------------------------
+_KNOWN = ", ".join(VOLUME_SUFFIXES) + " or a folder holding a DICOM series"
 
 
-def load_volume(path: str | Path) -> Volume:
-    """Read a NIfTI (or any nibabel-readable) 3D image as a float32 :class:`Volume`.
+def load_volume(
+    path: str | Path, *, series: str | None = None, allow_no_world_frame: bool = False
+) -> Volume:
+    """Read a 3D scan as a float32 :class:`Volume` (voxel -> world RAS mm affine).
 
-    The affine is ``img.affine`` (voxel -> world RAS mm). A 4D image whose last axis has
-    length 1 is squeezed to 3D. Raises :class:`InputError` naming the file when it is
-    missing, unreadable or truncated, not 3D, contains NaN/Inf voxels, or has a
-    non-finite, zero-spacing or singular affine.
+    Args:
+        path: an image file (see the module docstring) or a folder holding a DICOM series.
+        series: for a folder holding several DICOM series, the SeriesInstanceUID to read;
+            ignored for files.
+        allow_no_world_frame: accept a NIfTI header without a world frame (sform and qform
+            codes 0) or with voxel sizes <= 0, taking nibabel's fallback affine; only for
+            files known to need it (the landmarks must then be in that made-up frame).
     """
     path = Path(path)
-    if not path.is_file():
+    if path.is_dir():
+        data, affine = dicom.read_dicom_series(path, series)
+    elif not path.is_file():
         raise InputError(f"{path}: image file not found")
-    try:
-        img = nib.load(path)
-        data = img.get_fdata(dtype=np.float32)  # applies scl_slope/scl_inter
-    except _NIBABEL_READ_ERRORS as exc:
-        raise InputError(f"{path}: cannot read image ({one_line(exc)})") from exc
+    elif _has_suffix(path, nifti.NIFTI_SUFFIXES):
+        data, affine = nifti.read_nifti(path, allow_no_world_frame=allow_no_world_frame)
+    elif _has_suffix(path, itk_io.ITK_SUFFIXES):
+        data, affine = itk_io.read_itk_file(path)
+    else:
+        hint = "; pass the folder of the series" if path.suffix.lower() == ".dcm" else ""
+        raise InputError(f"{path}: unknown image type (expected {_KNOWN}){hint}")
     if data.ndim == 4 and data.shape[3] == 1:
         data = data[..., 0]
-    if data.ndim != 3:
-        raise InputError(f"{path}: expected a 3D image, got shape {data.shape}")
-    if data.size == 0:
-        raise InputError(f"{path}: image is empty (shape {data.shape})")
-    n_bad = int(data.size - np.count_nonzero(np.isfinite(data)))
-    if n_bad:
-        raise InputError(f"{path}: {n_bad} voxels are NaN or Inf")
-    affine = np.asarray(img.affine, dtype=np.float64)
-    _check_affine(path, affine)
-    return Volume(np.ascontiguousarray(data), affine)
-
-
-def _check_affine(path: Path, affine: np.ndarray) -> None:
-    """Raise InputError unless ``affine`` is finite, with positive spacing, invertible."""
-    if not np.all(np.isfinite(affine)):
-        raise InputError(f"{path}: affine has NaN or Inf entries")
-    spacing = spacing_of(affine)
-    if np.any(spacing <= 0):
-        raise InputError(f"{path}: zero voxel spacing {spacing.tolist()} mm in the affine")
-    # Columns scaled to unit length: the condition number then measures only how close the
-    # axes are to parallel (independent of the spacing), so 1e6 means "numerically singular".
-    if np.linalg.cond(affine[:3, :3] / spacing) > 1e6:
-        raise InputError(f"{path}: affine is singular (its voxel axes are parallel)")
+    check_voxels(path, data)
+    check_affine(path, affine)
+    check_not_constant(path, data)
+    return Volume(np.ascontiguousarray(data, dtype=np.float32), affine)
 
 
 def save_volume(path: str | Path, vol: Volume) -> None:
-    """Write ``vol`` as float32 NIfTI-1 (``.nii`` or ``.nii.gz``).
+    """Write ``vol`` in the format ``path`` names: NIfTI, NRRD or MetaImage by suffix
+    (float32 voxels), or a DICOM series (int16 with rescale, one file per slice ``k``)
+    when ``path`` is an existing folder or has no suffix.
 
-    Both sform and qform are set from ``vol.affine`` with code 2 (aligned, see
-    :data:`NIFTI_XFORM_CODE`); the sform is exact, the qform is nibabel's closest
-    rotation + zoom (exact unless the affine has shear). Units are mm.
+    NIfTI stores any affine; NRRD and MetaImage refuse shear; DICOM also refuses a
+    left-handed affine (see :func:`heatmap3d.io.dicom.write_dicom_series`).
     """
     path = Path(path)
-    if not path.name.lower().endswith((".nii", ".nii.gz")):
-        raise InputError(f"{path}: volumes are written as .nii or .nii.gz")
-    img = nib.Nifti1Image(np.asarray(vol.data, dtype=np.float32), vol.affine)
-    img.set_sform(vol.affine, code=NIFTI_XFORM_CODE)
-    img.set_qform(vol.affine, code=NIFTI_XFORM_CODE)
-    img.header.set_xyzt_units(xyz="mm")
-    try:
-        img.to_filename(path)
-    except OSError as exc:
-        raise InputError(f"{path}: cannot write image ({one_line(exc)})") from exc
+    if _has_suffix(path, nifti.NIFTI_SUFFIXES):
+        nifti.write_nifti(path, vol)
+    elif _has_suffix(path, itk_io.ITK_SUFFIXES):
+        itk_io.write_itk_file(path, vol)
+    elif path.is_dir() or not path.suffix:
+        dicom.write_dicom_series(path, vol)
+    else:
+        raise InputError(f"{path}: volumes are written as {_KNOWN}")
+
+
+def _has_suffix(path: Path, suffixes: tuple[str, ...]) -> bool:
+    return path.name.lower().endswith(suffixes)

@@ -1,0 +1,336 @@
+"""A DICOM series (one folder of single-frame slices) through SimpleITK/GDCM.
+
+GDCM finds the series in a folder and orders its files by ImagePositionPatient along the
+slice normal (not by file name or InstanceNumber); ITK then builds the volume, applying
+RescaleSlope/Intercept (CT comes out in HU) and taking the slice spacing from the
+positions (not from SliceThickness, which is the slab thickness and may differ). What ITK
+does not check is checked here, before any pixel is read, from the headers alone:
+
+* every slice has the same ImageOrientationPatient (a localizer series has not);
+* the positions, projected onto the slice normal (row x column), step uniformly: no step
+  differs from the median by more than ``max(0.01 mm, 1 % of the step)``; a missing slice
+  (a gap) or a series of variable spacing is refused, since the volume's one affine would
+  put every slice after it in the wrong place;
+* every position lies on the line through the first one along the normal, to the same
+  tolerance: a gantry-tilted series (sheared stack) is refused, as the affine cannot hold it;
+* single-frame slices, at least two of them: multi-frame (enhanced) files and lone 2D
+  images are refused.
+
+Every refusal is an :class:`~heatmap3d.errors.InputError` naming the folder. The geometry
+is turned into the project's RAS affine by :func:`heatmap3d.io.itk_io.affine_from_itk`.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import SimpleITK as sitk
+
+from heatmap3d.errors import InputError
+from heatmap3d.geometry import Volume
+from heatmap3d.io.itk_io import (
+    ITK_SUFFIXES,
+    affine_from_itk,
+    image_to_array,
+    itk_from_affine,
+    itk_message,
+    lps_ras,
+    volume_to_image,
+)
+from heatmap3d.io.nifti import NIFTI_SUFFIXES
+from heatmap3d.io.volume_checks import check_claimed_size
+
+__all__ = ["holds_dicom", "read_dicom_series", "write_dicom_series"]
+
+_TOLERANCE_MM = 0.01  # absolute tolerance on slice positions
+_TOLERANCE_REL = 0.01  # relative to the slice step
+_DICOM_SUFFIXES = (".dcm", ".dicom", ".ima")
+_OTHER_IMAGE_SUFFIXES = NIFTI_SUFFIXES + ITK_SUFFIXES
+
+# DICOM tags, as SimpleITK names them ("group|element").
+_POSITION, _ORIENTATION, _FRAMES = "0020|0032", "0020|0037", "0028|0008"
+_DESCRIPTION, _SERIES_UID = "0008|103e", "0020|000e"
+
+
+@dataclass(frozen=True)
+class _Slice:
+    """What the header of one file says about its place (LPS mm, as DICOM stores it)."""
+
+    name: str
+    position: np.ndarray  # (3,) ImagePositionPatient, centre of the first pixel
+    orientation: np.ndarray  # (6,) row direction, then column direction
+    frames: int
+
+
+def holds_dicom(folder: Path) -> bool:
+    """Whether ``folder`` holds DICOM files itself (a series), not only in sub-folders.
+
+    Cheap first: a file with the ``DICM`` marker at byte 128, or a DICOM suffix. Files
+    without either (old files lack the preamble) are asked of GDCM.
+    """
+    files = [p for p in Path(folder).iterdir() if p.is_file()]
+    for path in files:
+        if path.suffix.lower() in _DICOM_SUFFIXES or _has_dicm_marker(path):
+            return True
+    # Only files of no other known image type are worth GDCM's look (a folder of NIfTI).
+    others = [p for p in files if not p.name.lower().endswith(_OTHER_IMAGE_SUFFIXES)]
+    return bool(others) and bool(sitk.ImageSeriesReader.GetGDCMSeriesIDs(str(folder)))
+
+
+def _has_dicm_marker(path: Path) -> bool:
+    try:
+        with open(path, "rb") as f:
+            f.seek(128)
+            return f.read(4) == b"DICM"
+    except OSError:
+        return False
+
+
+def read_dicom_series(folder: Path, series: str | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """``(data, affine)`` of the DICOM series in ``folder``: float32 ``(I, J, K)`` voxels
+    (rescale applied; ``i`` along rows' direction, ``k`` across slices) and the voxel ->
+    world RAS mm affine.
+
+    ``series``: the SeriesInstanceUID to read when the folder holds several; without it
+    such a folder is refused with a list of its series. See the module docstring for the
+    checks.
+    """
+    uid = _pick_series(folder, series)
+    files = list(sitk.ImageSeriesReader.GetGDCMSeriesFileNames(str(folder), uid))
+    if len(files) == 1:
+        _refuse_single_file(folder, Path(files[0]))
+    slices = [_read_slice(folder, Path(f)) for f in files]
+    _check_stack(folder, slices)
+    columns, rows = _first_header(folder, Path(files[0])).GetSize()[:2]
+    # 8 bytes a voxel: ITK gives float64 when the rescale slope is not a whole number.
+    check_claimed_size(folder, (columns, rows, len(files)), 8)
+    reader = sitk.ImageSeriesReader()
+    reader.SetFileNames(files)
+    try:
+        img = reader.Execute()
+    except RuntimeError as exc:
+        raise InputError(f"{folder}: cannot read the DICOM series ({itk_message(exc)})") from exc
+    if img.GetNumberOfComponentsPerPixel() != 1:
+        raise InputError(f"{folder}: colour (RGB) DICOM series; expected grey values")
+    affine = affine_from_itk(img.GetOrigin(), img.GetSpacing(), img.GetDirection())
+    _check_slices_placed(folder, affine, slices)
+    return image_to_array(img), affine
+
+
+def _pick_series(folder: Path, series: str | None) -> str:
+    """The SeriesInstanceUID to read; InputError when there is none, or no way to choose."""
+    files = [p for p in folder.iterdir() if p.is_file()]
+    if not files:
+        raise InputError(f"{folder}: empty folder, no DICOM files in it")
+    uids = list(sitk.ImageSeriesReader.GetGDCMSeriesIDs(str(folder)))
+    if not uids:
+        raise InputError(f"{folder}: no DICOM series found among its {len(files)} files")
+    if series is not None and series in uids:
+        return series
+    if series is None and len(uids) == 1:
+        return uids[0]
+    listing = "; ".join(_describe(folder, uid) for uid in uids)
+    if series is not None:
+        raise InputError(f"{folder}: no series {series!r} here; the series are: {listing}")
+    raise InputError(
+        f"{folder}: {len(uids)} DICOM series, pick one with series=UID "
+        f"(heatmap3d predict --series UID): {listing}"
+    )
+
+
+def _describe(folder: Path, uid: str) -> str:
+    """``UID ("description", N files)`` for the listing of a folder's series."""
+    files = sitk.ImageSeriesReader.GetGDCMSeriesFileNames(str(folder), uid)
+    reader = _first_header(folder, Path(files[0]))
+    description = (
+        reader.GetMetaData(_DESCRIPTION).strip() if reader.HasMetaDataKey(_DESCRIPTION) else ""
+    )
+    return f'{uid} ("{description}", {len(files)} files)'
+
+
+def _first_header(folder: Path, path: Path) -> sitk.ImageFileReader:
+    """An ImageFileReader that has read the header (no pixels) of ``path``."""
+    reader = sitk.ImageFileReader()
+    reader.SetFileName(str(path))
+    reader.LoadPrivateTagsOff()
+    try:
+        reader.ReadImageInformation()
+    except RuntimeError as exc:
+        message = itk_message(exc)
+        raise InputError(f"{folder}: cannot read DICOM file {path.name} ({message})") from exc
+    return reader
+
+
+def _refuse_single_file(folder: Path, path: Path) -> None:
+    """A series of one file is a 2D image or a multi-frame file: say which."""
+    frames = _frames(_first_header(folder, path))
+    if frames > 1:
+        raise InputError(
+            f"{folder}: multi-frame DICOM ({path.name} holds {frames} frames) is not "
+            "supported; convert it to NIfTI first (e.g. dcm2niix)"
+        )
+    raise InputError(f"{folder}: the series has a single slice (a 2D image); expected 3D")
+
+
+def _frames(reader: sitk.ImageFileReader) -> int:
+    """NumberOfFrames (0028,0008); 1 when absent or unreadable."""
+    text = reader.GetMetaData(_FRAMES).strip() if reader.HasMetaDataKey(_FRAMES) else ""
+    try:
+        return max(1, int(float(text or "1")))
+    except ValueError:
+        return 1
+
+
+def _read_slice(folder: Path, path: Path) -> _Slice:
+    """The position, orientation and frame count of one file, from its header alone."""
+    reader = _first_header(folder, path)
+    values = {}
+    wanted = ((_POSITION, "ImagePositionPatient", 3), (_ORIENTATION, "ImageOrientationPatient", 6))
+    for tag, name, n in wanted:
+        text = reader.GetMetaData(tag) if reader.HasMetaDataKey(tag) else ""
+        try:
+            values[tag] = np.array([float(v) for v in text.split("\\")], dtype=np.float64)
+        except ValueError:
+            values[tag] = np.array([])
+        if values[tag].shape != (n,):
+            raise InputError(f"{folder}: {path.name} has no valid {name} ({tag.replace('|', ',')})")
+    return _Slice(path.name, values[_POSITION], values[_ORIENTATION], _frames(reader))
+
+
+def _check_stack(folder: Path, slices: list[_Slice]) -> None:
+    """Refuse what one affine cannot describe (see the module docstring)."""
+    multi = [s for s in slices if s.frames > 1]
+    if multi:
+        raise InputError(
+            f"{folder}: multi-frame DICOM ({multi[0].name} holds {multi[0].frames} frames) is "
+            "not supported; convert it to NIfTI first (e.g. dcm2niix)"
+        )
+    orientation = slices[0].orientation
+    odd = [s.name for s in slices if np.abs(s.orientation - orientation).max() > 1e-4]
+    if odd:
+        raise InputError(
+            f"{folder}: slices have different orientations ({slices[0].name} and {odd[0]}), "
+            "e.g. a localizer; not one volume"
+        )
+    normal = np.cross(orientation[:3], orientation[3:])
+    positions = np.array([s.position for s in slices])
+    along = positions @ normal
+    steps = np.diff(along)
+    step = float(np.median(steps))
+    tolerance = max(_TOLERANCE_MM, _TOLERANCE_REL * abs(step))
+    if abs(step) <= tolerance or np.abs(steps - step).max() > tolerance:
+        raise InputError(
+            f"{folder}: non-uniform slice spacing (steps from {np.abs(steps).min():.4g} to "
+            f"{np.abs(steps).max():.4g} mm along the slice normal): a missing slice, or "
+            "variable spacing; one affine cannot place every slice"
+        )
+    offsets = positions - positions[0]
+    in_plane = offsets - np.outer(offsets @ normal, normal)
+    shift = float(np.linalg.norm(in_plane, axis=1).max())
+    if shift > tolerance:
+        raise InputError(
+            f"{folder}: slice positions drift {shift:.4g} mm off the slice normal (gantry "
+            "tilt or a sheared stack); resample it to an orthogonal grid first"
+        )
+
+
+def _check_slices_placed(folder: Path, affine: np.ndarray, slices: list[_Slice]) -> None:
+    """Guard: the volume's affine puts slice ``k`` where its header says, in GDCM's order."""
+    k = np.arange(len(slices), dtype=np.float64)
+    placed = affine[:3, 3] + np.outer(k, affine[:3, 2])
+    stated = np.array([lps_ras(s.position) for s in slices])
+    error = float(np.linalg.norm(placed - stated, axis=1).max())
+    if error > _TOLERANCE_MM + _TOLERANCE_REL * float(np.linalg.norm(affine[:3, 2])):
+        raise InputError(
+            f"{folder}: the volume's geometry puts a slice {error:.3g} mm from its "
+            "ImagePositionPatient; the series is inconsistent"
+        )
+
+
+def write_dicom_series(folder: Path, vol: Volume, description: str = "heatmap3d") -> None:
+    """Write ``vol`` as a DICOM series, one ``NNNN.dcm`` per slice ``k``, into ``folder``.
+
+    Voxels are stored as int16 with RescaleSlope/Intercept: exactly when they are whole
+    numbers within int16, else linearly mapped onto the int16 range (an error of at most
+    half a slope). DICOM stacks slices along row x column, a right-handed frame, so a
+    left-handed affine is refused (reverse an axis first), as is shear.
+    """
+    folder = Path(folder)
+    if folder.is_dir() and any(folder.iterdir()):
+        raise InputError(f"{folder}: folder is not empty; a DICOM series needs its own folder")
+    if np.linalg.det(vol.affine[:3, :3]) <= 0:
+        raise InputError(
+            f"{folder}: a DICOM series is right-handed (slices along row x column); this "
+            "affine is left-handed: reverse one axis first"
+        )
+    try:
+        img = volume_to_image(vol, sitk.sitkFloat64)
+    except ValueError as exc:
+        raise InputError(f"{folder}: cannot write DICOM ({exc})") from exc
+    folder.mkdir(parents=True, exist_ok=True)
+    tags = _series_tags(vol, description)
+    writer = sitk.ImageFileWriter()
+    writer.KeepOriginalImageUIDOn()  # keep our UIDs, so the files form one series
+    for k in range(vol.shape[2]):
+        image_slice = img[:, :, k]
+        for tag, value in (*tags, *_slice_tags(img, k)):
+            image_slice.SetMetaData(tag, value)
+        writer.SetFileName(str(folder / f"{k:04d}.dcm"))
+        try:
+            writer.Execute(image_slice)
+        except RuntimeError as exc:
+            raise InputError(f"{folder}: cannot write DICOM ({itk_message(exc)})") from exc
+
+
+def _series_tags(vol: Volume, description: str) -> list[tuple[str, str]]:
+    """Tags every slice of the series shares: UIDs, orientation, rescale, pixel storage."""
+    _, _, direction = itk_from_affine(vol.affine)
+    d = np.asarray(direction).reshape(3, 3)
+    lo, hi = float(vol.data.min()), float(vol.data.max())
+    whole = np.all(vol.data == np.round(vol.data)) and lo >= -32768 and hi <= 32767
+    # Whole numbers are stored as they are; anything else spread over the int16 range.
+    slope = 1.0 if whole or hi == lo else float(_ds((hi - lo) / 65534))
+    intercept = 0.0 if whole else float(_ds((hi + lo) / 2))
+    series_uid, study_uid = _new_uid(), _new_uid()
+    return [
+        ("0008|0008", "DERIVED\\SECONDARY"),
+        ("0008|0060", "OT"),
+        ("0008|103e", description),
+        ("0020|000d", study_uid),
+        ("0020|000e", series_uid),
+        ("0020|0037", "\\".join(_ds(v) for v in (*d[:, 0], *d[:, 1]))),
+        ("0018|0050", _ds(float(np.linalg.norm(vol.affine[:3, 2])))),
+        ("0028|1053", _ds(slope)),
+        ("0028|1052", _ds(intercept)),
+        ("0028|0100", "16"),  # bits allocated
+        ("0028|0101", "16"),  # bits stored
+        ("0028|0102", "15"),  # high bit
+        ("0028|0103", "1"),  # signed
+    ]
+
+
+def _slice_tags(img: sitk.Image, k: int) -> list[tuple[str, str]]:
+    """Tags of slice ``k``: its position (LPS mm), instance number and its own UID."""
+    position = img.TransformIndexToPhysicalPoint((0, 0, k))
+    return [
+        ("0020|0032", "\\".join(_ds(v) for v in position)),
+        ("0020|0013", str(k + 1)),
+        ("0008|0018", _new_uid()),
+    ]
+
+
+def _ds(value: float) -> str:
+    """A DICOM decimal string: at most 16 characters, as many digits as fit."""
+    for digits in range(12, 3, -1):
+        text = f"{value:.{digits}g}"
+        if len(text) <= 16:
+            return text
+    return f"{value:.3g}"
+
+
+def _new_uid() -> str:
+    """A fresh UID under the UUID-derived root ``2.25`` (DICOM PS3.5 B.2)."""
+    return f"2.25.{uuid.uuid4().int}"
