@@ -215,7 +215,7 @@ def overrides(args: argparse.Namespace, root: str, name: str, refine: bool) -> l
         f"augment.mirror_pairs={json.dumps(MIRROR_PAIRS)}",
     ]
     if refine:
-        out += ["data.landmark_crops=1", f"data.crop_jitter_mm={args.jitter}"]
+        out += ["model.role=refiner", "data.landmark_crops=1", f"data.crop_jitter_mm={args.jitter}"]
     return out
 
 

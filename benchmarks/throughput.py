@@ -59,12 +59,14 @@ from torch.utils.data import DataLoader, Dataset
 
 from heatmap3d.config import Config, DataConfig, ModelConfig, TrainConfig
 from heatmap3d.data.cache import build_entries
-from heatmap3d.data.dataset import Case, LandmarkDataset, default_workers, train_loader
+from heatmap3d.data.dataset import LandmarkDataset
+from heatmap3d.data.loaders import default_workers, train_loader
 from heatmap3d.data.preprocess import preprocess
 from heatmap3d.distributed import DistInfo
 from heatmap3d.geometry import Volume, world_to_voxel
 from heatmap3d.inference.predictor import Predictor
 from heatmap3d.io.landmarks import Landmarks, read_landmarks, write_landmarks
+from heatmap3d.io.layout import Case
 from heatmap3d.io.volumes import load_volume
 from heatmap3d.model import build_model
 from heatmap3d.training.loss import heatmap_loss
@@ -297,7 +299,8 @@ def predict_seconds(model, cfg: Config, names: list[str], device, s: Settings) -
     rng = np.random.default_rng(1)
     data = zoom(gaussian_filter(rng.normal(size=(n // 8,) * 3), 1.0), 8, order=1)
     vol = Volume((400 + 300 * data).astype(np.float32), np.diag([1.0, 1.0, 1.0, 1.0]))
-    predictor = Predictor(model, cfg, names, device)
+    cfg.data.landmarks = list(names)
+    predictor = Predictor.from_config(model, cfg, device)
     times = []
     for _ in range(s.predict_repeats + 1):  # the first run is warm-up
         t0 = time.perf_counter()
@@ -355,7 +358,7 @@ def main() -> None:
                 )
                 step = make_step(model, opt, device, recipe_loss)
             else:
-                dataset = LandmarkDataset(cases, names, data_cfg, train=True)
+                dataset = LandmarkDataset(cases, names, data_cfg)
                 loader, sampler = train_loader(dataset, s.batch, world, s.workers, seed=0)
                 loss = functools.partial(ours_loss, layout=layout)
                 step = make_step(model, opt, device, loss)

@@ -13,7 +13,7 @@ import traceback
 from pathlib import Path
 from typing import NoReturn
 
-from heatmap3d.errors import InputError, NonFiniteLossError
+from heatmap3d.errors import InputError, Interrupted, NonFiniteLossError
 
 
 def _add_synth(sub: argparse._SubParsersAction) -> None:
@@ -29,6 +29,11 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("train", help="train (run under torchrun for several processes)")
     p.add_argument("--config", type=Path, help="YAML config (default: built-in defaults)")
     p.add_argument("--resume", action="store_true", help="continue from <run>/last.pt if present")
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="start afresh even if the run folder holds an earlier run's checkpoints (removed)",
+    )
     p.add_argument(
         "--init-from",
         type=Path,
@@ -124,7 +129,8 @@ def _run(args: argparse.Namespace) -> None:
         from heatmap3d.config import load_config
         from heatmap3d.training.trainer import run
 
-        run(load_config(args.config, args.overrides), resume=args.resume, init_from=args.init_from)
+        cfg = load_config(args.config, args.overrides)
+        run(cfg, resume=args.resume, init_from=args.init_from, overwrite=args.overwrite)
     elif args.command == "predict":
         from heatmap3d.inference.command import predict_command
 
@@ -160,6 +166,10 @@ def main(argv: list[str] | None = None) -> int:
     except NonFiniteLossError as err:  # every rank stops together with the same message
         print(f"{prefix}error: {err}", file=sys.stderr)
         return 1
+    except (Interrupted, KeyboardInterrupt) as err:  # Ctrl-C: one line, from rank 0 only
+        if not prefix:
+            print(f"error: {err or 'interrupted'}", file=sys.stderr)
+        return 130
     return 0
 
 

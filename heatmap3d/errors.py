@@ -16,6 +16,10 @@ class NonFiniteLossError(RuntimeError):
     it at the same step with the same message."""
 
 
+class Interrupted(Exception):
+    """Training stopped by Ctrl-C (SIGINT); the message says what was kept and how to go on."""
+
+
 def one_line(exc: BaseException) -> str:
     """``Type: message`` on one line (library messages may contain newlines)."""
     return f"{type(exc).__name__}: {' '.join(str(exc).split())}"

@@ -271,3 +271,26 @@ def test_loader_epoch_identical_with_and_without_cache(root, workers):
     a, b = _epoch(plain, workers, epoch=1), _epoch(cached, workers, epoch=1)
     assert len(a) == len(b) == 2
     assert_same_items(a, b)
+
+
+def test_a_changed_data_file_beside_an_unchanged_header_is_a_new_entry(tmp_path):
+    """A detached header (.mhd names its .raw) and a DICOM folder are hashed whole."""
+    from heatmap3d.io.volumes import save_volume as save
+
+    vol = Volume(np.arange(4 * 5 * 6, dtype=np.float32).reshape(4, 5, 6), np.eye(4))
+    header = tmp_path / "scan.mhd"
+    save(header, vol)
+    files = sorted(p.name for p in tmp_path.iterdir())
+    assert len(files) == 2  # the header and its data file
+    before = cache.content_hash(header)
+    data = next(p for p in tmp_path.iterdir() if p != header)
+    raw = bytearray(data.read_bytes())
+    raw[-1] ^= 0xFF
+    data.write_bytes(bytes(raw))
+    assert cache.content_hash(header) != before
+    series = tmp_path / "series"
+    save(series, vol)
+    first = cache.content_hash(series)
+    slice_file = sorted(series.iterdir())[0]
+    slice_file.write_bytes(slice_file.read_bytes() + b"\0")
+    assert cache.content_hash(series) != first

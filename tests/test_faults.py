@@ -97,7 +97,8 @@ import sys, torch
 from heatmap3d import checkpoint
 path = sys.argv[1]
 for i in range(1, 10_000):
-    checkpoint.save(path, {"model": {"w": torch.full((4_000_000,), float(i))}, "config": {}})
+    w = torch.full((4_000_000,), float(i))
+    checkpoint.save(path, checkpoint.Checkpoint(model={"w": w}, config={}, landmarks=[]))
     print(i, flush=True)
 """
 
@@ -120,7 +121,7 @@ def test_writer_killed_while_saving_leaves_a_readable_checkpoint(tmp_path):
         saver.kill()
         saver.wait()
         ckpt = checkpoint.load(path)  # never a torn file
-        values = ckpt["model"]["w"]
+        values = ckpt.model["w"]
         assert values.shape == (4_000_000,) and bool((values == values[0]).all())
 
 

@@ -40,6 +40,7 @@ def test_refinement_model_improves_on_its_estimates_and_runs_in_the_cli(tmp_path
         "fine",
         "data.spacing=[2,2,2]",
         "data.patch_size=[16,16,16]",
+        "model.role=refiner",
         "data.landmark_crops=1",
         f"data.crop_jitter_mm={JITTER_MM}",
         "heatmap.sigma=6",
@@ -79,5 +80,6 @@ def test_refinement_model_improves_on_its_estimates_and_runs_in_the_cli(tmp_path
     for scan in scans:
         stem = scan.name.removesuffix(".nii.gz")
         lines = (tmp_path / "pred" / f"{stem}.csv").read_text().strip().splitlines()
-        assert lines[:2] == ["# coordinate_system = RAS", "name,x,y,z,confidence"]
+        assert lines[0] == "# coordinate_system = RAS"
+        assert lines[1].startswith("name,x,y,z,confidence,review")
         assert [row.split(",")[0] for row in lines[2:]] == LANDMARK_NAMES

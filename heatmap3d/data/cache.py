@@ -47,6 +47,7 @@ from heatmap3d.config import DataConfig
 from heatmap3d.data.preprocess import preprocess
 from heatmap3d.geometry import Volume
 from heatmap3d.io.atomic import atomic_write
+from heatmap3d.io.layout import image_files
 from heatmap3d.io.volumes import load_volume
 
 # Part of every key: bump when preprocess() changes its output for the same settings.
@@ -84,7 +85,17 @@ def _stat_key(path: Path) -> StatKey:
 
 
 def content_hash(path: Path) -> str:
-    """SHA-256 hex of a file's bytes, recomputed only when its :func:`_stat_key` changes."""
+    """SHA-256 hex of an image's bytes (every file of it: :func:`image_files`), recomputed
+    only when one of their :func:`_stat_key` changes."""
+    return hashlib.sha256(
+        "".join(
+            f"{f.relative_to(path.parent)}:{_file_hash(f)}|" for f in image_files(path)
+        ).encode()
+    ).hexdigest()
+
+
+def _file_hash(path: Path) -> str:
+    """SHA-256 hex of one file's bytes, memoised on its :func:`_stat_key`."""
     stat = _stat_key(path)
     memo = _content_hashes.get(str(path))
     if memo is not None and memo[0] == stat:

@@ -22,7 +22,7 @@ from heatmap3d.inference.predictor import Prediction, Predictor
 from heatmap3d.inference.refine import Cascade
 from heatmap3d.inference.scans import predict_files
 from heatmap3d.io.layout import expand_scans
-from heatmap3d.io.predictions import write_heatmaps, write_prediction
+from heatmap3d.io.predictions import review_flags, write_heatmaps, write_prediction
 
 
 def predict_command(args: argparse.Namespace) -> None:
@@ -87,7 +87,7 @@ def _write(args: argparse.Namespace, stem: str, pred: Prediction, raw: Volume) -
     if args.snapshots:
         from heatmap3d.evaluation.pictures import snapshot, write_png
 
-        flagged = pred.confidence < args.review_below
+        flagged = review_flags(pred.landmarks, pred.confidence, args.review_below)
         picture = snapshot(
             raw, pred.landmarks.points, pred.landmarks.names, pred.confidence, flagged
         )

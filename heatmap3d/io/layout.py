@@ -29,6 +29,7 @@ __all__ = [
     "find_cases",
     "find_image",
     "find_landmark_file",
+    "image_files",
     "image_candidates",
     "landmark_case_id",
     "read_split",
@@ -155,6 +156,37 @@ def _is_scan(path: Path) -> bool:
     if path.is_file():
         return path.name.lower().endswith(IMAGE_SUFFIXES)
     return path.is_dir() and holds_dicom(path)
+
+
+def image_files(image: Path) -> list[Path]:
+    """Every file whose bytes make up ``image``, sorted: the files of a DICOM folder, a
+    detached header (``.nhdr``, ``.mhd``) with the data file it names, else the file.
+
+    What the preprocessed-volume cache hashes: a changed data file beside an unchanged
+    header must give a new cache entry.
+    """
+    image = Path(image)
+    if image.is_dir():
+        return sorted(p for p in image.rglob("*") if p.is_file())
+    data = _detached_data_file(image)
+    return [image] + ([data] if data is not None and data.is_file() else [])
+
+
+def _detached_data_file(header: Path) -> Path | None:
+    """The data file a ``.nhdr`` (``data file:``) or ``.mhd`` (``ElementDataFile =``) names."""
+    name = header.name.lower()
+    if not name.endswith((".nhdr", ".mhd")):
+        return None
+    key = "data file:" if name.endswith(".nhdr") else "elementdatafile"
+    with open(header, "rb") as f:  # headers are short text; the data may follow (rare)
+        head = f.read(1 << 16).decode("latin-1")
+    for line in head.splitlines():
+        low = line.strip().lower()
+        if low.startswith(key) or (key == "data file:" and low.startswith("datafile:")):
+            value = line.split(":" if key == "data file:" else "=", 1)[1].strip()
+            if value and value.upper() not in ("LOCAL", "LIST") and "%" not in value:
+                return header.parent / value
+    return None
 
 
 def find_cases(root: Path, ids: list[str], split_name: str) -> list[Case]:

@@ -6,8 +6,7 @@ so call sites never test the rank.
 
 Pictures of landmarks come from :func:`heatmap3d.evaluation.pictures.landmark_views`
 (anatomical views in radiological display); :func:`error_table` turns per-landmark errors
-into a markdown table for the text tab ("which landmarks lag"). :func:`slice_panel`, the
-older array-axis picture, stays until validation has switched to ``landmark_views``.
+into a markdown table for the text tab ("which landmarks lag").
 """
 
 from __future__ import annotations
@@ -19,9 +18,6 @@ from pathlib import Path
 import numpy as np
 
 from heatmap3d.distributed import DistInfo
-
-TRUE_COLOUR = (0, 220, 0)  # green +
-PRED_COLOUR = (255, 40, 40)  # red x
 
 
 class NullMonitor:
@@ -102,58 +98,3 @@ def error_table(
         name = str(names[i]).replace("|", "\\|")  # a "|" would split the cell
         lines.append(f"| {rank} | {name} | {error} | {int(counts[i])} |")
     return "\n".join(lines) + "\n"
-
-
-def slice_panel(
-    image: np.ndarray,
-    truth: np.ndarray,
-    pred: np.ndarray,
-    *,
-    centre: np.ndarray | None = None,
-    zoom: int = 4,
-) -> np.ndarray:
-    """Three orthogonal slices with true (+, green) and predicted (x, red) landmarks.
-
-    Kept for :mod:`heatmap3d.training.validation` until it calls
-    :func:`heatmap3d.evaluation.pictures.landmark_views` (anatomical orientation, labels,
-    heatmaps); slices here follow the array axes, whatever anatomy they hold.
-
-    ``image`` ``(I, J, K)``; ``truth``, ``pred`` ``(N, 3)`` voxel coordinates (NaN rows are
-    skipped); slices pass through ``centre`` (default: the first true landmark). Every
-    landmark is drawn on every slice at its in-plane position, so the panel shows all of
-    them at once. Returns uint8 ``(H, W, 3)``: the slices normal to axes 0, 1 and 2, side
-    by side, each upscaled ``zoom`` times.
-    """
-    if centre is None:
-        first = truth[np.isfinite(truth).all(1)]
-        centre = first[0] if len(first) else (np.array(image.shape) - 1) / 2
-    idx = np.clip(np.round(centre).astype(int), 0, np.array(image.shape) - 1)
-    lo, hi = np.percentile(image, [1, 99])
-    grey = np.clip((image - lo) / max(hi - lo, 1e-6) * 255, 0, 255).astype(np.uint8)
-    panels = []
-    for axis in range(3):
-        plane = np.take(grey, idx[axis], axis=axis)
-        rgb = np.repeat(np.kron(plane, np.ones((zoom, zoom), np.uint8))[..., None], 3, -1)
-        keep = [a for a in range(3) if a != axis]
-        for points, colour, shape in ((truth, TRUE_COLOUR, "+"), (pred, PRED_COLOUR, "x")):
-            for p in points[np.isfinite(points).all(1)][:, keep]:
-                _marker(rgb, p * zoom + (zoom - 1) / 2, colour, shape, size=zoom + 2)
-        panels.append(rgb)
-    height = max(p.shape[0] for p in panels)
-    panels = [np.pad(p, ((0, height - p.shape[0]), (0, 2), (0, 0))) for p in panels]
-    return np.concatenate(panels, axis=1)
-
-
-def _marker(rgb: np.ndarray, centre: np.ndarray, colour: tuple, shape: str, size: int) -> None:
-    """Draw a ``+`` or ``x`` of half-width ``size`` pixels at ``centre`` (row, col)."""
-    r, c = np.round(centre).astype(int)
-    t = np.arange(-size, size + 1)
-    if shape == "+":
-        rows, cols = (
-            np.concatenate([r + t, np.full_like(t, r)]),
-            np.concatenate([np.full_like(t, c), c + t]),
-        )
-    else:
-        rows, cols = np.concatenate([r + t, r + t]), np.concatenate([c + t, c - t])
-    ok = (rows >= 0) & (rows < rgb.shape[0]) & (cols >= 0) & (cols < rgb.shape[1])
-    rgb[rows[ok], cols[ok]] = colour

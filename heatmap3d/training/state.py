@@ -98,3 +98,24 @@ class TrainState:
         """
         ckpt = checkpoint.load(path)
         return checkpoint.load_matching(self.model, ckpt.model, source=str(path))
+
+
+def claim_run_dir(run_dir: Path, overwrite: bool) -> None:
+    """Refuse to start a fresh run over an earlier run's checkpoints; ``overwrite`` removes
+    them instead. Global rank 0 decides (it alone writes the run folder).
+
+    Without this, a new run with the same ``train.name`` would replace a better ``best.pt``
+    by a worse one without a word.
+    """
+    earlier = [run_dir / n for n in ("best.pt", "last.pt") if (run_dir / n).exists()]
+    if not earlier:
+        return
+    if not overwrite:
+        raise InputError(
+            f"{run_dir}: holds checkpoints of an earlier run "
+            f"({', '.join(p.name for p in earlier)}); continue it with --resume, choose "
+            "another train.name, or replace it with --overwrite"
+        )
+    for path in earlier:
+        path.unlink()
+    print(f"overwrite: removed {', '.join(str(p) for p in earlier)}")

@@ -27,8 +27,9 @@ from heatmap3d.data.dataset import LandmarkDataset
 from heatmap3d.data.loaders import build_cache, default_workers, train_loader
 from heatmap3d.data.setup import prepare_dataset
 from heatmap3d.distributed import DistInfo
+from heatmap3d.errors import Interrupted
 from heatmap3d.training.monitor import make_monitor
-from heatmap3d.training.state import TrainState
+from heatmap3d.training.state import TrainState, claim_run_dir
 from heatmap3d.training.steps import Stepper, groups
 from heatmap3d.training.validation import Validator
 
@@ -37,12 +38,18 @@ if TYPE_CHECKING:
 
 
 def run(
-    cfg: Config, *, resume: bool = False, init_from: str | Path | None = None
+    cfg: Config,
+    *,
+    resume: bool = False,
+    init_from: str | Path | None = None,
+    overwrite: bool = False,
 ) -> list[LandmarkStats] | None:
     """Train, validate, checkpoint, then evaluate the best model on the validation scans.
 
     ``resume``: continue from ``<run>/last.pt``; implied when torchrun restarted the job.
     ``init_from``: start from the matching weights of another checkpoint (fine-tuning).
+    ``overwrite``: start afresh in a run folder that holds an earlier run's checkpoints
+    (which are removed); without it such a run is refused.
     Returns the per-landmark statistics of the best checkpoint (on every rank).
     """
     world = distributed.setup(
@@ -52,7 +59,9 @@ def run(
         # After a crash, torchrun --max-restarts restarts every worker: pick up where the
         # last checkpoint left off without anyone adding --resume.
         restarted = distributed.restart_count() > 0
-        trainer = Trainer(cfg, world, resume=resume or restarted, init_from=init_from)
+        trainer = Trainer(
+            cfg, world, resume=resume or restarted, init_from=init_from, overwrite=overwrite
+        )
         trainer.fit()
         return trainer.validator.final_report(trainer.run_dir / "best.pt")
     finally:
@@ -67,6 +76,7 @@ class Trainer:
         *,
         resume: bool = False,
         init_from: str | Path | None = None,
+        overwrite: bool = False,
     ) -> None:
         self.world = world
         names, train_cases, val_cases = prepare_dataset(cfg, world)
@@ -75,8 +85,12 @@ class Trainer:
         self.run_dir = Path(cfg.train.out_dir) / cfg.train.name
         self.state = TrainState.build(self.cfg, world.device)
         # Weights are loaded before DDP wraps the model (DDP broadcasts rank 0's anyway).
-        if not (resume and self._resume()) and init_from:
-            self._init_from(Path(init_from))
+        resumed = resume and self._resume()
+        self.saved_epoch = self.state.epoch  # the epoch last.pt holds (0: none yet)
+        if not resumed:
+            distributed.main_then_broadcast(world, lambda: claim_run_dir(self.run_dir, overwrite))
+            if init_from:
+                self._init_from(Path(init_from))
         self.stepper = Stepper(
             net=self._wrap(),
             model=self.state.model,
@@ -134,6 +148,7 @@ class Trainer:
     # -- training ---------------------------------------------------------------------------
 
     def fit(self) -> None:
+        """Train the remaining epochs; Ctrl-C raises :class:`Interrupted` (one line)."""
         epochs, state = self.cfg.train.epochs, self.state
         bar = tqdm(
             range(state.epoch, epochs),
@@ -146,21 +161,37 @@ class Trainer:
         # A run that stops on an error still leaves its TensorBoard events on disk.
         try:
             for epoch in bar:
-                self.sampler.set_epoch(epoch)  # a different, reproducible shuffle every epoch
-                postfix = {"loss": f"{self._train_epoch(epoch):.3g}"}
-                state.sched.step()
-                state.epoch = epoch + 1
-                if state.epoch % self.cfg.train.val_every == 0 or state.epoch == epochs:
-                    mre = self.validator.validate(state.model, state.epoch)[-1].mre
-                    postfix["val_mre_mm"] = f"{mre:.2f}"
-                    if mre < state.best_mre:
-                        state.best_mre = mre
-                        state.save(self.run_dir / "best.pt", self.cfg, self.world)
-                state.save(self.run_dir / "last.pt", self.cfg, self.world)
-                bar.set_postfix(postfix)
+                self._epoch(epoch, bar)
+        except KeyboardInterrupt:
+            raise self._interrupted() from None
         finally:
             bar.close()
             self.monitor.close()
+
+    def _epoch(self, epoch: int, bar: tqdm) -> None:
+        """Train one epoch, validate when due, save the checkpoints."""
+        state, epochs = self.state, self.cfg.train.epochs
+        self.sampler.set_epoch(epoch)  # a different, reproducible shuffle every epoch
+        postfix = {"loss": f"{self._train_epoch(epoch):.3g}"}
+        state.sched.step()
+        state.epoch = epoch + 1
+        if state.epoch % self.cfg.train.val_every == 0 or state.epoch == epochs:
+            mre = self.validator.validate(state.model, state.epoch)[-1].mre
+            postfix["val_mre_mm"] = f"{mre:.2f}"
+            if mre < state.best_mre:
+                state.best_mre = mre
+                state.save(self.run_dir / "best.pt", self.cfg, self.world)
+        state.save(self.run_dir / "last.pt", self.cfg, self.world)
+        self.saved_epoch = state.epoch
+        bar.set_postfix(postfix)
+
+    def _interrupted(self) -> Interrupted:
+        """What Ctrl-C leaves: the epoch it hit, the epoch ``last.pt`` holds, how to go on."""
+        last = self.run_dir / "last.pt"
+        saved = self.saved_epoch
+        kept = f"{last} is from epoch {saved}" if saved else "no checkpoint was written yet"
+        how = "resume with --resume" if saved else "start it again"
+        return Interrupted(f"interrupted in epoch {self.state.epoch + 1}; {kept}; {how}")
 
     def _train_epoch(self, epoch: int) -> float:
         self.stepper.net.train()

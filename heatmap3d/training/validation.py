@@ -24,12 +24,16 @@ from heatmap3d.data.dataset import PreprocessedCases
 from heatmap3d.distributed import DistInfo
 from heatmap3d.evaluation.evaluate import evaluate, write_report
 from heatmap3d.evaluation.metrics import LandmarkStats, radial_errors, summarize
-from heatmap3d.geometry import Volume, world_to_voxel
+from heatmap3d.evaluation.pictures import landmark_views
+from heatmap3d.geometry import Volume
 from heatmap3d.inference.predictor import Prediction, Predictor
 from heatmap3d.inference.refine import refine
 from heatmap3d.io.landmarks import Landmarks, read_landmarks
 from heatmap3d.io.layout import Case
-from heatmap3d.training.monitor import NullMonitor, slice_panel
+from heatmap3d.io.predictions import write_prediction
+from heatmap3d.training.monitor import NullMonitor, error_table, worst_landmarks
+
+PICTURED_LANDMARKS = 4  # views per validation picture: the case's worst landmarks
 
 
 class Validator:
@@ -54,10 +58,10 @@ class Validator:
         mine = {}
         for index in distributed.my_share(len(self.cases), self.world):
             vol, truth = self.volumes.volume(index)
-            points = self._locate(predictor, vol, truth, index).landmarks.points
-            mine[self.cases[index].case_id] = (points, truth)
+            pred = self._locate(predictor, vol, truth, index, keep_heatmaps=index == 0)
+            mine[self.cases[index].case_id] = (pred.landmarks.points, truth)
             if index == 0:  # case 0 is always on rank 0: draw it
-                self._log_picture(vol, truth, points, epoch)
+                self._log_picture(vol, truth, pred, epoch)
         results = distributed.gather_by_key(mine)
         ids = sorted(results)
         errors = radial_errors(
@@ -67,19 +71,36 @@ class Validator:
         self._log_stats(stats, epoch)
         return stats
 
-    def _locate(self, predictor: Predictor, vol: Volume, truth: np.ndarray, index: int):
+    def _locate(
+        self,
+        predictor: Predictor,
+        vol: Volume,
+        truth: np.ndarray,
+        index: int,
+        *,
+        keep_heatmaps: bool = False,
+    ) -> Prediction:
         """The landmarks of a preprocessed validation volume, found as in use."""
         if predictor.settings.role == "whole_scan":
-            return predictor.predict_preprocessed(vol)
+            return predictor.predict_preprocessed(vol, keep_heatmaps=keep_heatmaps)
         jitter = self.cfg.data.crop_jitter_mm
         moved = truth + np.random.default_rng(index).uniform(-jitter, jitter, truth.shape)
         return refine(predictor, vol, Landmarks(self.names, moved))
 
-    def _log_picture(self, vol: Volume, truth: np.ndarray, points: np.ndarray, epoch: int) -> None:
-        truth_vox, pred_vox = world_to_voxel(truth, vol.affine), world_to_voxel(points, vol.affine)
-        self.monitor.image("val/landmarks", slice_panel(vol.data, truth_vox, pred_vox), epoch)
+    def _log_picture(self, vol: Volume, truth: np.ndarray, pred: Prediction, epoch: int) -> None:
+        """The case's worst landmarks, one view each, with the predicted heatmap overlaid."""
+        errors = radial_errors(pred.landmarks.points, truth)
+        which = worst_landmarks(np.where(np.isinf(errors), 1e9, errors), PICTURED_LANDMARKS)
+        views = landmark_views(
+            vol, pred.landmarks.points, self.names, truth_world=truth, heatmaps=pred.heatmaps,
+            which=which, notes=[f"{e:.1f} mm" for e in errors],
+        )
+        self.monitor.image("val/landmarks", views, epoch)
 
     def _log_stats(self, stats: list[LandmarkStats], epoch: int) -> None:
+        per_landmark = stats[:-1]
+        table = error_table(self.names, [s.mre for s in per_landmark], [s.n for s in per_landmark])
+        self.monitor.text("val/landmark_errors", table, epoch)
         overall = stats[-1]
         self.monitor.scalar("val/mre_mm", overall.mre, epoch)
         self.monitor.scalar("val/median_mm", overall.median, epoch)
@@ -105,8 +126,6 @@ class Validator:
 
     def _report(self, results: dict[str, Prediction], best: Path) -> list[LandmarkStats]:
         """Rank 0: write predictions and evaluation under the run folder, print the table."""
-        from heatmap3d.io.predictions import write_prediction  # TODO(top-level once it lands)
-
         out = self.run_dir / "predictions"
         for case_id, pred in results.items():
             write_prediction(out, case_id, pred.landmarks, pred.confidence)
