@@ -20,7 +20,7 @@ from heatmap3d.errors import InputError
 from heatmap3d.geometry import Volume
 from heatmap3d.inference.predictor import Prediction, Predictor
 from heatmap3d.inference.refine import Cascade
-from heatmap3d.inference.scans import predict_files
+from heatmap3d.inference.scans import output_stems, predict_files
 from heatmap3d.io.layout import expand_scans
 from heatmap3d.io.predictions import review_flags, write_heatmaps, write_prediction
 
@@ -39,6 +39,7 @@ def predict_command(args: argparse.Namespace) -> None:
             "model as --checkpoint and this one as --refine"
         )
     scans = expand_scans(list(args.scans))
+    output_stems(scans)  # two scans named alike: refused before anything is written
     _check_out_dir(args.out)
     results, failures = predict_files(
         predictor,

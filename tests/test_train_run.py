@@ -1,0 +1,109 @@
+"""A training run as a user lives it: an earlier run's checkpoints are never replaced
+without being asked, and Ctrl-C ends a run with one line that says how to go on."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from torchrun_util import ROOT, TINY, env, torchrun_args
+
+
+def train_args(data: Path, out: Path, *extra: str) -> list[str]:
+    return [
+        "--config",
+        str(ROOT / "configs" / "demo.yaml"),
+        *TINY,
+        f"data.root={data}",
+        f"train.out_dir={out}",
+        "train.name=run",
+        "train.device=cpu",
+        *extra,
+    ]
+
+
+def cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "train_ddp.py", *args],
+        cwd=ROOT,
+        env=env(),
+        capture_output=True,
+        text=True,
+        encoding="utf-8",
+        errors="replace",
+        timeout=300,
+    )
+
+
+@pytest.mark.slow
+def test_a_new_run_never_replaces_an_earlier_runs_checkpoints(phantoms, tmp_path):
+    data = phantoms(n_train=2, n_val=1, seed=2)
+    first = cli(*train_args(data, tmp_path, "train.epochs=1"))
+    assert first.returncode == 0, first.stderr
+    run = tmp_path / "run"
+    before = {n: (run / n).read_bytes() for n in ("best.pt", "last.pt")}
+    again = cli(*train_args(data, tmp_path, "train.epochs=1"))
+    err = again.stderr.strip()
+    assert again.returncode == 2 and err.startswith("error: ") and "\n" not in err, err
+    assert str(run) in err and "--resume" in err and "--overwrite" in err
+    assert {n: (run / n).read_bytes() for n in before} == before  # byte-identical
+    # Asked for: --overwrite starts afresh; --resume continues.
+    assert cli(*train_args(data, tmp_path, "train.epochs=1"), "--overwrite").returncode == 0
+    resumed = cli(*train_args(data, tmp_path, "train.epochs=2"), "--resume")
+    assert resumed.returncode == 0 and "continuing from" in resumed.stdout
+
+
+def _epoch_of(path: Path) -> int:
+    try:
+        return int(torch.load(path, weights_only=True)["epoch"])
+    except Exception:  # not written yet, or being replaced
+        return -1
+
+
+def _interrupt_after_first_epoch(args: list[str], last: Path) -> subprocess.Popen:
+    """Start ``args`` in its own session, wait for ``last`` to hold an epoch, then SIGINT the
+    whole process group, as Ctrl-C in a terminal does."""
+    proc = subprocess.Popen(
+        args,
+        cwd=ROOT,
+        env=env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        encoding="utf-8",
+        errors="replace",
+        start_new_session=True,
+    )
+    deadline = time.monotonic() + 240
+    while _epoch_of(last) < 1 and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.2)
+    assert _epoch_of(last) >= 1, "no checkpoint before the deadline"
+    os.killpg(proc.pid, signal.SIGINT)
+    return proc
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("nproc", [1, 2])
+def test_ctrl_c_ends_training_with_one_line_and_exit_130(phantoms, tmp_path, nproc):
+    data = phantoms(n_train=2, n_val=1, seed=2)
+    args = train_args(data, tmp_path, "train.epochs=1000")
+    launch = [sys.executable, "train_ddp.py", *args]
+    if nproc > 1:
+        launch = torchrun_args(nproc, *args)
+    proc = _interrupt_after_first_epoch(launch, tmp_path / "run" / "last.pt")
+    out, err = proc.communicate(timeout=120)
+    lines = [line for line in err.splitlines() if "interrupted in epoch" in line]
+    assert len(lines) == 1, err  # one line per run, from rank 0 only
+    assert "last.pt is from epoch" in lines[0] and "resume with --resume" in lines[0]
+    assert "KeyboardInterrupt" not in err, err
+    frames = [line for line in err.splitlines() if line.strip().startswith('File "')]
+    if nproc == 1:
+        assert proc.returncode == 130 and not frames, err
+    else:  # torchrun's agent reports the signal with its own traceback; none of ours
+        assert all("/torch/" in f or "<frozen" in f for f in frames), err
