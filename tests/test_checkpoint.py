@@ -285,3 +285,15 @@ def test_checkpoints_get_the_umask_mode_not_0600(tmp_path):
     finally:
         os.umask(old)
     assert (tmp_path / "c.pt").stat().st_mode & 0o777 == 0o640
+
+
+def test_a_stored_config_that_does_not_describe_the_weights_is_one_line(tmp_path):
+    from heatmap3d.config import Config, to_dict
+    from heatmap3d.inference.predictor import Predictor
+
+    cfg = to_dict(Config())  # channels 16 ...
+    ckpt = checkpoint.Checkpoint(model=_tiny().state_dict(), config=cfg, landmarks=["a", "b"])
+    checkpoint.save(tmp_path / "odd.pt", ckpt)  # ... weights of channels 2
+    with pytest.raises(InputError, match=r"odd.pt: the weights do not match") as err:
+        Predictor.from_checkpoint(tmp_path / "odd.pt")
+    assert "\n" not in str(err.value)

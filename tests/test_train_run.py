@@ -107,3 +107,44 @@ def test_ctrl_c_ends_training_with_one_line_and_exit_130(phantoms, tmp_path, npr
         assert proc.returncode == 130 and not frames, err
     else:  # torchrun's agent reports the signal with its own traceback; none of ours
         assert all("/torch/" in f or "<frozen" in f for f in frames), err
+
+
+@pytest.mark.slow
+def test_a_run_folder_under_a_file_is_refused_in_one_line(phantoms, tmp_path):
+    (tmp_path / "file").write_text("not a folder")
+    proc = cli(*train_args(phantoms(n_train=2, n_val=1, seed=2), tmp_path / "file" / "runs"))
+    err = proc.stderr.strip()
+    assert proc.returncode == 2 and err.startswith("error: ") and "\n" not in err, err
+    assert "is a file" in err and str(tmp_path / "file") in err
+
+
+@pytest.mark.slow
+def test_a_dataset_of_mixed_formats_checks_clean_and_trains(phantoms, copy_of, tmp_path):
+    """images/ holding NRRD, MetaImage, a DICOM series folder and NIfTI, side by side."""
+    import numpy as np
+
+    from heatmap3d.io.volumes import load_volume, save_volume
+
+    data = copy_of(phantoms(n_train=3, n_val=2, seed=2))
+    images = sorted((data / "images").glob("*.nii.gz"))
+    dicom_done = False
+    for n, image in enumerate(images[:4]):
+        vol = load_volume(image)
+        stem = image.name.removesuffix(".nii.gz")
+        if not dicom_done and np.linalg.det(vol.affine[:3, :3]) > 0:  # DICOM is right-handed
+            target, dicom_done = data / "images" / stem, True
+        else:
+            target = data / "images" / f"{stem}{['.nrrd', '.mha', '.nhdr', '.mhd'][n]}"
+        save_volume(target, vol)
+        image.unlink()
+    assert dicom_done
+    check = subprocess.run(
+        [sys.executable, "-m", "heatmap3d.cli", "check", str(data)],
+        capture_output=True,
+        text=True,
+        env=env(),
+    )
+    assert check.returncode == 0 and ", 0 errors," in check.stdout, check.stdout + check.stderr
+    run = cli(*train_args(data, tmp_path, "train.epochs=1"))
+    assert run.returncode == 0, run.stderr
+    assert (tmp_path / "run" / "predictions").is_dir()

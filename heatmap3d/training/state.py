@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 from pathlib import Path
 
 import torch
@@ -98,6 +99,19 @@ class TrainState:
         """
         ckpt = checkpoint.load(path)
         return checkpoint.load_matching(self.model, ckpt.model, source=str(path))
+
+
+def check_run_dir(run_dir: Path) -> None:
+    """Create the run folder, or say in one line why it cannot be (global rank 0)."""
+    for parent in [run_dir, *run_dir.parents]:
+        if parent.exists() and not parent.is_dir():
+            raise InputError(f"{run_dir}: cannot write the run here: {parent} is a file")
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise InputError(f"{run_dir}: cannot create the run folder ({err.strerror})") from None
+    if not os.access(run_dir, os.W_OK | os.X_OK):
+        raise InputError(f"{run_dir}: the run folder is not writable")
 
 
 def claim_run_dir(run_dir: Path, overwrite: bool) -> None:

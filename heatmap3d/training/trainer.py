@@ -29,7 +29,7 @@ from heatmap3d.data.setup import prepare_dataset
 from heatmap3d.distributed import DistInfo
 from heatmap3d.errors import Interrupted
 from heatmap3d.training.monitor import make_monitor
-from heatmap3d.training.state import TrainState, claim_run_dir
+from heatmap3d.training.state import TrainState, check_run_dir, claim_run_dir
 from heatmap3d.training.steps import Stepper, groups
 from heatmap3d.training.validation import Validator
 
@@ -85,6 +85,7 @@ class Trainer:
         self.run_dir = Path(cfg.train.out_dir) / cfg.train.name
         self.state = TrainState.build(self.cfg, world.device)
         # Weights are loaded before DDP wraps the model (DDP broadcasts rank 0's anyway).
+        distributed.main_then_broadcast(world, lambda: check_run_dir(self.run_dir))
         resumed = resume and self._resume()
         self.saved_epoch = self.state.epoch  # the epoch last.pt holds (0: none yet)
         if not resumed:
