@@ -10,6 +10,7 @@ but the checkpoint.
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 import typing
 from dataclasses import dataclass, field
@@ -185,10 +186,47 @@ def validate(cfg: Config) -> None:
         (cfg.train.accumulate >= 1, "train.accumulate: >= 1"),
         (cfg.train.nonfinite in ("stop", "skip"), "train.nonfinite: stop or skip"),
         (cfg.train.timeout_min > 0, "train.timeout_min: > 0 (minutes)"),
+        *_value_checks(cfg),
     ]
     for ok, message in checks:
         if not ok:
             raise InputError(f"invalid config value: {message}")
+
+
+def _value_checks(cfg: Config) -> list[tuple[bool, str]]:
+    """Numbers the types allow but no run can use: each would fail later, far from the
+    config (a reversed percentile range normalises every image to a constant, a zero CT
+    window divides by zero, a negative learning rate climbs the loss)."""
+    d, a, t, i, s = cfg.data, cfg.augment, cfg.train, cfg.inference, cfg.synthetic
+    return [
+        (_is_range(d.percentiles, 0, 100), "data.percentiles: 2 values, 0 <= low < high <= 100"),
+        (_is_range(d.ct_window), "data.ct_window: 2 values, low < high (HU)"),
+        (d.prefetch_factor >= 1, "data.prefetch_factor: >= 1"),
+        (t.lr > 0, "train.lr: > 0"),
+        (t.weight_decay >= 0, "train.weight_decay: >= 0"),
+        (t.grad_clip >= 0, "train.grad_clip: >= 0 (0 disables clipping)"),
+        (0 <= i.overlap < 1, "inference.overlap: 0 <= overlap < 1"),
+        (i.batch >= 1, "inference.batch: >= 1"),
+        (_is_factor_range(a.scale), "augment.scale: 2 values, 0 < low <= high"),
+        (_is_factor_range(a.gamma), "augment.gamma: 2 values, 0 < low <= high"),
+        (_is_factor_range(a.contrast), "augment.contrast: 2 values, 0 < low <= high"),
+        (-1 <= a.mirror_axis <= 2, "augment.mirror_axis: -1 (off), 0, 1 or 2"),
+        (min(s.n_train, s.n_val, s.n_test) >= 0, "synthetic.n_train, n_val, n_test: >= 0"),
+    ]
+
+
+def _is_range(values: list[float], lo: float = -math.inf, hi: float = math.inf) -> bool:
+    """Two finite values ``[low, high]`` with ``lo <= low < high <= hi``."""
+    return (
+        len(values) == 2
+        and all(math.isfinite(v) for v in values)
+        and lo <= values[0] < values[1] <= hi
+    )
+
+
+def _is_factor_range(values: list[float]) -> bool:
+    """Two finite factors ``[low, high]`` with ``0 < low <= high`` (equal: a fixed factor)."""
+    return len(values) == 2 and all(math.isfinite(v) for v in values) and 0 < values[0] <= values[1]
 
 
 def check_mirror_pairs(cfg: AugmentConfig, names: list[str]) -> None:

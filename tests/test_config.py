@@ -58,3 +58,59 @@ def test_demo_config_is_valid():
 
     cfg = load_config(Path(__file__).parents[1] / "configs" / "demo.yaml")
     assert cfg.synthetic.generate and len(cfg.data.landmarks) == 6
+
+
+# Values that type-check but cannot be right: each is refused when the config is loaded,
+# with the key named (before this check, each failed much later or silently trained badly).
+IMPOSSIBLE_VALUES = [
+    ("data.percentiles=[99.5, 0.5]", "data.percentiles"),  # every image normalised to a constant
+    ("data.percentiles=[0.5]", "data.percentiles"),
+    ("data.percentiles=[-1, 99]", "data.percentiles"),
+    ("data.percentiles=[1, 101]", "data.percentiles"),
+    ("data.ct_window=[40, 40]", "data.ct_window"),  # zero width: division by zero
+    ("data.ct_window=[400, -100]", "data.ct_window"),
+    ("data.prefetch_factor=0", "data.prefetch_factor"),
+    ("data.crop_jitter_mm=-1", "data.crop_jitter_mm"),
+    ("train.lr=-0.001", "train.lr"),
+    ("train.lr=0", "train.lr"),
+    ("train.weight_decay=-1e-5", "train.weight_decay"),
+    ("train.grad_clip=-1", "train.grad_clip"),
+    ("inference.overlap=1", "inference.overlap"),  # windows that never advance
+    ("inference.overlap=-0.1", "inference.overlap"),
+    ("inference.batch=0", "inference.batch"),
+    ("augment.scale=[1.1, 0.9]", "augment.scale"),
+    ("augment.scale=[0, 1.1]", "augment.scale"),
+    ("augment.scale=[1.0]", "augment.scale"),
+    ("augment.gamma=[-0.5, 1.25]", "augment.gamma"),
+    ("augment.gamma=[1.25, 0.8]", "augment.gamma"),
+    ("augment.contrast=[0, 1.1]", "augment.contrast"),
+    ("augment.mirror_axis=3", "augment.mirror_axis"),
+    ("augment.mirror_axis=-2", "augment.mirror_axis"),
+    ("synthetic.n_val=-1", "synthetic.n_train, n_val, n_test"),
+]
+
+
+@pytest.mark.parametrize("override, key", IMPOSSIBLE_VALUES)
+def test_impossible_values_are_refused_naming_the_key(override, key):
+    with pytest.raises(InputError) as err:
+        load_config(None, [override])
+    message = str(err.value)
+    assert key in message and "\n" not in message
+
+
+@pytest.mark.parametrize(
+    "override",
+    [
+        "data.percentiles=[0, 100]",
+        "data.ct_window=[-160, 240]",
+        "train.weight_decay=0",
+        "train.grad_clip=0",  # 0 disables clipping
+        "inference.overlap=0",
+        "augment.scale=[1, 1]",  # a fixed factor: augmentation off
+        "augment.gamma=[1, 1]",
+        "augment.mirror_axis=2",
+        "synthetic.n_test=0",
+    ],
+)
+def test_edge_values_that_make_sense_are_accepted(override):
+    load_config(None, [override])
