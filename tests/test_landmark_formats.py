@@ -186,6 +186,62 @@ def test_read_markups_json_coordinate_systems(tmp_path: Path, system, flip) -> N
     np.testing.assert_allclose(lm.points, expected * flip, equal_nan=True)
 
 
+@pytest.mark.parametrize("system", ["LPS", None])
+@pytest.mark.parametrize("with_schema", [True, False])
+def test_slicer_markups_saved_as_plain_json_is_read_as_markups(
+    tmp_path: Path, system, with_schema: bool
+) -> None:
+    """Slicer's "Save" offers plain .json too; such a file used to be refused with a
+    message about the project's own JSON layout."""
+    doc = markups_doc(system, SLICER_POINTS)
+    if not with_schema:  # recognised by its "markups" list alone, as Slicer reads it
+        del doc["@schema"]
+    path = tmp_path / "slicer.json"
+    path.write_text(json.dumps(doc))
+    lm = read_landmarks(path)
+    assert lm.names == ["AC", "PC", "genu", "pineal", "culmen"]
+    np.testing.assert_allclose(lm.points[0], [-1.5, 2.0, 3.25])  # LPS (stated or default)
+    assert np.isnan(lm.points[1]).all()
+
+
+def test_markups_schema_without_markups_list_is_refused_as_markups(tmp_path: Path) -> None:
+    path = tmp_path / "schema_only.json"
+    path.write_text(json.dumps({"@schema": markups_doc("LPS", [])["@schema"]}))
+    with raises_naming(path, "not a Slicer markups file"):
+        read_landmarks(path)
+
+
+SLICER3_HEAD = (
+    "# Fiducial List file /data/subject1/fiducials.fcsv\n# version = 2\n# name = AFIDs\n"
+    "# numPoints = 3\n# symbolScale = 5\n# symbolType = 12\n# visibility = 1\n"
+    "# textScale = 4.5\n# color = 0.4,1,1\n# selectedColor = 1,0.5,0.5\n# opacity = 1\n"
+    "# ambient = 0\n# diffuse = 1\n# specular = 0\n# power = 1\n# locked = 0\n"
+    "# numberingScheme = 0\n"
+)
+SLICER3_ROWS = "AC,0.5,2.25,-4,1,1\nPC,-0.5,-24.75,-2,0,1\nR MB,-3,-16,-11.5,1,0\n"
+
+
+@pytest.mark.parametrize("columns_line", ["# columns = label,x,y,z,sel,vis\n", ""])
+def test_slicer3_fiducial_list_is_read_in_ras(tmp_path: Path, columns_line: str) -> None:
+    """A Slicer 3 fiducial list (label,x,y,z,sel,vis, RAS). Without its "# columns" line
+    it used to fail with "6 columns, expected 14" (the Slicer 4 layout was assumed)."""
+    path = tmp_path / "slicer3.fcsv"
+    path.write_text(SLICER3_HEAD + columns_line + SLICER3_ROWS)
+    lm = read_landmarks(path)
+    assert lm.names == ["AC", "PC", "R MB"]
+    # RAS as stored: Slicer 3 wrote its world frame; nothing is negated. Unselected or
+    # hidden points (sel, vis = 0) are still placed landmarks.
+    np.testing.assert_allclose(lm.points, [[0.5, 2.25, -4], [-0.5, -24.75, -2], [-3, -16, -11.5]])
+
+
+def test_slicer3_fiducial_list_with_its_own_column_order(tmp_path: Path) -> None:
+    path = tmp_path / "slicer3_reordered.fcsv"
+    path.write_text(SLICER3_HEAD + "# columns = x,y,z,label,sel,vis\n1,2,3,AC,1,1\n")
+    lm = read_landmarks(path)
+    assert lm.names == ["AC"]
+    np.testing.assert_allclose(lm.points, [[1, 2, 3]])
+
+
 # --------------------------------------------------------------------------------------
 # Landmarks: select and find
 # --------------------------------------------------------------------------------------

@@ -115,7 +115,18 @@ def _units_scale(path: Path, units: Any) -> float:
 
 
 def _read_markups_json(path: Path, text: str) -> Parsed:
-    doc = _load_json(path, text)
+    return _markups_from_doc(path, _load_json(path, text))
+
+
+def is_markups_doc(doc: Any) -> bool:
+    """Whether a parsed JSON document is a Slicer markups file: a ``markups-schema``
+    ``@schema`` or a top-level ``markups`` list (Slicer writes both)."""
+    if not isinstance(doc, dict):
+        return False
+    return "markups-schema" in str(doc.get("@schema", "")) or isinstance(doc.get("markups"), list)
+
+
+def _markups_from_doc(path: Path, doc: Any) -> Parsed:
     markups = doc.get("markups") if isinstance(doc, dict) else None
     if not isinstance(markups, list):
         raise InputError(f"{path}: not a Slicer markups file (no 'markups' list)")
@@ -199,6 +210,11 @@ _FCSV_COLUMNS = [
     *("label", "desc", "associatedNodeID"),
 ]
 _FCSV_SYSTEMS = {"0": "RAS", "RAS": "RAS", "1": "LPS", "LPS": "LPS"}
+# Slicer 3 fiducial lists (vtkMRMLFiducialListStorageNode, "# Fiducial List file ...",
+# "# version = 2", "# numPoints = N", ...): rows are label,x,y,z,sel,vis unless a
+# "# columns" line says otherwise, in RAS (Slicer's world frame; Slicer 3 had no LPS).
+_SLICER3_COLUMNS = ["label", "x", "y", "z", "sel", "vis"]
+_SLICER3_HEADER = re.compile(r"#\s*(Fiducial List file|numPoints\s*=|symbolScale\s*=)", re.I)
 
 
 def _read_fcsv(path: Path, text: str) -> Parsed:
@@ -220,8 +236,11 @@ def _split_fcsv(path: Path, text: str) -> tuple[str, list[str], list[tuple[int, 
     """(coordinate system, column names, [(line number, fields)]) of an .fcsv text."""
     system, columns = "RAS", list(_FCSV_COLUMNS)  # old files: no CoordinateSystem = RAS
     data: list[tuple[int, str]] = []
+    given = False  # a "# columns" line was read
     for number, line in enumerate(text.splitlines(), start=1):
-        if match := re.match(r"#\s*CoordinateSystem\s*=\s*(\S*)", line, re.IGNORECASE):
+        if _SLICER3_HEADER.match(line) and not given:
+            columns = list(_SLICER3_COLUMNS)  # Slicer 3's default; a "# columns" line wins
+        elif match := re.match(r"#\s*CoordinateSystem\s*=\s*(\S*)", line, re.IGNORECASE):
             value = match.group(1).upper()
             if value not in _FCSV_SYSTEMS:
                 raise InputError(
@@ -230,7 +249,7 @@ def _split_fcsv(path: Path, text: str) -> tuple[str, list[str], list[tuple[int, 
                 )
             system = _FCSV_SYSTEMS[value]
         elif match := re.match(r"#\s*columns\s*=\s*(.*)", line, re.IGNORECASE):
-            columns = [c.strip() for c in match.group(1).split(",")]
+            columns, given = [c.strip() for c in match.group(1).split(",")], True
         elif line.strip() and not line.startswith("#"):
             data.append((number, line))
     # csv handles quoted labels ("a, b"); one line per record, as Slicer writes them.
@@ -307,6 +326,8 @@ def _csv_text(names: list[str], points: np.ndarray, system: str, conf: np.ndarra
 
 def _read_project_json(path: Path, text: str) -> Parsed:
     doc = _load_json(path, text)
+    if is_markups_doc(doc):  # a Slicer markups file saved (or renamed) as plain .json
+        return _markups_from_doc(path, doc)
     if not isinstance(doc, dict) or not isinstance(doc.get("landmarks"), dict):
         raise InputError(f"{path}: expected an object with a 'landmarks' object")
     if "coordinate_system" not in doc:

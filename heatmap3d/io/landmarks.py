@@ -19,15 +19,20 @@ Landmark formats, chosen by file extension (see :data:`LANDMARK_SUFFIXES`):
     Control points with ``positionStatus: "undefined"`` (or without a position, which
     Slicer also reads as undefined) are missing.
 ``.fcsv``
-    3D Slicer Markups fiducial CSV (4.x). ``# CoordinateSystem = 0`` / ``RAS`` or
+    3D Slicer Markups fiducial CSV (4.x, 5.x). ``# CoordinateSystem = 0`` / ``RAS`` or
     ``= 1`` / ``LPS``; no such line means RAS (old files). Label column from the
-    ``# columns`` header, else column 12. Empty x, y, z mean missing.
+    ``# columns`` header, else column 12. Empty x, y, z mean missing. Slicer 3 fiducial
+    lists (``# Fiducial List file``, ``# version = 2``, ``# numPoints``, ...) are read
+    too: columns ``label,x,y,z,sel,vis`` unless a ``# columns`` line says otherwise, RAS
+    (Slicer 3 wrote its world frame, RAS, and had no coordinate system setting).
 ``.csv``
     The project's table. A first line ``# coordinate_system = RAS`` (or LPS) is required,
     then a header with at least ``name,x,y,z``; empty or ``nan`` coordinates mean missing.
 ``.json``
     The project's own: ``{"coordinate_system": "RAS", "landmarks": {"AC": [x, y, z],
-    "PC": null}}`` (``null`` = missing), optionally ``"confidence": {"AC": 0.9}``.
+    "PC": null}}`` (``null`` = missing), optionally ``"confidence": {"AC": 0.9}``. A
+    Slicer markups document saved as plain ``.json`` (an ``@schema`` naming
+    ``markups-schema``, or a top-level ``markups`` list) is read as ``.mrk.json``.
 
 Every problem with a user's file raises :class:`heatmap3d.errors.InputError` with a one-line
 message that starts with the file name.
