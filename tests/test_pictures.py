@@ -11,12 +11,12 @@ from heatmap3d.evaluation.pictures import (
     REVIEW_LABEL,
     TRUE_COLOUR,
     _caption,
-    anatomical_slice,
     landmark_views,
     snapshot,
     view_origin,
     write_png,
 )
+from heatmap3d.evaluation.slices import anatomical_slice
 from heatmap3d.geometry import Volume, voxel_to_world
 from heatmap3d.io.predictions import is_ours
 
