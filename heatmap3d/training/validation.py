@@ -92,8 +92,13 @@ class Validator:
         errors = radial_errors(pred.landmarks.points, truth)
         which = worst_landmarks(np.where(np.isinf(errors), 1e9, errors), PICTURED_LANDMARKS)
         views = landmark_views(
-            vol, pred.landmarks.points, self.names, truth_world=truth, heatmaps=pred.heatmaps,
-            which=which, notes=[f"{e:.1f} mm" for e in errors],
+            vol,
+            pred.landmarks.points,
+            self.names,
+            truth_world=truth,
+            heatmaps=pred.heatmaps,
+            which=which,
+            notes=[f"{e:.1f} mm" for e in errors],
         )
         self.monitor.image("val/landmarks", views, epoch)
 
