@@ -1,0 +1,203 @@
+"""``heatmap3d evaluate``: outputs kept apart from inputs, files never lost, truth files
+that leave landmarks out (issue 12 items 3, 8, 11).
+
+Each test writes small prediction and truth folders by hand and runs
+:func:`heatmap3d.evaluation.evaluate.evaluate_dirs` (what the command calls).
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+from assertions import raises_naming
+
+from heatmap3d.evaluation.evaluate import (
+    evaluate_dirs,
+    is_evaluation_output,
+    read_dir,
+    write_report,
+)
+from heatmap3d.io.landmarks import Landmarks, write_landmarks
+
+NAMES = ["a", "b", "c"]
+TRUTH = {
+    "case000": np.array([[0.0, 0, 0], [10, 0, 0], [0, 10, 0]]),
+    "case001": np.array([[5.0, 5, 5], [15, 5, 5], [5, 15, 5]]),
+}
+OFFSET = np.array([1.0, 0.0, 0.0])  # every prediction is 1 mm off
+
+
+def folders(tmp_path: Path) -> tuple[Path, Path]:
+    """``pred/`` and ``truth/`` with two cases, predictions 1 mm from the truth."""
+    pred, truth = tmp_path / "pred", tmp_path / "truth"
+    pred.mkdir()
+    truth.mkdir()
+    for case, points in TRUTH.items():
+        write_landmarks(truth / f"{case}.fcsv", Landmarks(NAMES, points), coordinate_system="LPS")
+        write_landmarks(pred / f"{case}.csv", Landmarks(NAMES, points + OFFSET))
+    return pred, truth
+
+
+def rows(path: Path) -> list[dict[str, str]]:
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def snapshot(folder: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir()) if p.is_file()}
+
+
+def test_default_output_folder_and_marked_csvs(tmp_path):
+    pred, truth = folders(tmp_path)
+    text = evaluate_dirs(pred, truth)
+    out = pred / "evaluation"
+    assert f"(written to {out})" in text
+    metrics, errors = rows(out / "metrics.csv"), rows(out / "errors.csv")
+    assert [r["landmark"] for r in metrics] == [*NAMES, "all"]
+    assert float(metrics[-1]["mre_mm"]) == pytest.approx(1.0)
+    assert [r["case"] for r in errors] == list(TRUTH)
+    assert all(r["written_by"].startswith("heatmap3d ") for r in metrics + errors)
+    assert is_evaluation_output(out / "metrics.csv") and is_evaluation_output(out / "errors.csv")
+    evaluate_dirs(pred, truth)  # a second run replaces its own files
+
+
+@pytest.mark.parametrize("which", ["pred", "truth"])
+def test_out_that_is_an_input_folder_is_refused(tmp_path, which):
+    pred, truth = folders(tmp_path)
+    folder = pred if which == "pred" else truth
+    before = snapshot(folder)
+    # The same folder spelled differently (a trailing "." and a symlink) is still refused.
+    link = tmp_path / "link"
+    link.symlink_to(folder)
+    for out in (folder / ".", link):
+        with raises_naming(out, "--out", f"the --{which} folder"):
+            evaluate_dirs(pred, truth, out)
+    assert snapshot(folder) == before
+
+
+def test_csvs_an_earlier_run_left_among_the_predictions_are_skipped(tmp_path):
+    """Before --out=PRED was refused, a run could leave its CSVs among the predictions;
+    the next run failed reading metrics.csv as a landmark file."""
+    pred, truth = folders(tmp_path)
+    evaluate_dirs(pred, truth, tmp_path / "first")
+    for name in ("metrics.csv", "errors.csv"):
+        (pred / name).write_bytes((tmp_path / "first" / name).read_bytes())
+    assert sorted(read_dir(pred)) == list(TRUTH)
+    evaluate_dirs(pred, truth)
+    assert [r["case"] for r in rows(pred / "evaluation" / "errors.csv")] == list(TRUTH)
+
+
+def test_csvs_in_the_format_before_the_marker_are_recognised(tmp_path):
+    pred, _ = folders(tmp_path)
+    (pred / "metrics.csv").write_text(
+        "landmark,n,missed,mre_mm,median_mm,sdr_2mm\na,2,0,1.0000,1.0000,1.0000\n"
+    )
+    (pred / "errors.csv").write_text("case,a,b\ncase000,1.0000,nan\ncase001,inf,2.5000\n")
+    assert sorted(read_dir(pred)) == list(TRUTH)
+
+
+def test_a_landmark_file_named_like_an_output_is_still_read(tmp_path):
+    pred, truth = folders(tmp_path)
+    write_landmarks(truth / "errors.csv", Landmarks(NAMES, TRUTH["case000"]))
+    write_landmarks(pred / "errors.csv", Landmarks(NAMES, TRUTH["case000"]))
+    assert not is_evaluation_output(pred / "errors.csv")
+    assert sorted(read_dir(pred)) == ["case000", "case001", "errors"]
+
+
+def test_truth_file_that_leaves_out_a_landmark_counts_it_missing(tmp_path):
+    """The first truth file (whose names used to be the list) lacks "b": the other
+    file's "b" used to be refused as an unexpected name."""
+    pred, truth = folders(tmp_path)
+    write_landmarks(truth / "case000.fcsv", Landmarks(["c", "a"], TRUTH["case000"][[2, 0]]))
+    # case001's prediction leaves out "c" although its truth has it: a miss.
+    write_landmarks(pred / "case001.csv", Landmarks(["a", "b"], TRUTH["case001"][:2] + OFFSET))
+    evaluate_dirs(pred, truth)
+    out = pred / "evaluation"
+    metrics = {r["landmark"]: r for r in rows(out / "metrics.csv")}
+    assert list(metrics) == ["c", "a", "b", "all"]  # the first file's order, then the rest
+    assert (metrics["b"]["n"], metrics["b"]["missed"]) == ("1", "0")  # truth missing in case000
+    assert (metrics["c"]["n"], metrics["c"]["missed"]) == ("2", "1")  # prediction missing
+    assert float(metrics["a"]["mre_mm"]) == pytest.approx(1.0)
+    errors = {r["case"]: r for r in rows(out / "errors.csv")}
+    assert errors["case000"]["b"] == "nan" and errors["case001"]["c"] == "inf"
+
+
+def test_predicted_name_that_no_truth_file_has_is_refused(tmp_path):
+    pred, truth = folders(tmp_path)
+    write_landmarks(pred / "case001.csv", Landmarks(["a", "b", "x"], TRUTH["case001"]))
+    with raises_naming(pred / "case001.csv", "in no truth file", "'x'"):
+        evaluate_dirs(pred, truth)
+
+
+def test_out_under_a_regular_file(tmp_path):
+    pred, truth = folders(tmp_path)
+    blocker = tmp_path / "report.txt"
+    blocker.write_text("mine")
+    with raises_naming(blocker / "eval", "cannot create the output folder", "is a file"):
+        evaluate_dirs(pred, truth, blocker / "eval")
+    with raises_naming(blocker, "is a file"):
+        evaluate_dirs(pred, truth, blocker)
+    assert blocker.read_text() == "mine"
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only folders")
+def test_out_in_an_unwritable_folder(tmp_path):
+    pred, truth = folders(tmp_path)
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    locked.chmod(0o500)
+    try:
+        with raises_naming(locked, "cannot"):
+            evaluate_dirs(pred, truth, locked)
+        with raises_naming(locked / "sub", "cannot create the output folder"):
+            evaluate_dirs(pred, truth, locked / "sub")
+    finally:
+        locked.chmod(0o700)
+
+
+def test_unwritable_target_is_one_line_naming_it(tmp_path, monkeypatch):
+    """What a read-only folder does to the write (also where root ignores permissions)."""
+    import heatmap3d.evaluation.evaluate as module
+
+    def refuse(path, data):
+        raise PermissionError(13, "Permission denied", str(path))
+
+    monkeypatch.setattr(module, "atomic_write_bytes", refuse)
+    pred, truth = folders(tmp_path)
+    with raises_naming(tmp_path / "out" / "metrics.csv", "cannot write", "Permission denied"):
+        evaluate_dirs(pred, truth, tmp_path / "out")
+
+
+@pytest.mark.parametrize("name", ["metrics.csv", "errors.csv"])
+def test_a_file_heatmap3d_did_not_write_is_never_replaced(tmp_path, name):
+    pred, truth = folders(tmp_path)
+    out = tmp_path / "results"
+    out.mkdir()
+    (out / name).write_text("case,notes\ncase000,scanner changed\n")
+    before = snapshot(out)
+    with raises_naming(out / name, "not written by heatmap3d", "refusing to overwrite"):
+        evaluate_dirs(pred, truth, out)
+    assert snapshot(out) == before  # neither file written: both are checked first
+    evaluate_dirs(pred, truth, out, overwrite=True)
+    assert is_evaluation_output(out / name)
+
+
+def test_write_report_refuses_a_folder_in_place_of_a_csv(tmp_path):
+    pred, truth = folders(tmp_path)
+    (tmp_path / "out" / "errors.csv").mkdir(parents=True)
+    with raises_naming(tmp_path / "out" / "errors.csv", "is a folder"):
+        evaluate_dirs(pred, truth, tmp_path / "out", overwrite=True)
+    assert not (tmp_path / "out" / "metrics.csv").exists()
+
+
+def test_write_report_keeps_its_signature_for_training(tmp_path):
+    """Training's validation calls write_report(out, stats, errors, ids, names)."""
+    from heatmap3d.evaluation.metrics import summarize
+
+    errors = np.array([[1.0, np.nan], [np.inf, 2.0]])
+    text = write_report(tmp_path / "ev", summarize(errors, ["a", "b"]), errors, ["x", "y"], "ab")
+    assert "worst cases" in text and is_evaluation_output(tmp_path / "ev" / "errors.csv")
