@@ -168,3 +168,40 @@ def test_refusals_are_one_line(models, tmp_path):
         assert proc.returncode == 2, (args, err)
         assert err.startswith("error: ") and "\n" not in err and says in err, (args, err)
     assert not (tmp_path / "out").exists()  # nothing was written by any of them
+
+
+def _bad_scans(tmp_path: Path) -> dict[str, Path]:
+    """Scans a user may hand to predict that cannot be read, by what is wrong with them."""
+    bad = {}
+    bad["empty folder"] = tmp_path / "empty"
+    bad["empty folder"].mkdir()
+    bad["non-DICOM folder"] = tmp_path / "notes"
+    bad["non-DICOM folder"].mkdir()
+    (bad["non-DICOM folder"] / "readme.txt").write_text("not an image")
+    two = tmp_path / "two_series"
+    for n, affine in enumerate(FRAMES.values()):
+        part = tmp_path / f"part{n}"
+        save_volume(part, scan(n, affine))
+        two.mkdir(exist_ok=True)
+        for f in part.iterdir():
+            f.rename(two / f"{n}_{f.name}")
+    bad["two series"] = two
+    gap = tmp_path / "gap"
+    save_volume(gap, scan(7, FRAMES["flipped"]))
+    sorted(gap.iterdir())[len(list(gap.iterdir())) // 2].unlink()
+    bad["missing slice"] = gap
+    bad["2D image"] = tmp_path / "flat.nii.gz"
+    nib.save(nib.Nifti1Image(np.ones((8, 9), np.float32), np.eye(4)), bad["2D image"])
+    bad["4D image"] = tmp_path / "time.nii.gz"
+    nib.save(nib.Nifti1Image(np.ones((8, 9, 7, 3), np.float32), np.eye(4)), bad["4D image"])
+    return bad
+
+
+@pytest.mark.slow
+def test_unreadable_scans_are_one_line_naming_them(models, tmp_path):
+    for problem, path in _bad_scans(tmp_path).items():
+        proc = predict("--checkpoint", models["coarse"], path, "--out", tmp_path / "out")
+        err = proc.stderr.strip().splitlines()[-1]  # after the progress bar, if any
+        assert proc.returncode == 2, (problem, err)
+        assert err.startswith("error: ") and str(path) in err, (problem, err)
+        assert "Traceback" not in proc.stdout + proc.stderr, problem

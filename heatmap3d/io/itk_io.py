@@ -22,6 +22,10 @@ from heatmap3d.errors import InputError
 from heatmap3d.geometry import Volume
 from heatmap3d.io.volume_checks import check_claimed_size
 
+# ITK prints its warnings (e.g. "no DICOM files in this folder") to stderr from C++; every
+# problem that matters here becomes an InputError with one line instead.
+sitk.ProcessObject_SetGlobalWarningDisplay(False)
+
 __all__ = [
     "ITK_SUFFIXES",
     "affine_from_itk",
