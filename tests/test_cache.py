@@ -294,3 +294,17 @@ def test_a_changed_data_file_beside_an_unchanged_header_is_a_new_entry(tmp_path)
     slice_file = sorted(series.iterdir())[0]
     slice_file.write_bytes(slice_file.read_bytes() + b"\0")
     assert cache.content_hash(series) != first
+
+
+def test_cache_entries_get_the_umask_mode_not_0600(root):
+    """A shared group can read a cache another member built (umask 027 -> 0640)."""
+    import os
+
+    old = os.umask(0o027)
+    try:
+        cache.cached_volume(cases_of(root)[0].image, config(root))
+    finally:
+        os.umask(old)
+    entries = list((root / ".cache").iterdir())
+    assert {p.suffix for p in entries} == {".npy", ".json"}
+    assert all(p.stat().st_mode & 0o777 == 0o640 for p in entries)
