@@ -21,6 +21,7 @@ from heatmap3d.cli import main
 from heatmap3d.config import Config, DataConfig
 from heatmap3d.data.check import check_dataset
 from heatmap3d.data.setup import prepare_dataset
+from heatmap3d.data.synthetic import generate_case
 from heatmap3d.distributed import DistInfo
 from heatmap3d.errors import InputError
 from heatmap3d.geometry import Volume, resample_to_spacing, voxel_to_world
@@ -302,6 +303,112 @@ def test_transposed_image_gets_the_axis_order_hint(data, capsys):
 
 
 # --------------------------------------------------------------------------------------
+# Landmarks inside the image but in the other coordinate system (a warning)
+# --------------------------------------------------------------------------------------
+
+SHIFT = np.array([0.0, 50.0, 0.0])  # mm: the phantom moved 50 mm anterior
+
+
+def off_centre_phantom(seed: int = 3) -> tuple[Volume, Landmarks]:
+    """A phantom (heatmap3d.data.synthetic) moved 50 mm anterior, its field of view
+    widened along y with background, so that negating x and y moves the landmarks off
+    the body onto background that is still inside the image. (The phantom is centred near
+    the world origin, where negating keeps them on the body: nothing to tell apart.)"""
+    vol, lm = generate_case(np.random.default_rng(seed))
+    y_axis = int(np.argmax(np.abs(vol.affine[1, :3])))  # the array axis closest to world y
+    pad = int(np.ceil(85.0 / vol.spacing[y_axis]))
+    widths = [(0, 0)] * 3
+    widths[y_axis] = (pad, pad)
+    background = float(np.median(vol.data[0]))
+    start = np.zeros(3)
+    start[y_axis] = -pad
+    affine = vol.affine.copy()
+    affine[:3, 3] += affine[:3, :3] @ start + SHIFT
+    data = np.pad(vol.data, widths, constant_values=background)
+    return Volume(data, affine), Landmarks(lm.names, lm.points + SHIFT)
+
+
+def put_case(root: Path, case: str, vol: Volume, lm: Landmarks, suffix: str, system: str):
+    """Replace ``case``'s image and landmark file; the file states ``system``."""
+    save_volume(image(root, case), vol)
+    for old in (root / "landmarks").glob(f"{case}.*"):
+        old.unlink()
+    path = root / "landmarks" / f"{case}{suffix}"
+    write_landmarks(path, lm, coordinate_system=system)
+    return path
+
+
+def test_off_centre_phantom_with_the_right_coordinate_system_has_no_findings(data, capsys):
+    vol, lm = off_centre_phantom()
+    put_case(data, "case000", vol, lm, ".csv", "LPS")  # written and read as LPS: right
+    status, out = check(data, capsys)
+    assert status == 0 and out.strip() == "5 cases, 0 errors, 0 warnings", out
+
+
+def test_lps_points_labelled_ras_inside_the_image_are_a_warning(data, capsys):
+    vol, lm = off_centre_phantom()
+    path = put_case(data, "case000", vol, lm, ".csv", "LPS")
+    path.write_text(path.read_text().replace("coordinate_system = LPS", "coordinate_system = RAS"))
+    status, out = check(data, capsys)
+    assert status == 0  # every point is inside the image: only the check below sees it
+    (line,) = lines_about(out, path, "warning")
+    assert "landmarks fall on the background of case000.nii.gz as stated (0 of 6" in line
+    assert "on the foreground with x and y negated (6 of 6)" in line
+    assert "probably in LPS but labelled RAS (or the reverse); fix its coordinate system" in line
+
+
+def test_mrk_json_without_coordinate_system_holding_ras_points_is_a_warning(data, capsys):
+    """Slicer reads a markup without coordinateSystem as LPS; these points are RAS."""
+    vol, lm = off_centre_phantom(seed=5)
+    path = put_case(data, "case001", vol, lm, ".mrk.json", "RAS")
+    doc = json.loads(path.read_text())
+    del doc["markups"][0]["coordinateSystem"]
+    path.write_text(json.dumps(doc))
+    status, out = check(data, capsys)
+    assert status == 0
+    (line,) = lines_about(out, path, "warning")
+    assert "x and y negated (6 of 6)" in line
+    assert 'no "coordinateSystem", so it is read as LPS' in line
+
+
+# --------------------------------------------------------------------------------------
+# Files with nothing in them
+# --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "name, text",
+    [
+        ("case002.csv", "# coordinate_system = RAS\nname,x,y,z\n"),
+        ("case002.fcsv", ""),
+        ("case002.fcsv", "# Markups fiducial file version = 4.11\n# CoordinateSystem = 0\n"),
+        ("case002.json", '{"coordinate_system": "RAS", "landmarks": {}}'),
+        ("case002.mrk.json", json.dumps({"markups": [{"type": "Fiducial", "controlPoints": []}]})),
+    ],
+)
+def test_landmark_file_without_landmarks_is_an_error(data, capsys, name, text):
+    """It used to train as "every landmark missing"."""
+    for old in (data / "landmarks").glob("case002.*"):
+        old.unlink()
+    path = data / "landmarks" / name
+    path.write_text(text)
+    status, out = check(data, capsys)
+    assert status == 1
+    (line,) = lines_about(out, path)
+    assert line.endswith("no landmarks in the file")
+    assert out.splitlines()[-1] == "5 cases, 1 errors, 0 warnings"  # the set is the others'
+
+
+def test_constant_image_is_an_error_naming_the_file(data, capsys):
+    vol = load_volume(image(data, "case003"))
+    save_volume(image(data, "case003"), Volume(np.zeros_like(vol.data), vol.affine))
+    status, out = check(data, capsys)
+    assert status == 1
+    (line,) = lines_about(out, image(data, "case003"))
+    assert "image is constant" in line
+
+
+# --------------------------------------------------------------------------------------
 # The split file
 # --------------------------------------------------------------------------------------
 
@@ -477,3 +584,5 @@ def test_real_afids_dataset_has_no_errors(tmp_path, capsys):
     assert out.splitlines()[-1].startswith("4 cases, 0 errors")
     report = check_dataset(root)
     assert len(report.names) == 32 and not report.errors
+    # The true AFIDs positions lie in the brain: no coordinate system warning.
+    assert not [f for f in report.warnings if "negated" in f.message], report.text()
