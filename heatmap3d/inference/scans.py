@@ -50,7 +50,7 @@ class Read:
 
 def _read(predictor: ScanPredictor, scan: Path, series: str | None) -> Read:
     start = time.perf_counter()
-    raw = load_volume(scan, series=series) if series else load_volume(scan)
+    raw = load_volume(scan, series=series)
     return Read(raw, predictor.prepare(raw), time.perf_counter() - start)
 
 
@@ -66,7 +66,10 @@ def prefetched(
     to two volumes. Anything but an :class:`InputError` (a bug) is raised at its turn.
     """
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="prefetch") as pool:
-        submit = lambda n: pool.submit(_read, predictor, scans[n], series)  # noqa: E731
+
+        def submit(n: int) -> Future:
+            return pool.submit(_read, predictor, scans[n], series)
+
         pending: Future | None = submit(0) if scans else None
         for n, scan in enumerate(scans):
             current, pending = pending, (submit(n + 1) if n + 1 < len(scans) else None)
