@@ -118,6 +118,10 @@ class HeatmapConfig:
 @dataclass
 class TrainConfig:
     epochs: int = 100
+    # Minutes of training (0 = train.epochs decides). With a budget the number of epochs is
+    # estimated from the time the first epochs take and re-estimated after each one; the
+    # cosine schedule is set over that estimate, so it ends (lr ~ 0) when the budget does.
+    budget_minutes: float = 0.0
     batch_size: int = 2  # per process
     lr: float = 1e-3
     weight_decay: float = 1e-5
@@ -180,6 +184,7 @@ def validate(cfg: Config) -> None:
         (cfg.heatmap.sigma > 0, "heatmap.sigma: > 0 (mm)"),
         (cfg.heatmap.foreground_weight >= 0, "heatmap.foreground_weight: >= 0"),
         (cfg.train.epochs >= 1 and cfg.train.batch_size >= 1, "train.epochs, batch_size: >= 1"),
+        (cfg.train.budget_minutes >= 0, "train.budget_minutes: >= 0 (0 = train.epochs decides)"),
         (cfg.train.val_every >= 1, "train.val_every: >= 1"),
         (cfg.train.device in ("auto", "cuda", "cpu"), "train.device: auto, cuda or cpu"),
         (cfg.train.precision in PRECISIONS, f"train.precision: one of {', '.join(PRECISIONS)}"),
