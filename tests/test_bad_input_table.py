@@ -1,0 +1,245 @@
+"""Issue 12, through the real command: each bad input as a user would meet it.
+
+Every row runs ``python -m heatmap3d.cli ...`` in a fresh process and asserts the exit
+status, that stderr (or the report) names the file or config key, that no traceback is
+printed, and, for the evaluate rows, that every file that existed before is
+byte-identical afterwards. Training rows must be refused before training starts, so each
+takes only the process start-up.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from heatmap3d.io.landmarks import Landmarks, read_landmarks, write_landmarks
+
+pytestmark = pytest.mark.slow  # ~15 processes that import torch: tens of seconds
+
+ROOT = Path(__file__).resolve().parents[1]
+DEMO = ROOT / "configs" / "demo.yaml"
+
+
+@dataclass
+class Row:
+    """One bad input: ``setup(data, tmp)`` breaks a copy of a phantom dataset and returns
+    the command's arguments; the command must exit with ``status`` and its stderr (or,
+    for check, its report) must contain every string of ``names`` (formatted with
+    ``data`` and ``tmp``)."""
+
+    setup: Callable[[Path, Path], list[str]]
+    status: int
+    names: list[str]
+    stream: str = "stderr"
+    unchanged: list[str] = field(default_factory=list)  # folders whose files must not change
+
+
+def run_cli(args: list[str]) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "heatmap3d.cli", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def train_args(data: Path, tmp: Path, *overrides: str) -> list[str]:
+    return [
+        "train",
+        "--config",
+        str(DEMO),
+        f"data.root={data}",
+        "synthetic.generate=false",
+        "train.device=cpu",
+        f"train.out_dir={tmp / 'runs'}",
+        "train.epochs=1",
+        *overrides,
+    ]
+
+
+# --------------------------------------------------------------------------------------
+# evaluate
+# --------------------------------------------------------------------------------------
+
+
+def predictions(data: Path, tmp: Path) -> Path:
+    """Predictions 1 mm off the truth, for every case, as heatmap3d writes them (CSV)."""
+    pred = tmp / "pred"
+    pred.mkdir()
+    for path in sorted((data / "landmarks").iterdir()):
+        lm = read_landmarks(path)
+        case = path.name.split(".")[0]
+        write_landmarks(pred / f"{case}.csv", Landmarks(lm.names, lm.points + [1.0, 0, 0]))
+    return pred
+
+
+def evaluate_out_is_pred(data: Path, tmp: Path) -> list[str]:
+    pred = predictions(data, tmp)
+    return ["evaluate", "--pred", str(pred), "--truth", str(data / "landmarks"), "--out", str(pred)]
+
+
+def evaluate_truth_leaves_out_a_landmark(data: Path, tmp: Path) -> list[str]:
+    pred = predictions(data, tmp)
+    first = data / "landmarks" / "case000.csv"  # the first truth file: its names were the list
+    lm = read_landmarks(first)
+    write_landmarks(first, Landmarks(lm.names[1:], lm.points[1:]))
+    return ["evaluate", "--pred", str(pred), "--truth", str(data / "landmarks")]
+
+
+def evaluate_out_under_a_file(data: Path, tmp: Path) -> list[str]:
+    pred = predictions(data, tmp)
+    (tmp / "notes.txt").write_text("my notes\n")
+    out = tmp / "notes.txt" / "evaluation"
+    return ["evaluate", "--pred", str(pred), "--truth", str(data / "landmarks"), "--out", str(out)]
+
+
+def evaluate_over_a_foreign_csv(data: Path, tmp: Path) -> list[str]:
+    pred = predictions(data, tmp)
+    (tmp / "results").mkdir()
+    (tmp / "results" / "metrics.csv").write_text("landmark,my_score\nAC,3\n")
+    out = tmp / "results"
+    return ["evaluate", "--pred", str(pred), "--truth", str(data / "landmarks"), "--out", str(out)]
+
+
+# --------------------------------------------------------------------------------------
+# check and train
+# --------------------------------------------------------------------------------------
+
+
+def ras_labelled_lps(data: Path, tmp: Path) -> list[str]:
+    """RAS points in a file that says LPS, still inside the image (the phantom moved off
+    the origin, see test_check.off_centre_phantom)."""
+    from test_check import off_centre_phantom, put_case
+
+    vol, lm = off_centre_phantom()
+    path = put_case(data, "case000", vol, lm, ".csv", "RAS")
+    path.write_text(path.read_text().replace("coordinate_system = RAS", "coordinate_system = LPS"))
+    return ["check", str(data)]
+
+
+def config_args(*overrides: str) -> Callable[[Path, Path], list[str]]:
+    return lambda data, tmp: train_args(data, tmp, *overrides)
+
+
+def case_in_train_and_val(data: Path, tmp: Path) -> list[str]:
+    split = {"train": ["case000", "case001"], "val": ["case001"]}
+    (data / "split.json").write_text(json.dumps(split))
+    return train_args(data, tmp)
+
+
+def empty_landmark_file(data: Path) -> None:
+    (data / "landmarks" / "case001.mrk.json").unlink()
+    (data / "landmarks" / "case001.csv").write_text("# coordinate_system = RAS\nname,x,y,z\n")
+
+
+def train_empty_landmark_file(data: Path, tmp: Path) -> list[str]:
+    empty_landmark_file(data)
+    return train_args(data, tmp)
+
+
+def check_empty_landmark_file(data: Path, tmp: Path) -> list[str]:
+    empty_landmark_file(data)
+    return ["check", str(data)]
+
+
+def markups_saved_as_json(data: Path, tmp: Path) -> list[str]:
+    markups = data / "landmarks" / "case001.mrk.json"
+    markups.rename(data / "landmarks" / "case001.json")
+    return ["check", str(data)]
+
+
+def slicer3_fcsv(data: Path, tmp: Path) -> list[str]:
+    """A Slicer 3 fiducial list without a # columns line (label,x,y,z,sel,vis, RAS)."""
+    path = data / "landmarks" / "case000.csv"
+    lm = read_landmarks(path)
+    path.unlink()
+    head = "# Fiducial List file case000.fcsv\n# version = 2\n# name = case000\n"
+    head += f"# numPoints = {len(lm.names)}\n# symbolScale = 5\n# symbolType = 12\n"
+    rows = "".join(f"{n},{x},{y},{z},1,1\n" for n, (x, y, z) in zip(lm.names, lm.points.tolist()))
+    (data / "landmarks" / "case000.fcsv").write_text(head + rows)
+    return ["check", str(data)]
+
+
+TABLE = {
+    "evaluate --out is the prediction folder": Row(
+        evaluate_out_is_pred, 2, ["--out {tmp}/pred", "the --pred folder"], unchanged=["pred"]
+    ),
+    "evaluate, a truth file leaves out a landmark": Row(
+        evaluate_truth_leaves_out_a_landmark, 0, ["bright_sphere", "(written to"], "stdout"
+    ),
+    "evaluate --out under a regular file": Row(
+        evaluate_out_under_a_file,
+        2,
+        ["{tmp}/notes.txt/evaluation", "{tmp}/notes.txt is a file"],
+        unchanged=[".", "pred"],
+    ),
+    "evaluate over a metrics.csv heatmap3d did not write": Row(
+        evaluate_over_a_foreign_csv,
+        2,
+        ["{tmp}/results/metrics.csv", "refusing to overwrite"],
+        unchanged=["results", "pred"],
+    ),
+    "check, RAS points labelled LPS inside the image": Row(
+        ras_labelled_lps,
+        0,
+        ["warning: {data}/landmarks/case000.csv: ", "fix its coordinate system"],
+        "stdout",
+    ),
+    "train, data.percentiles reversed": Row(
+        config_args("data.percentiles=[99.5, 0.5]"), 2, ["data.percentiles"]
+    ),
+    "train, data.ct_window of zero width": Row(
+        config_args("data.normalization=ct", "data.ct_window=[40, 40]"), 2, ["data.ct_window"]
+    ),
+    "train, negative train.lr": Row(config_args("train.lr=-0.001"), 2, ["train.lr"]),
+    "train, a case in train and val": Row(
+        case_in_train_and_val, 2, ["{data}/split.json", "'case001' is in more than one split"]
+    ),
+    "train, a landmark file without landmarks": Row(
+        train_empty_landmark_file, 2, ["{data}/landmarks/case001.csv", "no landmarks in the file"]
+    ),
+    "check, a landmark file without landmarks": Row(
+        check_empty_landmark_file,
+        1,
+        ["error: {data}/landmarks/case001.csv: no landmarks in the file"],
+        "stdout",
+    ),
+    "check, Slicer markups saved as .json": Row(
+        markups_saved_as_json, 0, ["5 cases, 0 errors, 0 warnings"], "stdout"
+    ),
+    "check, a Slicer 3 fiducial list": Row(
+        slicer3_fcsv, 0, ["5 cases, 0 errors, 0 warnings"], "stdout"
+    ),
+}
+
+
+def files_under(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+
+
+@pytest.mark.parametrize("row", list(TABLE.values()), ids=list(TABLE))
+def test_bad_input_through_the_command(row: Row, phantoms, copy_of, tmp_path):
+    data = copy_of(phantoms(n_train=3, n_val=2, seed=0))
+    tmp = tmp_path / "work"
+    tmp.mkdir()
+    args = row.setup(data, tmp)
+    before = {name: files_under(tmp / name) for name in row.unchanged}
+    done = run_cli(args)
+    text = done.stdout if row.stream == "stdout" else done.stderr
+    assert done.returncode == row.status, done.stdout + done.stderr
+    assert "Traceback" not in done.stderr, done.stderr
+    for name in row.names:
+        assert name.format(data=data, tmp=tmp) in text, text
+    if row.status == 2:  # a refusal: one line
+        assert done.stderr.startswith("error: ") and done.stderr.count("\n") == 1, done.stderr
+    for name, files in before.items():
+        assert files_under(tmp / name) == files, f"files under {name} changed"
+    if row.setup in (case_in_train_and_val, train_empty_landmark_file):
+        assert not (tmp / "runs").exists() or not any((tmp / "runs").rglob("*.pt"))
