@@ -108,6 +108,14 @@ def test_a_landmark_file_named_like_an_output_is_still_read(tmp_path):
     assert sorted(read_dir(pred)) == ["case000", "case001", "errors"]
 
 
+def test_our_csv_does_not_shadow_a_landmark_file_of_the_same_case_id(tmp_path):
+    pred, truth = folders(tmp_path)
+    evaluate_dirs(pred, truth, tmp_path / "first")
+    (pred / "metrics.csv").write_bytes((tmp_path / "first" / "metrics.csv").read_bytes())
+    write_landmarks(pred / "metrics.json", Landmarks(NAMES, TRUTH["case000"]))
+    assert read_dir(pred)["metrics"].names == NAMES  # .csv precedes .json, but is ours
+
+
 def test_truth_file_that_leaves_out_a_landmark_counts_it_missing(tmp_path):
     """The first truth file (whose names used to be the list) lacks "b": the other
     file's "b" used to be refused as an unexpected name."""

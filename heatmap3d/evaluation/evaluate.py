@@ -33,7 +33,7 @@ from heatmap3d.evaluation.metrics import (
 )
 from heatmap3d.io.atomic import atomic_write_bytes
 from heatmap3d.io.landmarks import Landmarks, read_landmarks
-from heatmap3d.io.layout import find_landmark_file, landmark_case_id
+from heatmap3d.io.layout import find_landmark_file, landmark_candidates, landmark_case_id
 
 N_WORST = 10
 OUTPUTS = ("metrics.csv", "errors.csv")
@@ -194,12 +194,14 @@ def landmark_files(directory: Path) -> dict[str, Path]:
     evaluation wrote there (:func:`is_evaluation_output`) are not landmark files."""
     if not directory.is_dir():
         raise InputError(f"{directory}: not a folder")
-    stems = {
-        landmark_case_id(p)
-        for p in directory.iterdir()
-        if p.is_file() and not is_evaluation_output(p)
+    files = [p for p in directory.iterdir() if p.is_file() and not is_evaluation_output(p)]
+    stems = sorted({landmark_case_id(p) for p in files} - {None})
+    # The first suffix in find_landmark_file's order among the files kept (so that our
+    # metrics.csv never shadows a user's metrics.json).
+    kept = set(files)
+    return {
+        stem: next(p for p in landmark_candidates(directory, stem) if p in kept) for stem in stems
     }
-    return {stem: find_landmark_file(directory, stem) for stem in sorted(stems - {None})}
 
 
 def read_dir(directory: Path) -> dict[str, Landmarks]:
