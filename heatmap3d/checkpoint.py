@@ -9,7 +9,8 @@ of :meth:`Checkpoint.to_payload`::
     {"version": 2, "model": state_dict (unwrapped, no "module." prefix),
      "config": nested dict (the resolved config), "landmarks": [names],
      "role": "whole_scan" | "refiner", "epoch": int (epochs completed),
-     "best_mre": float (mm), "optimizer": ..., "scheduler": ..., "scaler": ...,
+     "best_mre": float (mm), "train_seconds": float, "optimizer": ..., "scheduler": ...,
+     "scaler": ...,
      "written_by": {"rank": 0, "world_size": W}}
 
 Checkpoints written before the schema (``{"format": 1, ...}``, no role) still load: their
@@ -49,6 +50,7 @@ class Checkpoint:
         landmarks: names, in output-channel order.
         role: "whole_scan" or "refiner" (``model.role``).
         epoch: epochs completed. best_mre: best validation MRE so far, mm.
+        train_seconds: wall time spent training so far (a time budget's clock).
         optimizer, scheduler, scaler: training state (None/{} in a weights-only file).
         written_by: ``{"rank", "world_size"}`` of the writer.
     """
@@ -62,6 +64,7 @@ class Checkpoint:
     optimizer: dict[str, Any] | None = None
     scheduler: dict[str, Any] | None = None
     scaler: dict[str, Any] = field(default_factory=dict)
+    train_seconds: float = 0.0
     written_by: dict[str, int] = field(default_factory=dict)
     version: int = SCHEMA_VERSION
 

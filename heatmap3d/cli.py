@@ -91,6 +91,11 @@ def _add_evaluate(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--pred", type=Path, required=True, help="folder of predicted landmark files")
     p.add_argument("--truth", type=Path, required=True, help="folder of true landmark files")
     p.add_argument("--out", type=Path, help="where to write the CSVs (default PRED/evaluation)")
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace metrics.csv/errors.csv in --out even if heatmap3d did not write them",
+    )
 
 
 def _add_check(sub: argparse._SubParsersAction) -> None:
@@ -138,7 +143,7 @@ def _run(args: argparse.Namespace) -> None:
     elif args.command == "evaluate":
         from heatmap3d.evaluation.evaluate import evaluate_dirs
 
-        print(evaluate_dirs(args.pred, args.truth, args.out))
+        print(evaluate_dirs(args.pred, args.truth, args.out, overwrite=args.overwrite))
     elif args.command == "check":
         from heatmap3d.data.check import run_check
 

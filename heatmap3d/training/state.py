@@ -29,6 +29,9 @@ class TrainState:
     Attributes:
         model: the bare model (never wrapped): checkpoints are saved from it.
         epoch: epochs completed. best_mre: best validation MRE so far, mm.
+        planned_epochs: epochs the run will train: ``train.epochs``, or the estimate of a
+            time budget (:mod:`heatmap3d.training.budget`); the cosine schedule ends there.
+        train_seconds: wall time spent in epochs so far, over resumes (for the budget).
     """
 
     model: UNet3D
@@ -37,6 +40,8 @@ class TrainState:
     precision: precision.Precision
     epoch: int = 0
     best_mre: float = math.inf
+    planned_epochs: int = 1
+    train_seconds: float = 0.0
 
     @classmethod
     def build(cls, cfg: Config, device: torch.device) -> TrainState:
@@ -50,8 +55,17 @@ class TrainState:
         opt = torch.optim.AdamW(
             model.parameters(), lr=cfg.train.lr, weight_decay=cfg.train.weight_decay
         )
-        sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=cfg.train.epochs)
-        return cls(model, opt, sched, prec)
+        state = cls(model, opt, None, prec, planned_epochs=cfg.train.epochs)  # type: ignore[arg-type]
+        # Cosine from lr to 0 over the planned epochs, read when each epoch starts, so a
+        # time budget can move the end while the run goes (closed form: no drift).
+        state.sched = torch.optim.lr_scheduler.LambdaLR(opt, state.lr_factor)
+        return state
+
+    def lr_factor(self, epoch: int) -> float:
+        """The cosine schedule's factor at the start of 0-based ``epoch``: 1 down to 0."""
+        return 0.5 * (
+            1.0 + math.cos(math.pi * min(epoch, self.planned_epochs) / self.planned_epochs)
+        )
 
     def to_checkpoint(self, cfg: Config, world: DistInfo) -> Checkpoint:
         return Checkpoint(
@@ -61,6 +75,7 @@ class TrainState:
             role=cfg.model.role,
             epoch=self.epoch,
             best_mre=self.best_mre,
+            train_seconds=self.train_seconds,
             optimizer=self.opt.state_dict(),
             scheduler=self.sched.state_dict(),
             scaler=self.precision.state_dict(),
@@ -88,9 +103,11 @@ class TrainState:
             )
         self.model.load_state_dict(ckpt.model)
         self.opt.load_state_dict(ckpt.optimizer)
-        self.sched.load_state_dict(ckpt.scheduler)
+        # Format-1 files hold a CosineAnnealingLR's state: the same schedule, without lambdas.
+        self.sched.load_state_dict({"lr_lambdas": [None], **ckpt.scheduler})
         self.precision.load_state_dict(ckpt.scaler)
         self.epoch, self.best_mre = int(ckpt.epoch), float(ckpt.best_mre)
+        self.train_seconds = float(ckpt.train_seconds)
 
     def init_from(self, path: Path) -> list[str]:
         """Fine-tuning: load the weights of ``path`` that match by name and shape.

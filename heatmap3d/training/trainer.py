@@ -28,6 +28,7 @@ from heatmap3d.data.loaders import build_cache, default_workers, train_loader
 from heatmap3d.data.setup import prepare_dataset
 from heatmap3d.distributed import DistInfo
 from heatmap3d.errors import Interrupted
+from heatmap3d.training.budget import EpochPlan
 from heatmap3d.training.monitor import make_monitor
 from heatmap3d.training.state import TrainState, check_run_dir, claim_run_dir
 from heatmap3d.training.steps import Stepper, groups
@@ -149,42 +150,45 @@ class Trainer:
     # -- training ---------------------------------------------------------------------------
 
     def fit(self) -> None:
-        """Train the remaining epochs; Ctrl-C raises :class:`Interrupted` (one line)."""
-        epochs, state = self.cfg.train.epochs, self.state
+        """Train the planned epochs (``train.epochs``, or as many as ``train.budget_minutes``
+        allows); Ctrl-C raises :class:`Interrupted` (one line)."""
+        plan, state = EpochPlan(self.cfg.train, self.state, self.world), self.state
         bar = tqdm(
-            range(state.epoch, epochs),
             desc="train",
             unit="epoch",
             initial=state.epoch,
-            total=epochs,
+            total=state.planned_epochs,
             disable=not self.world.is_main,
         )
         # A run that stops on an error still leaves its TensorBoard events on disk.
         try:
-            for epoch in bar:
-                self._epoch(epoch, bar)
+            while not plan.finished():
+                postfix = self._epoch(plan)
+                bar.total = state.planned_epochs
+                bar.update()
+                bar.set_postfix(postfix)
         except KeyboardInterrupt:
             raise self._interrupted() from None
         finally:
             bar.close()
             self.monitor.close()
 
-    def _epoch(self, epoch: int, bar: tqdm) -> None:
-        """Train one epoch, validate when due, save the checkpoints."""
-        state, epochs = self.state, self.cfg.train.epochs
+    def _epoch(self, plan: EpochPlan) -> dict[str, str]:
+        """Train one epoch, validate when due, save the checkpoints; the progress postfix."""
+        state, epoch = self.state, self.state.epoch
         self.sampler.set_epoch(epoch)  # a different, reproducible shuffle every epoch
         postfix = {"loss": f"{self._train_epoch(epoch):.3g}"}
-        state.sched.step()
         state.epoch = epoch + 1
-        if state.epoch % self.cfg.train.val_every == 0 or state.epoch == epochs:
+        if plan.after_epoch():  # also moves the planned end under a time budget
             mre = self.validator.validate(state.model, state.epoch)[-1].mre
             postfix["val_mre_mm"] = f"{mre:.2f}"
             if mre < state.best_mre:
                 state.best_mre = mre
                 state.save(self.run_dir / "best.pt", self.cfg, self.world)
+        state.sched.step()  # the learning rate of the next epoch, on the plan as it stands
         state.save(self.run_dir / "last.pt", self.cfg, self.world)
         self.saved_epoch = state.epoch
-        bar.set_postfix(postfix)
+        return postfix
 
     def _interrupted(self) -> Interrupted:
         """What Ctrl-C leaves: the epoch it hit, the epoch ``last.pt`` holds, how to go on."""

@@ -1,0 +1,114 @@
+"""Training to a time budget: the plan of epochs, the schedule's end, validation times."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torchrun_util import ROOT, TINY, env
+
+from heatmap3d.config import Config, DataConfig, ModelConfig, TrainConfig
+from heatmap3d.distributed import DistInfo
+from heatmap3d.training import budget
+from heatmap3d.training.budget import EpochPlan
+from heatmap3d.training.state import TrainState
+
+CPU = torch.device("cpu")
+SINGLE = DistInfo(rank=0, local_rank=0, world_size=1, local_world_size=1, device=CPU)
+
+
+class Clock:
+    """A fake ``time.perf_counter``: each epoch takes ``step`` seconds."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _state(**train) -> tuple[TrainState, TrainConfig]:
+    cfg = Config(
+        data=DataConfig(landmarks=["a"]),
+        model=ModelConfig(channels=2, depth=1),
+        train=TrainConfig(**train),
+    )
+    return TrainState.build(cfg, CPU), cfg.train
+
+
+def _run(plan: EpochPlan, state: TrainState, clock: Clock, seconds_per_epoch) -> list[dict]:
+    """Drive the plan as the trainer does; one record per epoch."""
+    log = []
+    while not plan.finished():
+        lr = state.opt.param_groups[0]["lr"]
+        clock.now += seconds_per_epoch(state.epoch)
+        state.epoch += 1
+        validated = plan.after_epoch()
+        state.sched.step()
+        log.append({"epoch": state.epoch, "lr": lr, "planned": state.planned_epochs,
+                    "validated": validated, "t": clock.now})  # fmt: skip
+    return log
+
+
+def test_a_budget_plans_the_epochs_that_fit_and_the_schedule_ends_there(monkeypatch):
+    clock = Clock()
+    monkeypatch.setattr(budget.time, "perf_counter", clock)
+    state, cfg = _state(budget_minutes=1.0, lr=0.01, epochs=5)
+    start = clock.now
+    log = _run(EpochPlan(cfg, state, SINGLE), state, clock, lambda e: 2.0)
+    assert len(log) == 30  # 60 s of 2 s epochs, whatever train.epochs says
+    assert log[-1]["t"] - start <= 60.0
+    assert log[0]["lr"] == pytest.approx(0.01)  # starts at train.lr ...
+    assert state.opt.param_groups[0]["lr"] == pytest.approx(0.0, abs=1e-12)  # ... ends at 0
+    lrs = [r["lr"] for r in log]
+    assert all(a >= b for a, b in zip(lrs, lrs[1:]))  # a cosine: never goes back up
+    validated = [r["epoch"] for r in log if r["validated"]]
+    assert validated[-1] == 30 and 8 <= len(validated) <= budget.VALIDATIONS + 1
+
+
+def test_slower_epochs_move_the_end_earlier_and_the_schedule_follows(monkeypatch):
+    clock = Clock()
+    monkeypatch.setattr(budget.time, "perf_counter", clock)
+    state, cfg = _state(budget_minutes=1.0)
+    log = _run(EpochPlan(cfg, state, SINGLE), state, clock, lambda e: 1.0 if e < 10 else 4.0)
+    assert log[-1]["t"] - 1000.0 <= 60.0 + 4.0  # within one epoch of the budget
+    assert log[-1]["planned"] == log[-1]["epoch"] < log[9]["planned"]
+    assert state.opt.param_groups[0]["lr"] == pytest.approx(0.0, abs=1e-12)
+
+
+def test_without_a_budget_the_epochs_and_val_every_decide(monkeypatch):
+    clock = Clock()
+    monkeypatch.setattr(budget.time, "perf_counter", clock)
+    state, cfg = _state(epochs=7, val_every=3)
+    log = _run(EpochPlan(cfg, state, SINGLE), state, clock, lambda e: 5.0)
+    assert [r["epoch"] for r in log if r["validated"]] == [3, 6, 7] and len(log) == 7
+    assert state.opt.param_groups[0]["lr"] == pytest.approx(0.0, abs=1e-12)
+
+
+def test_a_resumed_budget_counts_the_time_already_spent(monkeypatch):
+    clock = Clock()
+    monkeypatch.setattr(budget.time, "perf_counter", clock)
+    state, cfg = _state(budget_minutes=1.0)
+    state.epoch, state.train_seconds = 20, 40.0  # 2 s per epoch so far
+    plan = EpochPlan(cfg, state, SINGLE)
+    assert state.planned_epochs == 30
+    log = _run(plan, state, clock, lambda e: 2.0)
+    assert len(log) == 10 and state.train_seconds == pytest.approx(60.0)
+
+
+@pytest.mark.slow
+def test_a_real_run_stops_at_its_budget(phantoms, tmp_path):
+    import subprocess
+    import sys
+    import time
+
+    data = phantoms(n_train=2, n_val=1, seed=2)
+    args = [sys.executable, "train_ddp.py", "--config", str(ROOT / "configs" / "demo.yaml")]
+    args += [*TINY, f"data.root={data}", f"train.out_dir={tmp_path}", "train.name=b"]
+    args += ["train.budget_minutes=0.25", "train.epochs=100000", "train.device=cpu"]
+    start = time.perf_counter()
+    proc = subprocess.run(args, cwd=ROOT, env=env(), capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert time.perf_counter() - start < 15 + 60  # the budget, plus start-up and the report
+    last = torch.load(tmp_path / "b" / "last.pt", weights_only=True)
+    assert 1 <= last["epoch"] < 100000 and last["train_seconds"] <= 15 + 5
+    assert (tmp_path / "b" / "best.pt").is_file()
