@@ -40,6 +40,7 @@ from scipy import ndimage
 __all__ = [
     "Volume",
     "crop_or_pad",
+    "inside_image",
     "pad_to_multiple",
     "reorient_canonical",
     "resample_to_grid",
@@ -98,6 +99,15 @@ def world_to_voxel(points: np.ndarray, affine: np.ndarray) -> np.ndarray:
     """World RAS mm ``(..., 3)`` -> continuous voxel (i, j, k) ``(..., 3)``. NaN stays NaN."""
     inverse = np.linalg.inv(np.asarray(affine, dtype=np.float64))
     return apply_affine(inverse, np.asarray(points, dtype=np.float64))
+
+
+def inside_image(vox: np.ndarray, shape: Sequence[int] | np.ndarray) -> bool:
+    """Whether every voxel point ``(N, 3)`` lies in an image of ``shape``.
+
+    Voxel centres sit at integers, so the image covers ``[-0.5, n - 0.5]`` along each axis.
+    """
+    upper = np.asarray(shape) - 0.5
+    return bool(np.all((np.asarray(vox) >= -0.5) & (np.asarray(vox) <= upper)))
 
 
 def spacing_of(affine: np.ndarray) -> np.ndarray:

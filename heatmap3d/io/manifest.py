@@ -11,13 +11,11 @@ import json
 import os
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from heatmap3d.data.dataset import Case
 from heatmap3d.errors import InputError
-
-if TYPE_CHECKING:
-    from heatmap3d.data.check import CheckReport
+from heatmap3d.io.atomic import atomic_write_bytes
+from heatmap3d.io.layout import Case
 
 MANIFEST_FORMAT = 1
 
@@ -27,8 +25,12 @@ def _absolute(path: Path) -> str:
     return os.path.abspath(path)
 
 
-def write_manifest(report: CheckReport, path: str | Path) -> None:
-    """Write the checked dataset as JSON: absolute paths, landmark names, check time.
+def write_manifest(
+    path: str | Path, *, root: Path, names: list[str], splits: dict[str, list[Case]]
+) -> None:
+    """Write a checked dataset as JSON: absolute paths, landmark names, check time.
+
+    Only :func:`heatmap3d.data.check.run_check` calls it, for a dataset without errors.
 
     Format::
 
@@ -37,27 +39,25 @@ def write_manifest(report: CheckReport, path: str | Path) -> None:
                     "val": [...], ...},
          "checked": "2026-01-01T12:00:00+00:00"}
 
-    Raises :class:`InputError` when the report has errors or the file cannot be written.
+    Raises :class:`InputError` when the file cannot be written. Written atomically.
     """
     path = Path(path)
-    if report.errors:
-        raise InputError(f"{path}: not written: the dataset has {len(report.errors)} errors")
-    splits = {
+    entries = {
         name: [
             {"id": c.case_id, "image": _absolute(c.image), "landmarks": _absolute(c.landmarks)}
             for c in cases
         ]
-        for name, cases in report.splits.items()
+        for name, cases in splits.items()
     }
     doc = {
         "format": MANIFEST_FORMAT,
-        "root": _absolute(report.root),
-        "landmarks": list(report.names),
-        "splits": splits,
+        "root": _absolute(root),
+        "landmarks": list(names),
+        "splits": entries,
         "checked": datetime.now(timezone.utc).isoformat(timespec="seconds"),
     }
     try:
-        path.write_text(json.dumps(doc, indent=2) + "\n")
+        atomic_write_bytes(path, (json.dumps(doc, indent=2) + "\n").encode())
     except OSError as err:
         raise InputError(f"{path}: cannot write the manifest ({err.strerror})") from None
 

@@ -1,0 +1,152 @@
+"""The landmark checks of ``heatmap3d check`` across cases: names against the dataset's
+set, missing landmarks, landmarks outside their image (with a hint at the likely mix-up)
+or near its border. Each writes :class:`~heatmap3d.data.findings.Finding` s to a collector.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+
+from heatmap3d.data.findings import Collector
+from heatmap3d.geometry import inside_image, world_to_voxel
+from heatmap3d.io.landmark_formats import LPS_FLIP
+from heatmap3d.io.landmarks import Landmarks
+from heatmap3d.io.layout import Case
+
+BORDER_VOXELS = 2.0  # warn when a landmark is closer than this to the image edge, in voxels
+_MAX_LISTED = 6  # landmarks named in one message; the rest are counted
+
+
+def reference_names(sets: list[Landmarks | None], given: list[str] | None) -> tuple[list[str], str]:
+    """(reference names, where they come from): ``given``, else the most common set."""
+    if given:
+        return list(given), "--landmarks"
+    # Empty files are errors of their own (check_case), not a candidate set.
+    counts = Counter(frozenset(lm.names) for lm in sets if lm is not None and lm.names)
+    if not counts:
+        return [], ""
+    common, count = counts.most_common(1)[0]
+    first = next(lm for lm in sets if lm is not None and lm.names and frozenset(lm.names) == common)
+    return list(first.names), f"the names of {count} of {sum(counts.values())} landmark files"
+
+
+def check_case(
+    case: Case,
+    lm: Landmarks | None,
+    grid: tuple[tuple[int, int, int], np.ndarray] | None,
+    names: list[str],
+    source: str,
+    report: Collector,
+) -> None:
+    """One case's landmarks against the set ``names``; ``grid``: its image's (shape, affine)."""
+    if lm is None:
+        return
+    if not lm.names:  # would train as "every landmark missing": nothing to learn from
+        report.error(case.landmarks, "no landmarks in the file")
+        return
+    _check_names(case.landmarks, lm, names, source, report)
+    _check_missing(case.landmarks, lm, report)
+    if grid is not None:
+        check_positions(case, lm, grid[0], grid[1], report)
+
+
+def _check_names(
+    path: Path, lm: Landmarks, names: list[str], source: str, report: Collector
+) -> None:
+    missing = [n for n in names if n not in set(lm.names)]
+    unexpected = [n for n in lm.names if n not in set(names)]
+    message = f"landmark names missing: {_names(missing)} (expected from {source})"
+    if missing and not unexpected:  # not annotated: training treats them as missing (NaN)
+        report.warning(path, message + "; trained as missing landmarks")
+    elif missing:  # with names the set lacks: more likely renamed or another landmark set
+        report.error(path, message)
+    if unexpected:
+        report.error(
+            path,
+            f"landmark names not in the dataset's set: {_names(unexpected)} (set from {source})",
+        )
+
+
+def check_unannotated(
+    where: Path, sets: list[Landmarks | None], names: list[str], source: str, report: Collector
+) -> None:
+    """A name of the set that no landmark file has: a channel nothing could train."""
+    annotated = {n for lm in sets if lm is not None for n in lm.names}
+    never = [n for n in names if n not in annotated]
+    if never and any(lm is not None for lm in sets):
+        report.error(
+            where,
+            f"landmark names in no file: {_names(never)} (set from {source})",
+        )
+
+
+def _names(names: list[str]) -> str:
+    """``['a', 'b']``, cut after a few names (a wrong file may differ in all 32)."""
+    more = len(names) - _MAX_LISTED
+    return str(names[:_MAX_LISTED]) + (f" and {more} more" if more > 0 else "")
+
+
+def _check_missing(path: Path, lm: Landmarks, report: Collector) -> None:
+    absent = [n for n, p in zip(lm.names, lm.points) if not np.all(np.isfinite(p))]
+    if absent:
+        report.warning(path, f"landmark missing (no position): {_names(absent)}")
+
+
+def check_positions(
+    case: Case, lm: Landmarks, shape: tuple[int, int, int], affine: np.ndarray, report: Collector
+) -> None:
+    """Outside the image: error (with a hint); closer than 2 voxels to its edge: warning."""
+    defined = np.all(np.isfinite(lm.points), axis=1)
+    names = [n for n, ok in zip(lm.names, defined) if ok]
+    world = lm.points[defined]
+    vox = world_to_voxel(world, affine)
+    # Voxel centres are integers, so the image covers [-0.5, n - 0.5] along each axis.
+    margin = np.minimum(vox + 0.5, np.asarray(shape) - 0.5 - vox).min(axis=1)
+    outside = margin < 0
+    if outside.any():
+        where = _listing(names, vox, outside)
+        report.error(
+            case.landmarks,
+            f"landmark outside its image {case.image.name} (shape {shape}): {where}"
+            + _outside_hint(world, vox, shape, affine),
+        )
+    near = (margin >= 0) & (margin < BORDER_VOXELS)
+    if near.any():
+        report.warning(
+            case.landmarks,
+            f"landmark within {BORDER_VOXELS:g} voxels of the border of {case.image.name} "
+            f"(shape {shape}): {_listing(names, vox, near)}",
+        )
+
+
+def _listing(names: list[str], vox: np.ndarray, chosen: np.ndarray) -> str:
+    rows = [f"{names[k]} at voxel {np.round(vox[k], 1).tolist()}" for k in np.flatnonzero(chosen)]
+    more = len(rows) - _MAX_LISTED
+    return ", ".join(rows[:_MAX_LISTED]) + (f" and {more} more" if more > 0 else "")
+
+
+def _outside_hint(
+    world: np.ndarray, vox: np.ndarray, shape: tuple[int, int, int], affine: np.ndarray
+) -> str:
+    """Which common mix-up would put every landmark inside, as text ('' if none)."""
+    hints = []
+    if inside_image(world_to_voxel(world * LPS_FLIP, affine), shape):
+        hints.append(
+            "with x and y negated all would be inside: the file is probably LPS but read as "
+            "RAS (or the reverse); fix its coordinate system"
+        )
+    for order in itertools.permutations(range(3)):
+        if order != (0, 1, 2) and inside_image(vox, np.asarray(shape)[list(order)]):
+            hints.append(
+                f"all would be inside if the image array were transposed to axis order {order}: "
+                "were its axes reversed or permuted (e.g. saved from a z,y,x array) without "
+                "changing the affine?"
+            )
+            break
+    return "".join(f"; hint: {h}" for h in hints) or (
+        "; is the file's coordinate system (RAS/LPS) right?"
+    )
