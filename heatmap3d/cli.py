@@ -44,7 +44,11 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
 
 def _add_predict(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("predict", help="find landmarks on new scans")
-    p.add_argument("--checkpoint", type=Path, required=True, help="e.g. runs/demo/best.pt")
+    which = p.add_mutually_exclusive_group(required=True)
+    which.add_argument("--checkpoint", type=Path, help="one model, e.g. runs/demo/best.pt")
+    which.add_argument(
+        "--model", type=Path, help="a model folder of heatmap3d train DATA, e.g. runs/my_data"
+    )
     p.add_argument(
         "scans",
         type=Path,

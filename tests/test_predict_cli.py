@@ -205,3 +205,30 @@ def test_unreadable_scans_are_one_line_naming_them(models, tmp_path):
         assert proc.returncode == 2, (problem, err)
         assert err.startswith("error: ") and str(path) in err, (problem, err)
         assert "Traceback" not in proc.stdout + proc.stderr, problem
+
+
+@pytest.mark.slow
+def test_a_model_folder_runs_its_stages(models, tmp_path):
+    """``--model``: the folder heatmap3d train DATA leaves, here written by hand."""
+    import shutil
+
+    from heatmap3d.io.model_folder import StageEntry, write_model_folder
+
+    folder = tmp_path / "runs" / "m"
+    for stage in ("coarse", "fine"):
+        (folder / stage).mkdir(parents=True)
+        shutil.copy(models[stage], folder / stage / "best.pt")
+    write_model_folder(
+        folder,
+        [
+            StageEntry("coarse", "whole_scan", "coarse/best.pt"),
+            StageEntry("fine", "refiner", "fine/best.pt"),
+        ],
+    )
+    save_volume(tmp_path / "s.nii.gz", scan(8, FRAMES["oblique"]))
+    proc = predict("--model", folder, tmp_path / "s.nii.gz", "--out", tmp_path / "out")
+    assert proc.returncode == 0, proc.stderr
+    assert (tmp_path / "out" / "s.csv").is_file()
+    missing = predict("--model", tmp_path, tmp_path / "s.nii.gz", "--out", tmp_path / "out")
+    err = missing.stderr.strip()
+    assert missing.returncode == 2 and "not a model folder" in err and "\n" not in err

@@ -22,6 +22,7 @@ from heatmap3d.inference.predictor import Prediction, Predictor
 from heatmap3d.inference.refine import Cascade
 from heatmap3d.inference.scans import output_stems, predict_files
 from heatmap3d.io.layout import expand_scans
+from heatmap3d.io.model_folder import read_model_folder
 from heatmap3d.io.predictions import review_flags, write_heatmaps, write_prediction
 
 
@@ -30,14 +31,7 @@ def predict_command(args: argparse.Namespace) -> None:
     device = args.device
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
-    predictor: Predictor | Cascade = Predictor.from_checkpoint(args.checkpoint, device)
-    if args.refine is not None:
-        predictor = Cascade(predictor, Predictor.from_checkpoint(args.refine, device))
-    elif predictor.settings.role != "whole_scan":
-        raise InputError(
-            f"{args.checkpoint}: is a refinement model (model.role=refiner); give a whole-scan "
-            "model as --checkpoint and this one as --refine"
-        )
+    predictor = _load(args, torch.device(device))
     scans = expand_scans(list(args.scans))
     output_stems(scans)  # two scans named alike: refused before anything is written
     _check_out_dir(args.out)
@@ -52,6 +46,27 @@ def predict_command(args: argparse.Namespace) -> None:
     if failures:
         listed = "; ".join(f"{f.reason}" for f in failures)
         raise InputError(f"{len(failures)} of {len(scans)} scan(s) failed: {listed}")
+
+
+def _load(args: argparse.Namespace, device: torch.device) -> Predictor | Cascade:
+    """The model of ``--model`` (a folder: one stage or a cascade), or of ``--checkpoint``
+    (with ``--refine``: a cascade)."""
+    if args.model is not None:
+        if args.refine is not None:
+            raise InputError("--refine goes with --checkpoint; a --model folder has its stages")
+        stages = [
+            Predictor.from_checkpoint(path, device) for _, path in read_model_folder(args.model)
+        ]
+        return stages[0] if len(stages) == 1 else Cascade(stages[0], stages[1])
+    predictor = Predictor.from_checkpoint(args.checkpoint, device)
+    if args.refine is not None:
+        return Cascade(predictor, Predictor.from_checkpoint(args.refine, device))
+    if predictor.settings.role != "whole_scan":
+        raise InputError(
+            f"{args.checkpoint}: is a refinement model (model.role=refiner); give a whole-scan "
+            "model as --checkpoint and this one as --refine"
+        )
+    return predictor
 
 
 def _check_out_dir(out: Path) -> None:

@@ -57,16 +57,27 @@ def run(
         cfg.train.device, timeout=distributed.timeout_minutes(cfg.train.timeout_min)
     )
     try:
-        # After a crash, torchrun --max-restarts restarts every worker: pick up where the
-        # last checkpoint left off without anyone adding --resume.
-        restarted = distributed.restart_count() > 0
-        trainer = Trainer(
-            cfg, world, resume=resume or restarted, init_from=init_from, overwrite=overwrite
-        )
-        trainer.fit()
+        trainer = train(cfg, world, resume=resume, init_from=init_from, overwrite=overwrite)
         return trainer.validator.final_report(trainer.run_dir / "best.pt")
     finally:
         distributed.teardown()
+
+
+def train(
+    cfg: Config,
+    world: DistInfo,
+    *,
+    resume: bool = False,
+    init_from: str | Path | None = None,
+    overwrite: bool = False,
+) -> Trainer:
+    """One training run in an existing process group (see :func:`run`); the trainer."""
+    # After a crash, torchrun --max-restarts restarts every worker: pick up where the last
+    # checkpoint left off without anyone adding --resume.
+    resume = resume or distributed.restart_count() > 0
+    trainer = Trainer(cfg, world, resume=resume, init_from=init_from, overwrite=overwrite)
+    trainer.fit()
+    return trainer
 
 
 class Trainer:

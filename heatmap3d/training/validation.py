@@ -27,10 +27,11 @@ from heatmap3d.evaluation.metrics import LandmarkStats, radial_errors, summarize
 from heatmap3d.evaluation.pictures import landmark_views
 from heatmap3d.geometry import Volume
 from heatmap3d.inference.predictor import Prediction, Predictor
-from heatmap3d.inference.refine import refine
+from heatmap3d.inference.refine import Cascade, refine
 from heatmap3d.io.landmarks import Landmarks, read_landmarks
 from heatmap3d.io.layout import Case
 from heatmap3d.io.predictions import write_prediction
+from heatmap3d.io.volumes import load_volume
 from heatmap3d.training.monitor import NullMonitor, error_table, worst_landmarks
 
 PICTURED_LANDMARKS = 4  # views per validation picture: the case's worst landmarks
@@ -121,22 +122,32 @@ class Validator:
         if not best.is_file() or self.cfg.model.role != "whole_scan":
             return None
         predictor = Predictor.from_checkpoint(best, self.world.device)
+        return self.report(predictor, label=str(best), out_dir=self.run_dir)
+
+    def report(
+        self, predictor: Predictor | Cascade, *, label: str, out_dir: Path
+    ) -> list[LandmarkStats]:
+        """Predict the validation scans from their files with ``predictor`` (a model or a
+        cascade), write ``out_dir/predictions`` and ``out_dir/evaluation`` (rank 0), print
+        the table; the stats on every rank."""
         mine = {}
         for index in distributed.my_share(len(self.cases), self.world):
             case = self.cases[index]
-            mine[case.case_id] = predictor.predict_file(case.image)
+            prepared = predictor.prepare(load_volume(case.image))
+            mine[case.case_id] = predictor.predict_preprocessed(prepared)
         results = distributed.gather_by_key(mine)
-        stats = self._report(results, best) if self.world.is_main else None
+        stats = self._write(results, label, out_dir) if self.world.is_main else None
         return distributed.broadcast_object(stats)
 
-    def _report(self, results: dict[str, Prediction], best: Path) -> list[LandmarkStats]:
-        """Rank 0: write predictions and evaluation under the run folder, print the table."""
-        out = self.run_dir / "predictions"
+    def _write(
+        self, results: dict[str, Prediction], label: str, out_dir: Path
+    ) -> list[LandmarkStats]:
+        """Rank 0: write predictions and evaluation under ``out_dir``, print the table."""
         for case_id, pred in results.items():
-            write_prediction(out, case_id, pred.landmarks, pred.confidence)
+            write_prediction(out_dir / "predictions", case_id, pred.landmarks, pred.confidence)
         truth = {c.case_id: read_landmarks(c.landmarks) for c in self.cases}
         points = {c: p.landmarks for c, p in results.items()}
         stats, errors, ids = evaluate(points, truth, self.names)
-        print(f"\nvalidation scans predicted with {best}:\n")
-        print(write_report(self.run_dir / "evaluation", stats, errors, ids, self.names))
+        print(f"\nvalidation scans predicted with {label}:\n")
+        print(write_report(out_dir / "evaluation", stats, errors, ids, self.names))
         return stats
