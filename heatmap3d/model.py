@@ -112,3 +112,21 @@ class UNet3D(nn.Module):
 def build_model(cfg: ModelConfig, num_landmarks: int) -> UNet3D:
     """The network for ``num_landmarks`` heatmaps from a single-channel image."""
     return UNet3D(1, num_landmarks, cfg)
+
+
+def set_layout(model: torch.nn.Module, channels_last: bool) -> torch.nn.Module:
+    """Put ``model``'s weights in the channels_last_3d layout (or back), in place.
+
+    Weights whose kernel is 1x1x1 (the head) are left in the contiguous layout: it is the
+    same memory either way, but their gradients come out with contiguous strides, and a
+    parameter with other strides makes DDP copy that gradient into its bucket at every
+    step (with a "Grad strides do not match bucket view strides" warning).
+    """
+    layout = torch.channels_last_3d if channels_last else torch.contiguous_format
+    model.to(memory_format=layout)
+    for param in model.parameters():
+        if param.ndim == 5 and param.shape[2:] == (1, 1, 1):
+            # Not .contiguous(): with size-1 dims the tensor already counts as contiguous
+            # and keeps its channels_last strides; a fresh tensor has the default ones.
+            param.data = param.data.clone(memory_format=torch.contiguous_format)
+    return model

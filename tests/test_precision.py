@@ -178,3 +178,17 @@ def test_gpus_without_a_gpu_says_so(monkeypatch, capsys):
     _fake_cuda(monkeypatch, [])
     assert main(["gpus"]) == 0
     assert "no CUDA GPU visible" in capsys.readouterr().out
+
+
+def test_channels_last_layout_keeps_1x1x1_weights_in_their_gradients_layout():
+    """DDP buckets follow the parameters' strides; a 1x1x1 kernel's gradient comes out with
+    the default strides, so such a parameter must have them too."""
+    from heatmap3d.model import set_layout
+
+    model = set_layout(build_model(ModelConfig(channels=2, depth=1), 3), channels_last=True)
+    head = model.head.weight
+    assert head.stride() == torch.empty(head.shape).stride()
+    assert model.stem[0].weight.is_contiguous(memory_format=torch.channels_last_3d)
+    x = torch.randn(1, 1, 8, 8, 8).contiguous(memory_format=torch.channels_last_3d)
+    model(x).sum().backward()
+    assert head.grad.stride() == head.stride()

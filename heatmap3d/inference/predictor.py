@@ -27,7 +27,7 @@ from heatmap3d.inference.settings import InferenceSettings
 from heatmap3d.inference.sliding import sliding_window
 from heatmap3d.io.landmarks import Landmarks
 from heatmap3d.io.volumes import load_volume
-from heatmap3d.model import build_model
+from heatmap3d.model import build_model, set_layout
 from heatmap3d.precision import autocast_context
 
 
@@ -63,8 +63,8 @@ class Predictor:
     ) -> None:
         """``model`` is put in eval mode, in ``settings``' dtype and memory layout (in place:
         for the live model of a run, these are the layout and dtype it trains in)."""
-        layout = torch.channels_last_3d if settings.channels_last else torch.contiguous_format
-        self.model = model.to(device, settings.param_dtype, memory_format=layout).eval()
+        model = set_layout(model.to(device, settings.param_dtype), settings.channels_last)
+        self.model = model.eval()
         self.settings, self.names, self.data, self.device = settings, list(names), data, device
 
     @classmethod

@@ -28,6 +28,7 @@ from heatmap3d.data.loaders import build_cache, default_workers, train_loader
 from heatmap3d.data.setup import prepare_dataset
 from heatmap3d.distributed import DistInfo
 from heatmap3d.errors import Interrupted
+from heatmap3d.model import set_layout
 from heatmap3d.training.budget import EpochPlan
 from heatmap3d.training.monitor import make_monitor
 from heatmap3d.training.state import TrainState, check_run_dir, claim_run_dir
@@ -130,7 +131,7 @@ class Trainer:
         """
         net: torch.nn.Module = self.state.model
         if self.cfg.train.channels_last:
-            net.to(memory_format=torch.channels_last_3d)
+            set_layout(net, channels_last=True)
         if self.cfg.train.compile:
             net = torch.compile(net)
         if self.world.is_distributed:  # a single process has no process group to wrap in
