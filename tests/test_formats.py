@@ -565,3 +565,40 @@ def test_expand_scans_on_a_real_dicom_tree() -> None:
     patient = pydicom_files() / "dicomdirtests" / "98892001"
     assert expand_scans([patient]) == [patient / "CT2N", patient / "CT5N"]
     assert expand_scans([patient / "CT5N"]) == [patient / "CT5N"]
+
+
+def evalutils_mhd() -> Path:
+    """A real MetaImage (.mhd + .zraw) CT label map shipped in the evalutils 0.4.2 wheel
+    (PyPI, MIT licence, Radboud University Medical Center; the data's clinical origin is
+    not stated). Installed for the tests only, without its dependencies (.ci/run)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("evalutils")
+    if spec is None or not spec.submodule_search_locations:
+        pytest.skip("evalutils==0.4.2 (test data) is not installed")
+    base = Path(next(iter(spec.submodule_search_locations)))
+    found = sorted(base.glob("templates/container/*/algorithm_test/*.mhd"))
+    if not found:
+        pytest.skip("this evalutils has no MetaImage test files (pin 0.4.2)")
+    return found[0]
+
+
+def test_real_metaimage_matches_its_header() -> None:
+    """The header is parsed here independently: ITK's LPS frame, (x, y, z) voxel order."""
+    import zlib
+
+    path = evalutils_mhd()
+    header = dict(line.split(" = ", 1) for line in path.read_text().splitlines() if " = " in line)
+    spacing = np.array(header["ElementSpacing"].split(), dtype=float)
+    origin = np.array(header["Offset"].split(), dtype=float)
+    direction = np.array(header["TransformMatrix"].split(), dtype=float).reshape(3, 3).T
+    size = [int(n) for n in header["DimSize"].split()]
+    vol = load_volume(path)
+    assert vol.shape == tuple(size)
+    expected = np.eye(4)
+    expected[:3, :3] = np.diag([-1.0, -1, 1]) @ direction @ np.diag(spacing)
+    expected[:3, 3] = np.diag([-1.0, -1, 1]) @ origin
+    np.testing.assert_allclose(vol.affine, expected, atol=1e-6)
+    raw = zlib.decompress((path.parent / header["ElementDataFile"]).read_bytes())
+    stored = np.frombuffer(raw, np.uint8).reshape(size[::-1])  # (z, y, x) on disk
+    np.testing.assert_array_equal(vol.data, stored.transpose(2, 1, 0))
