@@ -1,0 +1,362 @@
+"""Synthetic CT-like torso/pelvis scans with known landmarks (a second, harder dataset).
+
+Each subject is an anatomy drawn in template millimetres (RAS: +x patient right, +y
+anterior, +z superior; origin near the body centre), in Hounsfield units:
+
+* air (-1000) around an elliptic-cylinder body (semi-axes 135 x 100 mm) with a 10 mm
+  subcutaneous fat layer (-100) around soft tissue (40);
+* a spine along z: vertebral bodies (cancellous 700, cortical shell 1200) every 25 mm with
+  discs (80) between them, T12 at z = +15 down to L5 at -110, then the sacrum (S1-S3);
+* a sternum (bone) ending in the xiphoid at z = +45;
+* lungs (-850) at the top, a liver (60) on the patient's right, left and right kidneys
+  (medulla 30, cortex 110) in perirenal fat;
+* iliac wings (bone plates) and femoral heads (bone spheres with a neck) at the bottom.
+
+Per subject the anatomy varies (scale 0.9-1.1 per axis, organs shifted by a few mm, a
+rotation of 0-10 degrees about a random axis, a translation) and is imaged as axial CT:
+in-plane spacing 0.9-1.2 mm over a ~300 mm field of view, slices 2.5-3.0 mm (at least 2.5
+times the in-plane spacing) over 310-350 mm along the body; array axes LPS-like (i towards
+the patient's left, j posterior, k superior), with i or k sometimes reversed. Volumes are
+about 8-16 M voxels. The image is blurred (partial volume), noised (std 10-20 HU) and
+stored as int16 HU. In about one case in five the scan's superior or inferior end is moved
+so that the lung apices or the femoral heads (and sometimes more) are outside it: those
+landmarks are written as missing, never as points outside the image (a landmark closer
+than 2 voxels to the image edge counts as outside).
+
+Files: ``images/<case>.nii.gz`` (int16), every 5th case (``i % 5 == 4``) ``.nrrd`` and the
+first other case whose affine is right-handed a DICOM series folder ``images/<case>/``;
+landmarks alternately ``.csv`` (RAS) and ``.mrk.json`` (LPS); ``split.json`` last.
+Case ``i`` depends only on ``(seed, i)``.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import nibabel as nib
+import numpy as np
+from scipy.ndimage import gaussian_filter
+from scipy.spatial.transform import Rotation
+from tqdm import tqdm
+
+from heatmap3d.geometry import Volume, world_to_voxel
+from heatmap3d.io.landmarks import Landmarks, write_landmarks
+from heatmap3d.io.nifti import NIFTI_XFORM_CODE
+from heatmap3d.io.volumes import save_volume
+
+__all__ = [
+    "CT_LANDMARK_NAMES",
+    "CTCase",
+    "draw_ct_case",
+    "generate_ct_case",
+    "generate_ct_dataset",
+    "render_ct_case",
+]
+
+CT_LANDMARK_NAMES = [
+    "L_lung_apex",
+    "R_lung_apex",
+    "L_kidney_upper_pole",
+    "R_kidney_upper_pole",
+    "L_kidney_lower_pole",
+    "R_kidney_lower_pole",
+    "L_iliac_crest",
+    "R_iliac_crest",
+    "L_femoral_head",
+    "R_femoral_head",
+    "xiphoid",
+    "T12_body",
+    "L3_body",
+    "L5_body",
+    "sacral_promontory",
+]
+
+AIR, FAT, SOFT, LUNG, LIVER = -1000.0, -100.0, 40.0, -850.0, 60.0
+KIDNEY, KIDNEY_CORTEX, DISC, BONE, CORTICAL = 30.0, 110.0, 80.0, 700.0, 1200.0
+_BODY = np.array([135.0, 100.0])  # elliptic cylinder semi-axes (x, y), mm
+_FAT_MM = 10.0
+_SPINE_Y = -50.0  # vertebral body centres (x = 0)
+_VERT_R = np.array([19.0, 15.0])  # vertebral body semi-axes (x, y)
+_VERT_H = 19.0  # vertebral body height; discs fill the rest of the 25 mm pitch
+_LEVELS = {"T12": 15.0, "L1": -10.0, "L2": -35.0, "L3": -60.0, "L4": -85.0, "L5": -110.0}
+_INSET = 4.0  # mm: surface landmarks are this far inside their structure
+
+
+@dataclass
+class CTCase:
+    """The geometry of one subject, drawn without rendering (see :func:`draw_ct_case`)."""
+
+    anatomy: dict  # structure name -> parameters, template mm
+    rotation: np.ndarray  # (3, 3)
+    scale: np.ndarray  # (3,) per template axis
+    translation: np.ndarray  # (3,) mm
+    affine: np.ndarray  # (4, 4) voxel -> world RAS mm
+    shape: tuple[int, int, int]
+    landmarks: Landmarks  # world RAS mm; NaN rows outside the scan
+    cut: str  # "none", "top" or "bottom": which end of the body the scan misses
+
+    def to_world(self, t: np.ndarray) -> np.ndarray:
+        return (np.asarray(t) * self.scale) @ self.rotation.T + self.translation
+
+
+def _draw_anatomy(rng: np.random.Generator) -> dict:
+    def jitter(mm: float) -> np.ndarray:
+        return rng.uniform(-mm, mm, size=3)
+
+    a: dict = {}
+    for side, sx in (("L", -1.0), ("R", 1.0)):
+        a[f"{side}_lung"] = (np.array([sx * 65, 0, 75]) + jitter(4), np.array([50, 65, 55]))
+        kz = -22.0 if side == "L" else -32.0
+        a[f"{side}_kidney"] = (
+            np.array([sx * 55, -35, kz]) + jitter(5) * [1, 1, 2],
+            np.array([24, 19, 50]) * rng.uniform(0.92, 1.08, size=3),
+        )
+        a[f"{side}_ilium"] = (np.array([sx * 90, -15, -100]) + jitter(3), np.array([8, 50, 38]))
+        a[f"{side}_femur"] = (np.array([sx * 88, 5, -140]) + jitter(3), 22.0)
+    a["liver"] = (np.array([60, 10, 5]) + jitter(5), np.array([55, 60, 35]))
+    a["sternum_low"] = 45.0 + float(rng.uniform(-5, 5))
+    return a
+
+
+def _template_landmarks(a: dict) -> np.ndarray:
+    pts = {}
+    for side in ("L", "R"):
+        c, r = a[f"{side}_lung"]
+        pts[f"{side}_lung_apex"] = c + [0, 0, r[2] - 2 * _INSET]
+        c, r = a[f"{side}_kidney"]
+        pts[f"{side}_kidney_upper_pole"] = c + [0, 0, r[2] - _INSET]
+        pts[f"{side}_kidney_lower_pole"] = c - [0, 0, r[2] - _INSET]
+        c, r = a[f"{side}_ilium"]
+        pts[f"{side}_iliac_crest"] = c + [0, 0, r[2] - _INSET]
+        pts[f"{side}_femoral_head"] = a[f"{side}_femur"][0]
+    pts["xiphoid"] = np.array([0, 79, a["sternum_low"] + _INSET])
+    for level in ("T12", "L3", "L5"):
+        pts[f"{level}_body"] = np.array([0, _SPINE_Y, _LEVELS[level]])
+    s1_top = _LEVELS["L5"] - 25 + _VERT_H / 2
+    pts["sacral_promontory"] = np.array([0, _SPINE_Y + _VERT_R[1] - _INSET, s1_top - _INSET])
+    return np.array([pts[n] for n in CT_LANDMARK_NAMES], dtype=float)
+
+
+def draw_ct_case(rng: np.random.Generator, inplane_mm: tuple[float, float] = (0.9, 1.2)) -> CTCase:
+    """The geometry of one subject (anatomy, pose, grid, landmarks), no voxels."""
+    anatomy = _draw_anatomy(rng)
+    axis = rng.normal(size=3)
+    angle = np.deg2rad(rng.uniform(0, 10))
+    rotation = Rotation.from_rotvec(axis / np.linalg.norm(axis) * angle).as_matrix()
+    scale = rng.uniform(0.9, 1.1, size=3)
+    translation = rng.uniform(-10, 10, size=3)
+    template = _template_landmarks(anatomy)
+    pose = CTCase(anatomy, rotation, scale, translation, np.eye(4), (1, 1, 1), None, "none")  # type: ignore[arg-type]
+    world = pose.to_world(template)
+
+    sp = float(rng.uniform(*inplane_mm))
+    sz = float(rng.uniform(max(2.5, 2.5 * sp), 3.0))
+    fov = float(rng.uniform(290, 320))
+    extent = float(rng.uniform(310, 350))
+    n_xy = int(np.ceil(fov / sp))
+    n_z = int(np.ceil(extent / sz))
+    flips = rng.random(2) < [0.2, 0.3]  # i towards the right; k towards inferior
+    directions = np.diag([-1.0, -1.0, 1.0])
+    directions[:, 0] *= -1 if flips[0] else 1
+    directions[:, 2] *= -1 if flips[1] else 1
+    apex_z = world[:2, 2].max()
+    femur_z = world[8:10, 2].min()
+    u = rng.random()
+    cut = "top" if u < 0.1 else "bottom" if u < 0.2 else "none"
+    if cut == "top":
+        top = apex_z - rng.uniform(5, 40)
+        z_lo, z_hi = top - extent, top
+    elif cut == "bottom":
+        bottom = femur_z + rng.uniform(5, 40)
+        z_lo, z_hi = bottom, bottom + extent
+    else:
+        mid = (apex_z + femur_z) / 2 + rng.uniform(-5, 5)
+        z_lo, z_hi = mid - extent / 2, mid + extent / 2
+    centre = np.array([*(translation[:2] + rng.uniform(-15, 15, size=2)), (z_lo + z_hi) / 2])
+    affine = np.eye(4)
+    affine[:3, :3] = directions * [sp, sp, sz]
+    shape = (n_xy, n_xy, n_z)
+    affine[:3, 3] = centre - affine[:3, :3] @ ((np.array(shape) - 1) / 2)
+
+    vox = world_to_voxel(world, affine)
+    inside = np.all((vox >= 2.0) & (vox <= np.array(shape) - 3.0), axis=1)
+    points = np.where(inside[:, None], world, np.nan)
+    lm = Landmarks(list(CT_LANDMARK_NAMES), points)
+    return CTCase(anatomy, rotation, scale, translation, affine, shape, lm, cut)
+
+
+class _Painter:
+    """Paints structures into an HU array, each in its bounding box of voxels only."""
+
+    def __init__(self, case: CTCase) -> None:
+        self.shape = case.shape
+        self.image = np.full(case.shape, AIR, dtype=np.float32)
+        # template = M @ voxel + c
+        lin = (case.rotation.T @ case.affine[:3, :3]) / case.scale[:, None]
+        self.m = lin
+        self.c = case.rotation.T @ (case.affine[:3, 3] - case.translation) / case.scale
+        self.inv = np.linalg.inv(lin)
+
+    def block(self, lo, hi):
+        """Voxel slices covering template box [lo, hi] and template coords x, y, z there."""
+        corners = np.array(np.meshgrid(*zip(lo, hi), indexing="ij")).reshape(3, -1).T
+        vox = (corners - self.c) @ self.inv.T
+        a = np.clip(np.floor(vox.min(0)).astype(int) - 1, 0, self.shape)
+        b = np.clip(np.ceil(vox.max(0)).astype(int) + 2, 0, self.shape)
+        sl = tuple(slice(int(p), int(q)) for p, q in zip(a, b))
+        r = [np.arange(p, q, dtype=np.float32) for p, q in zip(a, b)]
+        m = self.m.astype(np.float32)
+        xyz = [
+            m[d, 0] * r[0][:, None, None]
+            + m[d, 1] * r[1][None, :, None]
+            + m[d, 2] * r[2][None, None, :]
+            + np.float32(self.c[d])
+            for d in range(3)
+        ]
+        return sl, xyz
+
+    def paint(self, sl, mask, value) -> None:
+        view = self.image[sl]
+        view[mask] = value
+
+    def ellipsoid(self, centre, radii, value, shell=0.0, shell_value=None) -> None:
+        centre, radii = np.asarray(centre, float), np.asarray(radii, float)
+        sl, (x, y, z) = self.block(centre - radii, centre + radii)
+        if x.size == 0 or min(x.shape[0], y.shape[1], z.shape[2]) == 0:
+            return
+        r2 = ((x - centre[0]) / radii[0]) ** 2
+        r2 = r2 + ((y - centre[1]) / radii[1]) ** 2 + ((z - centre[2]) / radii[2]) ** 2
+        self.paint(sl, r2 <= 1.0, shell_value if shell else value)
+        if shell:
+            inner = (1.0 - shell / radii.min()) ** 2
+            self.paint(sl, r2 <= inner, value)
+
+    def cylinder_z(self, cx, cy, rx, ry, z0, z1, value, shell=0.0, shell_value=None) -> None:
+        """Elliptic cylinder along template z, from z0 to z1."""
+        sl, (x, y, z) = self.block([cx - rx, cy - ry, z0], [cx + rx, cy + ry, z1])
+        if min(x.shape[0], y.shape[1], z.shape[2]) == 0:
+            return
+        r2 = ((x - cx) / rx) ** 2 + ((y - cy) / ry) ** 2
+        zin = (z >= z0) & (z <= z1)
+        self.paint(sl, (r2 <= 1.0) & zin, shell_value if shell else value)
+        if shell:
+            inner = (r2 <= (1.0 - shell / min(rx, ry)) ** 2) & (z >= z0 + shell) & (z <= z1 - shell)
+            self.paint(sl, inner, value)
+
+    def capsule(self, p, q, radius, value) -> None:
+        p, q = np.asarray(p, float), np.asarray(q, float)
+        sl, (x, y, z) = self.block(np.minimum(p, q) - radius, np.maximum(p, q) + radius)
+        if min(x.shape[0], y.shape[1], z.shape[2]) == 0:
+            return
+        d = q - p
+        t = ((x - p[0]) * d[0] + (y - p[1]) * d[1] + (z - p[2]) * d[2]) / float(d @ d)
+        t = np.clip(t, 0, 1)
+        dist2 = (x - p[0] - t * d[0]) ** 2 + (y - p[1] - t * d[1]) ** 2 + (z - p[2] - t * d[2]) ** 2
+        self.paint(sl, dist2 <= radius**2, value)
+
+
+def _paint_anatomy(case: CTCase) -> np.ndarray:
+    a = case.anatomy
+    p = _Painter(case)
+    big = 400.0
+    p.cylinder_z(0, 0, *_BODY, -big, big, SOFT, shell=_FAT_MM, shell_value=FAT)
+    p.ellipsoid(*a["liver"], LIVER)
+    for side in ("L", "R"):
+        p.ellipsoid(*a[f"{side}_lung"], LUNG)
+    for side in ("L", "R"):
+        c, r = a[f"{side}_kidney"]
+        p.ellipsoid(c, r + 6.0, FAT)  # perirenal fat
+        p.ellipsoid(c, r, KIDNEY, shell=5.0, shell_value=KIDNEY_CORTEX)
+    # Spine: discs as one column, then the vertebral bodies; thoracic ones up to the top.
+    p.cylinder_z(0, _SPINE_Y, *_VERT_R, -150, big, DISC)
+    z_levels = [_LEVELS["L5"] + 25.0 * n for n in range(0, 14)]
+    for zc in z_levels:
+        h = _VERT_H / 2
+        p.cylinder_z(0, _SPINE_Y, *_VERT_R, zc - h, zc + h, BONE, shell=2.0, shell_value=CORTICAL)
+        p.capsule([0, _SPINE_Y - 20, zc], [0, _SPINE_Y - 36, zc - 6], 4.0, BONE)  # spinous
+    # Sacrum: S1 body, then smaller segments going down and back.
+    for n, (dy, shrink) in enumerate([(0, 1.0), (-8, 0.8), (-18, 0.6)]):
+        zc = _LEVELS["L5"] - 25.0 * (n + 1)
+        h = _VERT_H / 2
+        p.cylinder_z(0, _SPINE_Y + dy, *(_VERT_R * shrink), zc - h, zc + h, BONE, 2.0, CORTICAL)
+    # Sternum, ending at the xiphoid.
+    p.cylinder_z(0, 79, 13, 7, a["sternum_low"], big, BONE, shell=2.0, shell_value=CORTICAL)
+    for side, sx in (("L", -1.0), ("R", 1.0)):
+        p.ellipsoid(*a[f"{side}_ilium"], BONE, shell=2.0, shell_value=CORTICAL)
+        c, r = a[f"{side}_femur"]
+        p.capsule(c, c + [sx * 22, 0, -22], 12.0, BONE)  # femoral neck
+        p.capsule(c + [sx * 22, 0, -22], c + [sx * 18, 0, -200], 13.0, BONE)  # shaft
+        p.ellipsoid(c, [r, r, r], BONE, shell=2.5, shell_value=CORTICAL)
+    return p.image
+
+
+def render_ct_case(case: CTCase, rng: np.random.Generator) -> Volume:
+    """The scan of ``case``: partial-volume blur, noise, int16 HU (as float32 voxels)."""
+    image = _paint_anatomy(case)
+    spacing = np.linalg.norm(case.affine[:3, :3], axis=0)
+    sigma = (0.6 / spacing[0], 0.6 / spacing[1], 0.4)
+    image = gaussian_filter(image, sigma=sigma, truncate=3.0)
+    noise_sd = np.float32(rng.uniform(10, 20))
+    image += noise_sd * rng.standard_normal(size=case.shape, dtype=np.float32)
+    data = np.round(image).clip(-1024, 3071).astype(np.int16)
+    return Volume(data.astype(np.float32), case.affine)
+
+
+def generate_ct_case(
+    rng: np.random.Generator, inplane_mm: tuple[float, float] = (0.9, 1.2)
+) -> tuple[Volume, Landmarks, CTCase]:
+    """One subject: its scan, its landmarks (world RAS mm, NaN = missing) and geometry."""
+    case = draw_ct_case(rng, inplane_mm)
+    return render_ct_case(case, rng), case.landmarks, case
+
+
+def _write_nifti_int16(path: Path, vol: Volume) -> None:
+    img = nib.Nifti1Image(vol.data.astype(np.int16), vol.affine)
+    img.set_sform(vol.affine, code=NIFTI_XFORM_CODE)
+    img.set_qform(vol.affine, code=NIFTI_XFORM_CODE)
+    img.header.set_xyzt_units(xyz="mm")
+    img.to_filename(path)
+
+
+def generate_ct_dataset(
+    root: str | Path,
+    *,
+    n_train: int,
+    n_val: int,
+    n_test: int,
+    seed: int,
+    progress: bool = True,
+    inplane_mm: tuple[float, float] = (0.9, 1.2),
+) -> Path:
+    """Write a CT-like dataset to ``root``: images/, landmarks/, split.json (last).
+
+    ``inplane_mm`` is the range of in-plane spacings (slices are 2.5-3.0 mm, at least 2.5x
+    in-plane); finer spacing means more voxels (0.9 mm: ~16 M voxels, 1.2 mm: ~8 M).
+    """
+    root = Path(root)
+    (root / "images").mkdir(parents=True, exist_ok=True)
+    (root / "landmarks").mkdir(parents=True, exist_ok=True)
+    ids = [f"case{i:03d}" for i in range(n_train + n_val + n_test)]
+    dicom_done = False
+    for i, case_id in enumerate(tqdm(ids, desc="synthetic CT", disable=not progress)):
+        vol, lm, case = generate_ct_case(np.random.default_rng([seed, i]), inplane_mm)
+        if i % 5 == 4:
+            save_volume(root / "images" / f"{case_id}.nrrd", vol)
+        elif not dicom_done and np.linalg.det(case.affine[:3, :3]) > 0:
+            save_volume(root / "images" / case_id, vol)
+            dicom_done = True
+        else:
+            _write_nifti_int16(root / "images" / f"{case_id}.nii.gz", vol)
+        if i % 2 == 0:
+            write_landmarks(root / "landmarks" / f"{case_id}.csv", lm, coordinate_system="RAS")
+        else:
+            write_landmarks(root / "landmarks" / f"{case_id}.mrk.json", lm, coordinate_system="LPS")
+    split = {
+        "train": ids[:n_train],
+        "val": ids[n_train : n_train + n_val],
+        "test": ids[n_train + n_val :],
+    }
+    (root / "split.json").write_text(json.dumps(split, indent=2) + "\n")
+    return root
