@@ -1,0 +1,84 @@
+"""``heatmap3d plan DATA``: fingerprint a dataset and write ``DATA/plan.yaml``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from heatmap3d.errors import InputError, first_line
+from heatmap3d.planning.fingerprint import fingerprint_dataset
+from heatmap3d.planning.plan import make_plan
+from heatmap3d.planning.plan_file import plan_text, write_plan
+
+__all__ = ["add_plan_arguments", "plan_command", "resolve_device"]
+
+
+def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
+    """The ``plan`` subcommand's arguments."""
+    parser.add_argument("data", type=Path, help="dataset folder (images/, landmarks/, split.json)")
+    parser.add_argument("--out", type=Path, default=None, help="plan file (default DATA/plan.yaml)")
+    parser.add_argument(
+        "--device",
+        choices=("cpu", "cuda", "auto"),
+        default="auto",
+        help="what the plan is sized for (auto: cuda if available)",
+    )
+    parser.add_argument(
+        "--budget-minutes",
+        type=float,
+        default=60.0,
+        help="total training time the notes assume (train.budget_minutes decides at training)",
+    )
+    parser.add_argument(
+        "--labels",
+        type=Path,
+        default=None,
+        help="JSON {name: description} for numbered landmarks (to find left/right pairs)",
+    )
+    parser.add_argument("--split-file", default="split.json", help="relative to DATA")
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing plan")
+
+
+def resolve_device(device: str) -> str:
+    """ "auto" -> "cuda" when a GPU is visible, else "cpu"."""
+    if device != "auto":
+        return device
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _read_labels(path: Path | None) -> dict[str, str] | None:
+    if path is None:
+        return None
+    try:
+        labels = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise InputError(f"{path}: labels file not found") from None
+    except (OSError, ValueError) as err:
+        raise InputError(f"{path}: not a JSON file ({first_line(err)})") from None
+    if not isinstance(labels, dict) or not all(isinstance(v, str) for v in labels.values()):
+        raise InputError(f'{path}: expected {{"name": "description", ...}}')
+    return {str(k): v for k, v in labels.items()}
+
+
+def plan_command(args: argparse.Namespace) -> None:
+    """Print the fingerprint and the plan; write it (never over a plan without --overwrite)."""
+    if not Path(args.data).is_dir():
+        raise InputError(f"{args.data}: dataset folder not found")
+    out = args.out or Path(args.data) / "plan.yaml"
+    if out.exists() and not args.overwrite:
+        raise InputError(f"{out}: a plan exists (edit it, or pass --overwrite to replace it)")
+    descriptions = _read_labels(args.labels)
+    fp = fingerprint_dataset(args.data, split_file=getattr(args, "split_file", "split.json"))
+    plan = make_plan(
+        fp,
+        device=resolve_device(args.device),
+        budget_minutes=args.budget_minutes,
+        descriptions=descriptions,
+    )
+    text = plan_text(plan, fp)
+    print(text, end="")
+    write_plan(out, plan, fp)
+    print(f"wrote {out}")

@@ -1,0 +1,357 @@
+"""From a :class:`~heatmap3d.planning.fingerprint.Fingerprint` to training stages.
+
+Pure functions, one rule each; constants are tuned so that the two datasets with
+hand-tuned settings get about those settings back (benchmarks/RESULTS.md):
+
+* the demo phantoms (104 mm, 6 landmarks, 1.2-3 mm voxels): one stage, 3 mm grid, 32^3
+  patch, sigma 9 mm (configs/demo.yaml);
+* AFIDs on real brain MRI (1 mm, 32 landmarks over ~116 mm, 3 training scans): a coarse
+  stage on a ~6 mm grid (32^3, sigma 3 voxels, foreground weight 20), then a refiner on a
+  2 mm grid (32^3 windows, sigma 6 mm, jitter ~12 mm) (benchmarks/afids.py).
+
+Each stage is a nested dict of config overrides (keys of :mod:`heatmap3d.config`) and a
+reason per key. ``train.budget_minutes`` is left to the runner: it gives each stage
+``total * budget_share`` (:func:`heatmap3d.planning.plan_file.stage_configs`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from heatmap3d.planning.fingerprint import Fingerprint
+from heatmap3d.planning.pairs import find_mirror_pairs, geometric_pairs
+
+__all__ = [
+    "Plan",
+    "Stage",
+    "activation_gb",
+    "choose_pairs",
+    "default_memory_gb",
+    "make_plan",
+    "region_of_interest_mm",
+]
+
+DEPTH = 3  # 2x downsamplings: 32^3 -> 4^3 at the bottom, enough context at 32^3 (demo, AFIDs)
+CPU_PATCH = 32  # voxels per axis: a 32^3 step at batch 2 takes ~155 ms on 2 cores (RESULTS.md)
+GPU_PATCHES = (96, 88, 80, 72, 64)  # GPU: as large as memory allows, not below 64
+CPU_MEMORY_GB = 4.0  # what a CPU run may spend on activations when no budget is given
+SIGMA_VOXELS = 3.0  # sigma 2 voxels collapsed to the all-zero output; 3 trains (RESULTS.md)
+ROUND_MM = 0.5  # grids are rounded up to 0.5 mm: readable numbers, never a smaller ROI
+MARGIN_SHARE = 0.25  # context around the landmarks, per side, as a share of their extent
+MIN_MARGIN_MM = 15.0  # at least this context per side (2.5 sigma at a 2 mm grid ...)
+REFINE_FACTOR = 2.0  # refine when the coarse grid is over 2x the finest one we can afford
+CPU_FINE_MM = 2.0  # finest CPU grid: 1 mm windows cost 8x the steps of 2 mm ones
+JITTER_COARSE_VOXELS = 2.0  # a coarse model's error is ~2 of its voxels (AFIDs: 5 mm at 6)
+JITTER_WINDOW_SHARE = 0.35  # a landmark moved by the jitter must stay well inside the window
+COVERAGE_PLATEAU = 0.02  # a heatmap covering < 2% of a patch: all-zero output is near-optimal
+MANY_LANDMARKS = 16  # AFIDs (32) sat on the plateau without the weight; the demo (6) did not
+FEW_SCANS = 10  # few training scans: few steps leave the plateau (AFIDs: 3)
+FOREGROUND_WEIGHT = 20.0  # the weight that moved AFIDs off the plateau (README)
+LR = 2e-3  # AdamW, cosine: 2e-3 trained demo and AFIDs; 1e-3 was too slow on the demo
+BATCH = 2  # per process: a batch of 1 costs 5.6x more per sample on the CPU (RESULTS.md)
+# Bytes kept per conv output, as a multiple of its float32 size: forward + gradient +
+# normalisation and activation outputs + the decoder's skip copies + the K-channel output.
+# Measured on CPU (fp32, batch 2, 8 channels, 32 landmarks): 32^3 raised the peak RSS by
+# 0.094 GiB, 64^3 by 0.57 GiB; 16 gives 0.083 and 0.66 (the fixed overhead dominates 32^3).
+ACTIVATION_FACTOR = 16.0
+CT_WINDOW = (-1000.0, 2000.0)  # HU from air to dense bone, clipped to the data's range
+BUDGET_SHARES = (0.5, 0.5)  # coarse, fine: the refiner needs as many steps to converge
+
+
+@dataclass
+class Stage:
+    """One training stage: ``config`` holds nested overrides, ``reasons`` "section.key" -> why."""
+
+    name: str
+    budget_share: float
+    config: dict[str, dict[str, Any]]
+    reasons: dict[str, str]
+
+
+@dataclass
+class Plan:
+    """Training stages in order (a refiner follows the model it refines), the mirror
+    pairs and how they were found, and notes for the person reading the plan."""
+
+    stages: list[Stage]
+    pairs: list[list[str]]
+    pairs_source: str
+    notes: list[str] = field(default_factory=list)
+
+    def stage_overrides(self) -> list[tuple[str, dict[str, dict[str, Any]]]]:
+        """``[(name, nested config overrides), ...]`` in training order."""
+        return [(s.name, s.config) for s in self.stages]
+
+
+class _Builder:
+    """Collects ``section.key`` values with their reasons, in the order set."""
+
+    def __init__(self) -> None:
+        self.config: dict[str, dict[str, Any]] = {}
+        self.reasons: dict[str, str] = {}
+
+    def set(self, key: str, value: Any, reason: str) -> None:
+        section, name = key.split(".")
+        self.config.setdefault(section, {})[name] = value
+        self.reasons[key] = reason
+
+
+# --------------------------------------------------------------------------------------
+# Rules
+# --------------------------------------------------------------------------------------
+
+
+def default_memory_gb(device: str) -> float:
+    """Memory for activations: the GPU's total memory on CUDA, else ``CPU_MEMORY_GB``."""
+    if device == "cuda":
+        import torch
+
+        if torch.cuda.is_available():
+            _, total = torch.cuda.mem_get_info()
+            return total / 2**30
+    return CPU_MEMORY_GB
+
+
+def activation_gb(patch: int, channels: int, depth: int, batch: int) -> float:
+    """Estimated U-Net training memory (GiB) for ``batch`` patches of ``patch``^3 voxels.
+
+    Level ``l`` (0 = full resolution) has ``channels * 2**l`` channels on
+    ``(patch / 2**l)**3`` voxels and two 3x3x3 conv blocks; each conv output is float32
+    (4 bytes) and about ``ACTIVATION_FACTOR`` copies of it live until the backward pass
+    (its gradient, the normalisation's and activation's outputs, the decoder's
+    concatenated skip). Weights are negligible next to this at these sizes.
+    """
+    voxels = sum(2 * channels * 2**level * (patch / 2**level) ** 3 for level in range(depth + 1))
+    return batch * voxels * 4 * ACTIVATION_FACTOR / 2**30
+
+
+def region_of_interest_mm(fp: Fingerprint) -> float:
+    """Extent (mm) the coarse model must see in one patch: the largest over axes of the
+    landmarks' extent plus a margin per side (``MARGIN_SHARE`` of it, at least
+    ``MIN_MARGIN_MM``), or of the image foreground when that is smaller (context beyond
+    the object is air)."""
+    roi = []
+    for extent, foreground in zip(fp.landmark_extent_mm, fp.foreground_mm):
+        margin = max(MARGIN_SHARE * extent, MIN_MARGIN_MM)
+        wanted = extent + 2 * margin
+        roi.append(min(wanted, foreground) if foreground > 0 else wanted)
+    return max(roi)
+
+
+def _round_up(mm: float) -> float:
+    return math.ceil(mm / ROUND_MM - 1e-9) * ROUND_MM
+
+
+def choose_model(device: str, memory_gb: float) -> tuple[int, int]:
+    """``(channels, patch)`` for a whole-scan stage: 8 channels at 32^3 on CPU (what the
+    CPU benchmarks trained in minutes); on a GPU 32 channels from 40 GiB (16 below) and
+    the largest patch in ``GPU_PATCHES`` whose activations fit; halved if none does."""
+    if device != "cuda":
+        return 8, _fit(CPU_PATCH, 8, memory_gb)
+    channels = 32 if memory_gb >= 40 else 16
+    for patch in GPU_PATCHES:
+        if activation_gb(patch, channels, DEPTH, BATCH) <= memory_gb:
+            return channels, patch
+    return channels, _fit(GPU_PATCHES[-1], channels, memory_gb)
+
+
+def _fit(patch: int, channels: int, memory_gb: float) -> int:
+    """Shrink ``patch`` by steps of ``2**DEPTH`` until its activations fit."""
+    step = 2**DEPTH
+    while patch > step and activation_gb(patch, channels, DEPTH, BATCH) > memory_gb:
+        patch -= step
+    return patch
+
+
+def coarse_spacing(fp: Fingerprint, patch: int) -> float:
+    """The whole ROI in one patch, rounded up to ``ROUND_MM``; never finer than the
+    finest median native axis (finer would only interpolate)."""
+    return max(_round_up(region_of_interest_mm(fp) / patch), _round_up(min(fp.spacing_median)))
+
+
+def fine_spacing(fp: Fingerprint, device: str) -> float:
+    """The refiner's grid: native (rounded up to ``ROUND_MM``), not finer than
+    ``CPU_FINE_MM`` on CPU."""
+    native = _round_up(min(fp.spacing_median))
+    return max(native, CPU_FINE_MM) if device != "cuda" else native
+
+
+def needs_refinement(coarse_mm: float, fine_mm: float) -> bool:
+    """A refiner pays when the coarse grid is over ``REFINE_FACTOR`` x the fine one."""
+    return coarse_mm > REFINE_FACTOR * fine_mm
+
+
+def foreground_weight(fp: Fingerprint, patch: int) -> tuple[float, str]:
+    """``FOREGROUND_WEIGHT`` when a heatmap (a ball of radius sigma) covers under
+    ``COVERAGE_PLATEAU`` of a patch and there are many landmarks or few scans (the
+    plateau the README describes), else 0 (plain MSE, as the demo trains)."""
+    ball = 4 / 3 * math.pi * SIGMA_VOXELS**3
+    coverage = ball / patch**3
+    k, n = len(fp.names), fp.n_train
+    if coverage < COVERAGE_PLATEAU and (k >= MANY_LANDMARKS or n < FEW_SCANS):
+        return FOREGROUND_WEIGHT, (
+            f"a heatmap covers {coverage:.2%} of a patch and {k} landmarks / {n} training "
+            "scans: the all-zero output is a plateau, weight the peaks"
+        )
+    return 0.0, f"{k} landmarks, {n} training scans: plain MSE trains (as the demo)"
+
+
+def choose_pairs(
+    fp: Fingerprint, descriptions: dict[str, str] | None = None
+) -> tuple[list[list[str]], str]:
+    """Mirror pairs and how they were found: from names, else descriptions, else geometry."""
+    pairs = find_mirror_pairs(fp.names)
+    if pairs:
+        return pairs, "from the landmark names"
+    if descriptions:
+        pairs = find_mirror_pairs(fp.names, descriptions)
+        if pairs:
+            return pairs, "from the label descriptions"
+    pairs = geometric_pairs([np.array(p, dtype=float) for p in fp.points_mm], fp.names)
+    if pairs:
+        return pairs, "found geometrically (mirror images across the midline): check them"
+    return [], "none found"
+
+
+def normalization(fp: Fingerprint, b: _Builder) -> None:
+    """CT: the HU window ``CT_WINDOW`` clipped to the data's robust range; MR: z-score."""
+    if fp.modality == "ct":
+        low = max(CT_WINDOW[0], fp.intensity_percentiles[0])
+        high = min(CT_WINDOW[1], fp.intensity_percentiles[1])
+        if high <= low:
+            low, high = CT_WINDOW
+        b.set("data.normalization", "ct", fp.modality_reason)
+        b.set(
+            "data.ct_window",
+            [round(low), round(high)],
+            "air to dense bone (-1000 to 2000 HU), clipped to the 0.5/99.5 percentiles",
+        )
+    else:
+        b.set("data.normalization", "mr", fp.modality_reason)
+        b.set("data.percentiles", [0.5, 99.5], "robust range: ignores hot voxels")
+
+
+def augmentation(b: _Builder, pairs: list[list[str]], how: str) -> None:
+    """The AFIDs benchmark's augmentation; mirroring only with pairs to swap."""
+    b.set("augment.enabled", True, "few scans: augmentation is most of the data")
+    b.set("augment.rotation_deg", 10.0, "head/body poses vary by a few degrees (AFIDs: 10)")
+    b.set("augment.translation_mm", 10.0, "positions in the scanner vary by centimetres")
+    b.set("augment.scale", [0.9, 1.1], "anatomy sizes vary by about 10%")
+    b.set("augment.elastic_mm", 0.0, "off: costly and not needed on the benchmarks")
+    if pairs:
+        b.set("augment.mirror_axis", 0, "left-right flip (RAS x); pairs swapped below")
+        b.set("augment.mirror_pairs", pairs, f"[right, left], {how}")
+    else:
+        b.set(
+            "augment.mirror_axis", -1, "off: no left/right pairs found, flipping would swap sides"
+        )
+
+
+# --------------------------------------------------------------------------------------
+# Stages
+# --------------------------------------------------------------------------------------
+
+
+def _common(fp: Fingerprint, b: _Builder, channels: int, patch: int, pairs, how: str) -> None:
+    b.set("data.landmarks", list(fp.names), "channel order, fixed so mirror pairs match")
+    normalization(fp, b)
+    b.set("model.channels", channels, "features at full resolution: what the device affords")
+    bottom = patch // 2**DEPTH
+    b.set("model.depth", DEPTH, f"{DEPTH} 2x downsamplings: {bottom}^3 voxels at the bottom")
+    b.set("train.batch_size", BATCH, "per process; 1 costs 5.6x more per sample on CPU")
+    b.set("train.lr", LR, "AdamW with cosine decay: trained the demo and AFIDs")
+    augmentation(b, pairs, how)
+
+
+def coarse_stage(fp, device, memory_gb, pairs, how, share) -> tuple[Stage, float, int]:
+    """The whole-scan model; returns the stage, its spacing and patch."""
+    b = _Builder()
+    channels, patch = choose_model(device, memory_gb)
+    spacing = coarse_spacing(fp, patch)
+    roi = region_of_interest_mm(fp)
+    aniso = f"; native voxels anisotropic ({fp.anisotropy:.1f}x), grid kept isotropic"
+    b.set(
+        "data.spacing",
+        [spacing] * 3,
+        f"the {roi:.0f} mm region of interest in one {patch}^3 patch"
+        + (aniso if fp.anisotropy > 1.5 else ""),
+    )
+    b.set(
+        "data.patch_size",
+        [patch] * 3,
+        f"{device}: {activation_gb(patch, channels, DEPTH, BATCH):.2f} GiB of activations "
+        f"(budget {memory_gb:g} GiB)",
+    )
+    b.set("data.landmark_crops", 0.0, "random crops: learns every landmark in context")
+    b.set("inference.sliding_window", False, "whole scans in one pass, as trained")
+    _common(fp, b, channels, patch, pairs, how)
+    b.set("model.role", "whole_scan", "finds every landmark in a whole scan")
+    _heatmap(fp, b, spacing, patch)
+    return Stage("coarse", share, b.config, b.reasons), spacing, patch
+
+
+def fine_stage(fp, device, memory_gb, pairs, how, coarse_mm, share) -> Stage:
+    """The refiner: windows around the coarse estimate on a finer grid."""
+    b = _Builder()
+    spacing = fine_spacing(fp, device)
+    channels, patch = choose_model(device, memory_gb)
+    patch = CPU_PATCH if device != "cuda" else min(patch, 64)
+    window = patch * spacing
+    jitter = min(JITTER_COARSE_VOXELS * coarse_mm, JITTER_WINDOW_SHARE * window)
+    b.set(
+        "data.spacing", [spacing] * 3, f"finest affordable on {device}; coarse is {coarse_mm:g} mm"
+    )
+    b.set("data.patch_size", [patch] * 3, f"a {window:.0f} mm window around each estimate")
+    b.set("data.landmark_crops", 1.0, "a refiner trains on landmark-centred windows")
+    b.set(
+        "data.crop_jitter_mm",
+        round(jitter, 1),
+        f"the coarse model's error, ~{JITTER_COARSE_VOXELS:g} of its voxels, "
+        f"at most {JITTER_WINDOW_SHARE:g} of the window",
+    )
+    _common(fp, b, channels, patch, pairs, how)
+    b.set("model.role", "refiner", "places each landmark again near the coarse estimate")
+    _heatmap(fp, b, spacing, patch)
+    return Stage("fine", share, b.config, b.reasons)
+
+
+def _heatmap(fp: Fingerprint, b: _Builder, spacing: float, patch: int) -> None:
+    b.set("heatmap.sigma", round(SIGMA_VOXELS * spacing, 3), f"{SIGMA_VOXELS:g} voxels of the grid")
+    weight, why = foreground_weight(fp, patch)
+    b.set("heatmap.foreground_weight", weight, why)
+
+
+def make_plan(
+    fp: Fingerprint,
+    *,
+    device: str = "cpu",
+    memory_gb: float | None = None,
+    budget_minutes: float = 60.0,
+    descriptions: dict[str, str] | None = None,
+) -> Plan:
+    """The stages for ``fp`` on ``device`` ("cpu" or "cuda") within ``memory_gb``
+    (default :func:`default_memory_gb`). ``budget_minutes`` only appears in the notes:
+    the runner splits the total by each stage's ``budget_share``."""
+    memory = default_memory_gb(device) if memory_gb is None else memory_gb
+    pairs, how = choose_pairs(fp, descriptions)
+    coarse, coarse_mm, _ = coarse_stage(fp, device, memory, pairs, how, 1.0)
+    stages = [coarse]
+    fine_mm = fine_spacing(fp, device)
+    notes = [f"pairs: {len(pairs)} {how}"]
+    if needs_refinement(coarse_mm, fine_mm):
+        coarse.budget_share = BUDGET_SHARES[0]
+        stages.append(fine_stage(fp, device, memory, pairs, how, coarse_mm, BUDGET_SHARES[1]))
+        notes.append(
+            f"coarse grid {coarse_mm:g} mm > {REFINE_FACTOR:g} x {fine_mm:g} mm: a refiner follows"
+        )
+    else:
+        notes.append(
+            f"coarse grid {coarse_mm:g} mm <= {REFINE_FACTOR:g} x {fine_mm:g} mm: one stage"
+        )
+    minutes = ", ".join(f"{s.name} {budget_minutes * s.budget_share:g}" for s in stages)
+    notes.append(f"with a {budget_minutes:g}-minute budget: {minutes} minutes")
+    return Plan(stages, pairs, how, notes)

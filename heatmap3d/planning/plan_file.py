@@ -1,0 +1,138 @@
+"""``DATA/plan.yaml``: the plan as a commented YAML file a person can read and edit.
+
+``yaml.safe_dump`` cannot write comments, so the text is written here, one line per key
+with its reason as a comment; values are written as JSON, which YAML reads as flow
+style. :func:`read_plan` reads any YAML of the same shape (comments and edits welcome)
+and checks each stage's config against :mod:`heatmap3d.config`; :func:`stage_configs`
+turns the stages into full configs for the runner.
+"""
+
+from __future__ import annotations
+
+import copy
+import datetime
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from heatmap3d.config import Config, _apply_override, from_dict
+from heatmap3d.errors import InputError, first_line
+from heatmap3d.io.atomic import atomic_write_bytes
+from heatmap3d.planning.fingerprint import Fingerprint
+from heatmap3d.planning.plan import Plan
+
+__all__ = ["PlanStage", "plan_text", "read_plan", "stage_configs", "write_plan"]
+
+_STAGE_KEYS = {"name", "budget_share", "config"}
+
+
+@dataclass(frozen=True)
+class PlanStage:
+    """One stage as read from a plan file: ``config`` is nested overrides (checked)."""
+
+    name: str
+    budget_share: float
+    config: dict[str, Any]
+
+
+def plan_text(plan: Plan, fp: Fingerprint, *, date: str | None = None) -> str:
+    """The plan file's text: header comments, then the stages (see module doc)."""
+    when = date or datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    header = [
+        f"heatmap3d plan for {fp.root} ({when})",
+        "Edit freely; heatmap3d train DATA uses this file (delete it to plan again).",
+        "Each stage's config holds overrides of the defaults (keys as in heatmap3d.config);",
+        "train.budget_minutes is set by the runner: total budget x budget_share.",
+        "",
+        "Dataset fingerprint:",
+        *(f"  {line}" for line in fp.summary().splitlines()),
+        "",
+        f"Mirror pairs [right, left]: {len(plan.pairs)}, {plan.pairs_source}",
+        *(f"  {json.dumps(pair)}" for pair in plan.pairs),
+        *(f"Note: {note}" for note in plan.notes),
+    ]
+    lines = [f"# {line}".rstrip() for line in header] + ["", "stages:"]
+    for stage in plan.stages:
+        lines += [
+            f"  - name: {json.dumps(stage.name)}",
+            f"    budget_share: {stage.budget_share:g}",
+        ]
+        lines.append("    config:")
+        for section, values in stage.config.items():
+            lines.append(f"      {section}:")
+            for key, value in values.items():
+                reason = " ".join(stage.reasons.get(f"{section}.{key}", "").split())
+                line = f"        {key}: {json.dumps(value)}"
+                lines.append(f"{line}  # {reason}" if reason else line)
+    return "\n".join(lines) + "\n"
+
+
+def write_plan(path: str | Path, plan: Plan, fp: Fingerprint) -> None:
+    """Write the plan file atomically (a reader never sees half a plan)."""
+    atomic_write_bytes(Path(path), plan_text(plan, fp).encode("utf-8"))
+
+
+def read_plan(path: str | Path) -> list[PlanStage]:
+    """The stages of a plan file; :class:`InputError` naming the file for anything wrong
+    (not YAML, wrong shape, an unknown config key or a bad value in a stage)."""
+    path = Path(path)
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise InputError(f"{path}: plan file not found") from None
+    except yaml.YAMLError as err:
+        raise InputError(f"{path}: not valid YAML ({first_line(err)})") from None
+    stages = raw.get("stages") if isinstance(raw, dict) else None
+    if not isinstance(stages, list) or not stages:
+        raise InputError(f"{path}: a plan is a mapping with a non-empty 'stages' list")
+    result = [_read_stage(path, i, s) for i, s in enumerate(stages)]
+    names = [s.name for s in result]
+    if len(set(names)) != len(names):
+        raise InputError(f"{path}: stage names must differ, got {names}")
+    return result
+
+
+def _read_stage(path: Path, index: int, raw: Any) -> PlanStage:
+    where = f"{path}: stage {index + 1}"
+    if not isinstance(raw, dict) or set(raw) - _STAGE_KEYS or "name" not in raw:
+        raise InputError(f"{where}: expected keys {sorted(_STAGE_KEYS)} (name required)")
+    name, share, config = raw["name"], raw.get("budget_share", 1.0), raw.get("config") or {}
+    if not isinstance(name, str) or not name or "/" in name:
+        raise InputError(f"{where}: name must be a non-empty string without '/'")
+    if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0 < share <= 1:
+        raise InputError(f"{where} ({name}): budget_share must be a number in (0, 1]")
+    from_dict(config, source=f"{path} (stage {name})")  # unknown keys, types, values
+    return PlanStage(name, float(share), config)
+
+
+def stage_configs(
+    stages: list[PlanStage],
+    *,
+    data_root: str | Path,
+    overrides: list[str],
+    budget_minutes: float | None,
+) -> list[tuple[str, Config]]:
+    """``[(name, Config), ...]``: each stage with ``data.root``, then the user's
+    ``section.key=value`` overrides on top (as :func:`heatmap3d.config.load_config`).
+
+    The total budget is ``budget_minutes`` or, when that is None, a
+    ``train.budget_minutes=`` override: either way it is the whole plan's, and each stage
+    gets ``total x budget_share`` (0 or none: ``train.epochs`` decides every stage).
+    """
+    result = []
+    for stage in stages:
+        raw = copy.deepcopy(stage.config)
+        raw.setdefault("data", {})["root"] = str(data_root)
+        for item in overrides:
+            _apply_override(raw, item)
+        total = budget_minutes
+        if total is None:
+            total = raw.get("train", {}).get("budget_minutes")
+        if total and isinstance(total, (int, float)) and math.isfinite(total):
+            raw.setdefault("train", {})["budget_minutes"] = float(total) * stage.budget_share
+        result.append((stage.name, from_dict(raw, source=f"plan stage {stage.name}")))
+    return result

@@ -1,0 +1,346 @@
+"""heatmap3d.planning: fingerprint -> plan -> plan.yaml -> configs (issue 14)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from heatmap3d.config import from_dict
+from heatmap3d.errors import InputError
+from heatmap3d.io.landmarks import read_landmarks
+from heatmap3d.planning.command import add_plan_arguments, plan_command
+from heatmap3d.planning.fingerprint import Fingerprint, fingerprint_dataset
+from heatmap3d.planning.pairs import find_mirror_pairs, geometric_pairs
+from heatmap3d.planning.plan import activation_gb, make_plan, region_of_interest_mm
+from heatmap3d.planning.plan_file import plan_text, read_plan, stage_configs, write_plan
+
+REAL = Path(__file__).resolve().parents[2] / "shared" / "data" / "real"
+AFIDS_PAIRS = [
+    [str(r), str(r + 1)] for r in (6, 8, 12, 15, 17, 21, 23, 25, 27, 29, 31)
+]  # right, left
+AFIDS = {
+    "nlin2009c": (
+        "MNI152NLin2009cAsym",
+        "tpl-MNI152NLin2009cAsym_res-01_T1w_brainmasked.nii.gz",
+        "tpl-MNI152NLin2009cAsym_res-01_desc-groundtruth_afids.fcsv",
+    ),
+    "nlin6": (
+        "MNI152NLin6Asym",
+        "tpl-MNI152NLin6Asym_res-01_T1w.nii.gz",
+        "tpl-MNI152NLin6Asym_res-01_desc-groundtruth_afids.fcsv",
+    ),
+    "nlin2009a": (
+        "approx_MNI152NLin2009aSym_nilearn",
+        "mni_icbm152_t1_tal_nlin_sym_09a_converted.nii.gz",
+        "tpl-MNI152NLin2009cSym_res-1_desc-groundtruth_afids.fcsv",
+    ),
+}
+needs_real = pytest.mark.skipif(not REAL.is_dir(), reason="no real data in ../shared/data/real")
+
+
+def fake(
+    *,
+    spacing: list[float],
+    fov: list[float],
+    extent: list[float],
+    names: list[str],
+    nn: float,
+    n_train: int = 20,
+    modality: str = "mr",
+    points: list[list[list[float]]] | None = None,
+) -> Fingerprint:
+    """A fingerprint as fingerprint_dataset would give, without a dataset."""
+    k = len(names)
+    return Fingerprint(
+        root="fake",
+        n_cases=n_train + 2,
+        n_train=n_train,
+        names=names,
+        spacing_median=spacing,
+        spacing_min=spacing,
+        spacing_max=spacing,
+        shape_median=[round(f / s) for f, s in zip(fov, spacing)],
+        fov_median_mm=fov,
+        fov_max_mm=fov,
+        foreground_mm=[0.9 * f for f in fov],
+        foreground_fraction=0.4,
+        intensity_percentiles=[-1000.0, 1500.0] if modality == "ct" else [0.0, 900.0],
+        intensity_min=-1024.0 if modality == "ct" else 0.0,
+        intensity_max=3000.0 if modality == "ct" else 1000.0,
+        modality=modality,
+        modality_reason="fake",
+        landmark_extent_mm=extent,
+        landmark_centre_mm=[0.0, 0.0, 0.0],
+        nn_distance_mm=[nn] * k,
+        missing_share=[0.0] * k,
+        points_mm=points or [],
+    )
+
+
+MR_HEAD = fake(
+    spacing=[1.0, 1.0, 1.0],
+    fov=[180.0, 220.0, 180.0],
+    extent=[70.0, 120.0, 60.0],
+    names=[str(i) for i in range(1, 33)],
+    nn=10.0,
+    n_train=3,
+)
+CT_TORSO = fake(
+    spacing=[0.7, 0.7, 2.5],
+    fov=[300.0, 300.0, 400.0],
+    extent=[220.0, 150.0, 300.0],
+    names=[f"{side}_{n}" for n in ("kidney", "hip", "shoulder", "lung", "rib") for side in "LR"]
+    + ["sternum", "navel", "T12", "L5"],
+    nn=30.0,
+    modality="ct",
+)
+PHANTOM = fake(
+    spacing=[1.5, 2.0, 3.0],
+    fov=[104.0, 104.0, 104.0],
+    extent=[45.0, 40.0, 54.0],
+    names=["a", "b", "c", "d", "e", "f"],
+    nn=24.0,
+    n_train=40,
+)
+
+
+# --------------------------------------------------------------------------------------
+# Pairs
+# --------------------------------------------------------------------------------------
+
+
+def test_pairs_from_names_in_every_spelling():
+    names = ["L_eye", "R_eye", "left-ear", "right-ear", "Nose", "LeftHand", "RightHand"]
+    names += ["knee.l", "knee.r", "foot L", "foot R", "lateral", "Roof"]
+    assert find_mirror_pairs(names) == [
+        ["R_eye", "L_eye"],
+        ["right-ear", "left-ear"],
+        ["RightHand", "LeftHand"],
+        ["knee.r", "knee.l"],
+        ["foot R", "foot L"],
+    ]
+
+
+def test_pairs_need_one_partner_each():
+    assert find_mirror_pairs(["L_a", "R_a", "l_a"]) == []  # two left "a": ambiguous
+    assert find_mirror_pairs(["AC", "PC", "L", "R"]) == []  # a side alone names nothing
+
+
+def test_pairs_from_descriptions_for_numbered_names():
+    names = ["1", "2", "3", "4", "5"]
+    labels = {"1": "AC", "2": "R superior LMS", "3": "L superior LMS", "4": "R MB", "5": "L MB"}
+    assert find_mirror_pairs(names) == []
+    assert find_mirror_pairs(names, labels) == [["2", "3"], ["4", "5"]]
+
+
+def test_geometric_pairs_mirror_images_only():
+    rng = np.random.default_rng(0)
+    base = np.array(
+        [[30.0, 10, 5], [-30.0, 10, 5], [0.0, 40, 0], [0.5, -20, 10], [20, -5, -8], [-20, -5, -8]]
+    )
+    base = np.vstack([base, [[25.0, 30, 20]]])  # unpaired, right side
+    names = ["a", "b", "mid1", "mid2", "c", "d", "lonely"]
+    cases = []
+    for _ in range(5):
+        shift = np.array([rng.uniform(-10, 10), rng.uniform(-5, 5), 0])
+        cases.append(base + shift + rng.normal(0, 0.7, base.shape))
+    cases[0][1] = np.nan  # a missing landmark does not stop the pair
+    assert geometric_pairs(cases, names) == [["a", "b"], ["c", "d"]]
+
+
+@needs_real
+def test_geometric_pairs_find_the_afids_pairs():
+    cases = [read_landmarks(REAL / f / fcsv) for f, _, fcsv in AFIDS.values()]
+    names = cases[0].names
+    points = [c.select(names).points for c in cases]
+    assert names == [str(i) for i in range(1, 33)]
+    assert geometric_pairs(points, names) == AFIDS_PAIRS
+
+
+# --------------------------------------------------------------------------------------
+# Rules on fake fingerprints
+# --------------------------------------------------------------------------------------
+
+
+def _check_sane(fp: Fingerprint, device: str = "cpu", memory_gb: float = 4.0):
+    plan = make_plan(fp, device=device, memory_gb=memory_gb)
+    assert math.isclose(sum(s.budget_share for s in plan.stages), 1.0)
+    coarse = plan.stages[0].config
+    spacing, patch = coarse["data"]["spacing"][0], coarse["data"]["patch_size"][0]
+    # The landmarks' extent fits in one coarse patch.
+    assert max(fp.landmark_extent_mm) <= spacing * patch
+    assert spacing >= min(fp.spacing_median)
+    for stage in plan.stages:
+        c = stage.config
+        sp, p = c["data"]["spacing"][0], c["data"]["patch_size"][0]
+        assert 2 <= c["heatmap"]["sigma"] / sp <= 4
+        assert p % 2 ** c["model"]["depth"] == 0
+        assert activation_gb(p, c["model"]["channels"], c["model"]["depth"], 2) <= memory_gb
+        assert set(stage.reasons) == {f"{s}.{k}" for s, v in c.items() for k in v}
+        from_dict(c)  # every key and value is a valid config
+    return plan
+
+
+def test_mr_head_plans_coarse_then_refiner():
+    plan = _check_sane(MR_HEAD)
+    assert [s.name for s in plan.stages] == ["coarse", "fine"]
+    coarse, fine = (s.config for s in plan.stages)
+    assert 5.0 <= coarse["data"]["spacing"][0] <= 7.0 and coarse["data"]["patch_size"] == [32] * 3
+    assert coarse["heatmap"]["foreground_weight"] == 20.0  # 32 landmarks, 3 scans
+    assert fine["data"]["spacing"] == [2.0] * 3 and fine["model"]["role"] == "refiner"
+    assert fine["data"]["landmark_crops"] == 1.0
+    jitter = fine["data"]["crop_jitter_mm"]
+    assert 1.5 * coarse["data"]["spacing"][0] <= jitter <= 0.35 * 32 * 2.0
+    assert coarse["augment"]["mirror_axis"] == -1  # numbered names, no points: no pairs
+    assert coarse["data"]["normalization"] == "mr"
+
+
+def test_ct_torso_pairs_window_and_anisotropy():
+    plan = _check_sane(CT_TORSO)
+    coarse = plan.stages[0]
+    assert coarse.config["data"]["normalization"] == "ct"
+    assert coarse.config["data"]["ct_window"] == [-1000, 1500]
+    assert "anisotropic" in coarse.reasons["data.spacing"]
+    assert len(set(coarse.config["data"]["spacing"])) == 1  # isotropic grid all the same
+    assert ["R_kidney", "L_kidney"] in plan.pairs and len(plan.pairs) == 5
+    assert coarse.config["augment"]["mirror_axis"] == 0
+    assert coarse.config["augment"]["mirror_pairs"] == plan.pairs
+    assert [s.name for s in plan.stages] == ["coarse", "fine"]  # 12 mm coarse > 2 x 2 mm
+
+
+def test_phantom_plans_one_stage_like_the_demo():
+    plan = _check_sane(PHANTOM)
+    assert [s.name for s in plan.stages] == ["coarse"]
+    assert plan.stages[0].budget_share == 1.0
+    c = plan.stages[0].config
+    assert c["data"]["spacing"] == [3.0] * 3 and c["heatmap"]["sigma"] == 9.0
+    assert c["heatmap"]["foreground_weight"] == 0.0  # 6 landmarks, 40 scans: as the demo
+
+
+def test_refinement_exactly_when_the_rule_says():
+    # A small object at 1 mm: the coarse grid is at most 2 x 2 mm, no refiner on CPU.
+    small = fake(spacing=[1.0] * 3, fov=[120.0] * 3, extent=[60.0] * 3, names=["a", "b"], nn=9)
+    assert region_of_interest_mm(small) / 32 <= 4.0
+    assert len(_check_sane(small).stages) == 1
+    # On a GPU the patch is larger, and a 1 mm dataset refines only when 96^3 is too small.
+    assert len(_check_sane(MR_HEAD, "cuda", 80.0).stages) == 1
+    wide = fake(spacing=[1.0] * 3, fov=[400.0] * 3, extent=[300.0] * 3, names=["a"], nn=9)
+    gpu = _check_sane(wide, "cuda", 80.0)
+    assert [s.name for s in gpu.stages] == ["coarse", "fine"]
+    assert gpu.stages[1].config["data"]["spacing"] == [1.0] * 3  # native on a GPU
+
+
+def test_gpu_memory_budget_shrinks_the_patch():
+    big = _check_sane(MR_HEAD, "cuda", 80.0).stages[0].config
+    small = _check_sane(MR_HEAD, "cuda", 0.2).stages[0].config
+    assert big["model"]["channels"] == 32 and big["data"]["patch_size"] == [96] * 3
+    assert small["data"]["patch_size"][0] < 64
+    assert activation_gb(32, 8, 3, 2) < activation_gb(64, 8, 3, 2) < activation_gb(64, 16, 3, 2)
+
+
+# --------------------------------------------------------------------------------------
+# The plan file
+# --------------------------------------------------------------------------------------
+
+
+def test_plan_file_round_trip(tmp_path):
+    plan = make_plan(CT_TORSO, memory_gb=4.0)
+    path = tmp_path / "plan.yaml"
+    write_plan(path, plan, CT_TORSO)
+    text = path.read_text()
+    assert text.startswith("# heatmap3d plan for fake") and "edit freely" in text.lower()
+    assert "  # the " in text  # reasons are comments
+    stages = read_plan(path)
+    assert [(s.name, s.budget_share) for s in stages] == [("coarse", 0.5), ("fine", 0.5)]
+    for read, made in zip(stages, plan.stages):
+        assert from_dict(read.config) == from_dict(made.config)
+    configs = stage_configs(
+        stages, data_root=tmp_path, overrides=["train.epochs=7"], budget_minutes=30
+    )
+    (name, cfg), (_, fine) = configs
+    assert name == "coarse" and cfg.data.root == str(tmp_path) and cfg.train.epochs == 7
+    assert cfg.train.budget_minutes == 15.0 and fine.train.budget_minutes == 15.0
+    assert fine.model.role == "refiner" and cfg.augment.mirror_pairs == plan.pairs
+
+
+def test_budget_override_is_the_total(tmp_path):
+    path = tmp_path / "plan.yaml"
+    write_plan(path, make_plan(MR_HEAD, memory_gb=4.0), MR_HEAD)
+    configs = stage_configs(
+        read_plan(path),
+        data_root=tmp_path,
+        overrides=["train.budget_minutes=60"],
+        budget_minutes=None,
+    )
+    assert [c.train.budget_minutes for _, c in configs] == [30.0, 30.0]
+    none = stage_configs(read_plan(path), data_root=tmp_path, overrides=[], budget_minutes=None)
+    assert [c.train.budget_minutes for _, c in none] == [0.0, 0.0]
+
+
+def test_edited_plan_errors_name_the_file(tmp_path):
+    path = tmp_path / "plan.yaml"
+    write_plan(path, make_plan(PHANTOM, memory_gb=4.0), PHANTOM)
+    path.write_text(path.read_text().replace("lr: 0.002", "lrate: 0.002"))
+    with pytest.raises(InputError, match=r"plan\.yaml.*train\.lrate"):
+        read_plan(path)
+    path.write_text("stages: []\n")
+    with pytest.raises(InputError, match="plan.yaml"):
+        read_plan(path)
+
+
+# --------------------------------------------------------------------------------------
+# End to end
+# --------------------------------------------------------------------------------------
+
+
+def test_phantoms_fingerprint_and_plan(phantoms, tmp_path):
+    root = phantoms(n_train=4, n_val=2, seed=0)
+    fp = fingerprint_dataset(root)
+    assert fp.n_cases == 6 and fp.n_train == 4 and len(fp.names) == 6 and fp.modality == "mr"
+    assert all(100 <= f <= 110 for f in fp.fov_median_mm)
+    assert 30 <= max(fp.landmark_extent_mm) <= 80 and len(fp.points_mm) == 6
+    assert len(fp.summary().splitlines()) == 5
+    out = tmp_path / "plan.yaml"
+    parser = argparse.ArgumentParser()
+    add_plan_arguments(parser)
+    plan_command(parser.parse_args([str(root), "--out", str(out), "--device", "cpu"]))
+    stages = read_plan(out)
+    assert [s.name for s in stages] == ["coarse"]
+    assert stages[0].config["data"]["spacing"] == [3.0] * 3
+    assert stages[0].config["heatmap"]["sigma"] == 9.0
+    with pytest.raises(InputError, match="--overwrite"):
+        plan_command(parser.parse_args([str(root), "--out", str(out)]))
+    plan_command(parser.parse_args([str(root), "--out", str(out), "--overwrite"]))
+
+
+def test_fingerprint_refuses_a_dataset_with_errors(tmp_path):
+    (tmp_path / "split.json").write_text(json.dumps({"train": ["x"], "val": ["y"]}))
+    with pytest.raises(InputError, match="run heatmap3d check"):
+        fingerprint_dataset(tmp_path)
+
+
+@needs_real
+def test_afids_plans_coarse_and_refiner(tmp_path):
+    root = tmp_path / "afids"
+    (root / "images").mkdir(parents=True)
+    (root / "landmarks").mkdir()
+    for case, (folder, image, fcsv) in AFIDS.items():
+        (root / "images" / f"{case}.nii.gz").symlink_to(REAL / folder / image)
+        (root / "landmarks" / f"{case}.fcsv").symlink_to(REAL / folder / fcsv)
+    split = {"train": ["nlin2009c", "nlin6"], "val": ["nlin2009a"]}
+    (root / "split.json").write_text(json.dumps(split))
+    fp = fingerprint_dataset(root)
+    plan = make_plan(fp, device="cpu")
+    assert [s.name for s in plan.stages] == ["coarse", "fine"]
+    coarse, fine = (s.config for s in plan.stages)
+    assert 5.0 <= coarse["data"]["spacing"][0] <= 7.0
+    assert coarse["heatmap"]["foreground_weight"] == 20.0
+    assert fine["data"]["spacing"] == [2.0] * 3 and fine["heatmap"]["sigma"] == 6.0
+    assert 9.0 <= fine["data"]["crop_jitter_mm"] <= 14.0
+    assert plan.pairs == AFIDS_PAIRS and "geometrically" in plan.pairs_source
+    assert "check them" in plan_text(plan, fp)
