@@ -1,4 +1,4 @@
-"""The ``heatmap3d`` command: synth, train, predict, evaluate, check, gpus.
+"""The ``heatmap3d`` command: synth, check, plan, train, predict, evaluate, gpus.
 
 Mistakes in the user's input (:class:`~heatmap3d.errors.InputError`) are printed as one
 line, ``error: <file>: <problem>``, with exit status 2, never as a traceback. A training
@@ -17,8 +17,14 @@ from heatmap3d.errors import InputError, Interrupted, NonFiniteLossError
 
 
 def _add_synth(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("synth", help="generate the synthetic phantom dataset")
+    p = sub.add_parser("synth", help="generate a synthetic dataset (phantoms, or CT-like)")
     p.add_argument("out", type=Path, help="dataset folder to create")
+    p.add_argument(
+        "--kind",
+        choices=("phantom", "ct"),
+        default="phantom",
+        help="phantom: the demo's MR-like phantoms; ct: CT-like torsos in Hounsfield units",
+    )
     p.add_argument("--n-train", type=int, default=40)
     p.add_argument("--n-val", type=int, default=8)
     p.add_argument("--n-test", type=int, default=4)
@@ -27,6 +33,13 @@ def _add_synth(sub: argparse._SubParsersAction) -> None:
 
 def _add_train(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("train", help="train (run under torchrun for several processes)")
+    p.add_argument(
+        "--data",
+        type=Path,
+        help="a dataset folder: plan it (or use DATA/plan.yaml) and train every stage into "
+        "runs/<name>/; also given as the first positional argument",
+    )
+    p.add_argument("--plan", type=Path, help="train the stages of this plan file")
     p.add_argument("--config", type=Path, help="YAML config (default: built-in defaults)")
     p.add_argument("--resume", action="store_true", help="continue from <run>/last.pt if present")
     p.add_argument(
@@ -39,7 +52,12 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
         type=Path,
         help="fine-tune: start from this checkpoint's weights that match (name and shape)",
     )
-    p.add_argument("overrides", nargs="*", help="section.key=value, e.g. train.epochs=50")
+    p.add_argument(
+        "overrides",
+        nargs="*",
+        help="section.key=value, e.g. train.epochs=50 or train.budget_minutes=60 (with a "
+        "plan: the total, split between its stages)",
+    )
 
 
 def _add_predict(sub: argparse._SubParsersAction) -> None:
@@ -113,6 +131,14 @@ def _add_check(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--manifest", type=Path, help="write this JSON manifest if there are no errors")
 
 
+def _add_plan(sub: argparse._SubParsersAction) -> None:
+    from heatmap3d.planning.command import add_plan_arguments
+
+    add_plan_arguments(
+        sub.add_parser("plan", help="fingerprint a dataset and write DATA/plan.yaml (editable)")
+    )
+
+
 def _add_gpus(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("gpus", help="list visible GPUs by free memory; pick the freest N")
     p.add_argument("--n", type=int, default=1, help="how many GPUs to pick (default 1)")
@@ -121,25 +147,17 @@ def _add_gpus(sub: argparse._SubParsersAction) -> None:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="heatmap3d", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
-    for add in (_add_synth, _add_train, _add_predict, _add_evaluate, _add_check, _add_gpus):
+    adders = (_add_synth, _add_check, _add_plan, _add_train, _add_predict, _add_evaluate, _add_gpus)
+    for add in adders:
         add(sub)
     return parser
 
 
 def _run(args: argparse.Namespace) -> None:
     if args.command == "synth":
-        from heatmap3d.data.synthetic import generate_dataset
-
-        generate_dataset(
-            args.out, n_train=args.n_train, n_val=args.n_val, n_test=args.n_test, seed=args.seed
-        )
-        print(f"wrote {args.out}")
+        _synth(args)
     elif args.command == "train":
-        from heatmap3d.config import load_config
-        from heatmap3d.training.trainer import run
-
-        cfg = load_config(args.config, args.overrides)
-        run(cfg, resume=args.resume, init_from=args.init_from, overwrite=args.overwrite)
+        _train(args)
     elif args.command == "predict":
         from heatmap3d.inference.command import predict_command
 
@@ -154,10 +172,50 @@ def _run(args: argparse.Namespace) -> None:
         status = run_check(args.data, args.split_file, args.landmarks, args.manifest)
         if status:  # 1: the data has problems (main's 2 stays for mistakes in the command)
             raise SystemExit(status)
+    elif args.command == "plan":
+        from heatmap3d.planning.command import plan_command
+
+        plan_command(args)
     elif args.command == "gpus":
         from heatmap3d.training.gpus import report
 
         print(report(args.n))
+
+
+def _synth(args: argparse.Namespace) -> None:
+    if args.kind == "ct":
+        from heatmap3d.data.synthetic_ct import generate_ct_dataset as generate
+    else:
+        from heatmap3d.data.synthetic import generate_dataset as generate
+    generate(args.out, n_train=args.n_train, n_val=args.n_val, n_test=args.n_test, seed=args.seed)
+    print(f"wrote {args.out}")
+
+
+def _train(args: argparse.Namespace) -> None:
+    """One run from a config, or every stage of a dataset's plan (``DATA`` / ``--plan``)."""
+    data, overrides = args.data, [o for o in args.overrides if "=" in o]
+    positional = [o for o in args.overrides if "=" not in o]
+    if positional:  # heatmap3d train DATA [overrides]: the dataset folder, given plainly
+        if len(positional) > 1 or data is not None:
+            raise InputError(
+                f"one dataset folder, got {positional + ([str(data)] if data else [])}"
+            )
+        data = Path(positional[0])
+    if data is None and args.plan is None:
+        from heatmap3d.config import load_config
+        from heatmap3d.training.trainer import run
+
+        cfg = load_config(args.config, overrides)
+        run(cfg, resume=args.resume, init_from=args.init_from, overwrite=args.overwrite)
+        return
+    if args.config is not None or args.init_from is not None:
+        raise InputError(
+            "--config and --init-from go with a single run; a dataset trains by its plan "
+            "(change a value with section.key=value, or edit the plan file)"
+        )
+    from heatmap3d.training.stages import train_dataset
+
+    train_dataset(data, args.plan, overrides, resume=args.resume, overwrite=args.overwrite)
 
 
 def main(argv: list[str] | None = None) -> int:

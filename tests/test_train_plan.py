@@ -1,0 +1,101 @@
+"""``heatmap3d train DATA``: plan, train every stage to a budget, leave a model folder that
+``heatmap3d predict --model`` runs."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torchrun_util import ROOT, env
+
+TINY = ["data.num_workers=0", "model.channels=2", "model.depth=2", "data.patch_size=[16,16,16]"]
+
+TWO_STAGES = """\
+stages:
+  - name: coarse
+    budget_share: 0.5
+    config:
+      data: {spacing: [6.0, 6.0, 6.0]}
+      heatmap: {sigma: 18.0, foreground_weight: 20.0}
+  - name: fine
+    budget_share: 0.5
+    config:
+      data: {spacing: [3.0, 3.0, 3.0], landmark_crops: 1.0, crop_jitter_mm: 9.0}
+      model: {role: refiner}
+      heatmap: {sigma: 9.0, foreground_weight: 20.0}
+"""
+
+
+def cli(*args: str | Path) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "heatmap3d.cli", *map(str, args)],
+        cwd=ROOT,
+        env=env(),
+        capture_output=True,
+        text=True,
+        encoding="utf-8",
+        errors="replace",
+        timeout=600,
+    )
+
+
+def _test_scan(data: Path) -> Path:
+    (case,) = json.loads((data / "split.json").read_text())["test"]
+    return next((data / "images").glob(f"{case}.*"))
+
+
+@pytest.mark.slow
+def test_train_data_plans_trains_to_the_budget_and_predict_model_runs_it(phantoms, copy_of):
+    data = copy_of(phantoms(n_train=4, n_val=2, n_test=1, seed=3))
+    out = data.parent / "runs"
+    proc = cli("train", data, "train.budget_minutes=0.2", f"train.out_dir={out}", *TINY)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    model = out / "data"  # named after the dataset folder
+    assert (model / "plan.yaml").is_file() and "stages:" in (model / "plan.yaml").read_text()
+    stages = json.loads((model / "model.json").read_text())["stages"]
+    assert [s["name"] for s in stages] == ["coarse"]
+    last = torch.load(model / "coarse" / "last.pt", weights_only=True)
+    assert last["config"]["train"]["budget_minutes"] == pytest.approx(0.2)
+    assert last["train_seconds"] <= 0.2 * 60 + 5
+    assert (model / "evaluation" / "metrics.csv").is_file()  # the whole model, evaluated
+    scan = _test_scan(data)
+    pred = cli("predict", "--model", model, scan, "--out", data.parent / "pred")
+    assert pred.returncode == 0, pred.stderr[-2000:]
+    # Again without --resume or --overwrite: refused, nothing replaced.
+    again = cli("train", data, "train.budget_minutes=0.2", f"train.out_dir={out}", *TINY)
+    assert again.returncode == 2 and "--resume" in again.stderr
+
+
+@pytest.mark.slow
+def test_an_edited_plan_with_a_refiner_trains_a_cascade(phantoms, copy_of):
+    data = copy_of(phantoms(n_train=4, n_val=2, n_test=1, seed=3))
+    (data / "plan.yaml").write_text(TWO_STAGES)  # as a user would edit it
+    out = data.parent / "runs"
+    proc = cli("train", data, "train.budget_minutes=0.3", f"train.out_dir={out}", *TINY)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    model = out / "data"
+    stages = json.loads((model / "model.json").read_text())["stages"]
+    assert [(s["name"], s["role"]) for s in stages] == [
+        ("coarse", "whole_scan"),
+        ("fine", "refiner"),
+    ]
+    budgets = [
+        torch.load(model / s / "last.pt", weights_only=True)["config"]["train"]["budget_minutes"]
+        for s in ("coarse", "fine")
+    ]
+    assert budgets == pytest.approx([0.15, 0.15])  # the total, split by budget_share
+    scan = _test_scan(data)
+    pred = cli("predict", "--model", model, scan, "--out", data.parent / "pred")
+    assert pred.returncode == 0, pred.stderr[-2000:]
+
+
+def test_a_plan_with_an_unknown_key_is_one_line(phantoms, copy_of, tmp_path):
+    data = copy_of(phantoms(n_train=2, n_val=1, seed=2))
+    (data / "plan.yaml").write_text(TWO_STAGES.replace("sigma: 9.0", "sigmaa: 9.0"))
+    proc = cli("train", data, f"train.out_dir={tmp_path}")
+    err = proc.stderr.strip()
+    assert proc.returncode == 2 and "\n" not in err and "plan.yaml" in err and "sigmaa" in err
