@@ -4,6 +4,7 @@ The package follows the flow of the data, one subpackage per stage:
 
 - :mod:`heatmap3d.io`: files on disk -> volumes (world RAS mm) and landmarks, and back;
 - :mod:`heatmap3d.data`: checking a dataset, preprocessing, the cache, the training Dataset;
+- :mod:`heatmap3d.planning`: a dataset's fingerprint -> a config per training stage;
 - :mod:`heatmap3d.training`: the DDP training loop, the loss, augmentation, validation;
 - :mod:`heatmap3d.inference`: a model on a scan -> landmarks (prediction and refinement);
 - :mod:`heatmap3d.evaluation`: errors in mm, reports and pictures.
