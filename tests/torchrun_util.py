@@ -60,3 +60,90 @@ def run(args: list[str], timeout: int = 300, **extra_env: str) -> subprocess.Com
 def torchrun(nproc: int, *args: str, timeout: int = 300, **extra_env: str):
     """Run a torchrun job to the end; ``.output`` holds stdout + stderr."""
     return run(torchrun_args(nproc, *args), timeout=timeout, **extra_env)
+
+
+# --------------------------------------------------------------------------------------
+# Several "nodes" on one machine: one torchrun launcher per node, c10d rendezvous.
+# --------------------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago (for a rendezvous endpoint)."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def node_args(
+    endpoint: str, rdzv_id: str, *args: str, host: bool, nnodes: int = 2, max_restarts: int = 0
+) -> list[str]:
+    """One node's ``torchrun`` (one process) of an ``nnodes`` job with a c10d rendezvous.
+
+    ``host``: this node's agent serves the rendezvous store (``is_host``), so which launcher
+    may die without taking the store along is decided here, not by who binds the port first.
+    A dead node's agent is noticed after 5 s without heartbeats (torchrun's default: 15 s).
+    """
+    conf = f"is_host={int(host)},keep_alive_interval=1,keep_alive_max_attempt=5,join_timeout=60"
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        f"--nnodes={nnodes}",
+        "--nproc_per_node=1",
+        "--rdzv_backend=c10d",
+        f"--rdzv_endpoint={endpoint}",
+        f"--rdzv_id={rdzv_id}",
+        f"--rdzv_conf={conf}",
+        f"--max-restarts={max_restarts}",
+        "--monitor-interval=0.5",
+        str(ROOT / "train_ddp.py"),
+        *args,
+    ]
+
+
+def descendants(pid: int) -> list[int]:
+    """PIDs of every live process below ``pid`` (torchrun's workers run in their own sessions)."""
+    found = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True)
+    children = [int(p) for p in found.stdout.split()]
+    return [q for c in children for q in (c, *descendants(c))]
+
+
+class Launcher:
+    """A process started in ``cwd`` with :func:`env`, its stdout + stderr going to ``log``.
+
+    :meth:`kill` SIGKILLs it and every process below it (a node lost at once); use it in a
+    ``finally`` so that no test leaves processes behind.
+    """
+
+    def __init__(self, args: list[str], cwd: Path, log: Path, **extra_env: str) -> None:
+        self.log = log
+        with open(log, "w") as out:
+            self.proc = subprocess.Popen(
+                args,
+                cwd=cwd,
+                env=env(**extra_env),
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+
+    @property
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def running(self) -> bool:
+        return self.proc.poll() is None
+
+    def kill(self) -> None:
+        import contextlib
+        import signal
+
+        if self.proc.poll() is not None:  # ended (and reaped: its PID may be reused)
+            return
+        self.proc.send_signal(signal.SIGSTOP)  # frozen, it starts no new worker meanwhile
+        for pid in [*descendants(self.proc.pid), self.proc.pid]:
+            with contextlib.suppress(ProcessLookupError):  # ended meanwhile
+                os.kill(pid, signal.SIGKILL)
+        self.proc.wait()
