@@ -43,7 +43,9 @@ def sh(*args: str | Path) -> str:
     """Run one of the README's commands from the repository root; its output (it must pass)."""
     cmd = [str(a) for a in args]
     print("$ " + " ".join(cmd), flush=True)
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, errors="replace")
+    proc = subprocess.run(
+        cmd, cwd=ROOT, capture_output=True, text=True, encoding="utf-8", errors="replace"
+    )
     if proc.returncode != 0:
         raise SystemExit(
             f"failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"

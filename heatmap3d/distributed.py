@@ -66,6 +66,15 @@ def restart_count() -> int:
     return _env_int("TORCHELASTIC_RESTART_COUNT", 0)
 
 
+def any_restarted(world: DistInfo) -> bool:
+    """Whether torchrun restarted any rank's worker (every rank must call it).
+
+    torchrun counts restarts per node, and a node that was lost and relaunched counts from
+    0 again: the ranks decide together, so that they all resume or none does.
+    """
+    return bool(flagged_ranks(restart_count() > 0, world))
+
+
 def timeout_minutes(minutes: float) -> datetime.timedelta:
     """``train.timeout_min`` as the process group's collective timeout."""
     return datetime.timedelta(minutes=minutes)
@@ -113,6 +122,11 @@ def _attempt_store(rank: int, world: int, timeout: datetime.timedelta) -> dist.S
     per attempt makes every attempt rendezvous afresh.
     """
     store, _, _ = next(dist.rendezvous("env://", rank=rank, world_size=world, timeout=timeout))
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() != "true":
+        # Each attempt got a fresh store (e.g. TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1, as for
+        # several nodes): no stale keys, and the restart count, which torchrun keeps per
+        # node, may differ between nodes (a relaunched node starts again at 0).
+        return store
     return dist.PrefixStore(f"heatmap3d/attempt_{restart_count()}/", store)
 
 

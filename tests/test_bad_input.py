@@ -95,6 +95,8 @@ def test_no_traceback_from_the_launcher(tmp_path):
         cwd=ROOT,
         capture_output=True,
         text=True,
+        encoding="utf-8",
+        errors="replace",
         timeout=120,
     )
     assert proc.returncode == 2

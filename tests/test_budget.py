@@ -106,7 +106,15 @@ def test_a_real_run_stops_at_its_budget(phantoms, tmp_path):
     args += [*TINY, f"data.root={data}", f"train.out_dir={tmp_path}", "train.name=b"]
     args += ["train.budget_minutes=0.25", "train.epochs=100000", "train.device=cpu"]
     start = time.perf_counter()
-    proc = subprocess.run(args, cwd=ROOT, env=env(), capture_output=True, text=True)
+    proc = subprocess.run(
+        args,
+        cwd=ROOT,
+        env=env(),
+        capture_output=True,
+        text=True,
+        encoding="utf-8",
+        errors="replace",
+    )
     assert proc.returncode == 0, proc.stderr
     assert time.perf_counter() - start < 15 + 60  # the budget, plus start-up and the report
     last = torch.load(tmp_path / "b" / "last.pt", weights_only=True)

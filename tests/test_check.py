@@ -476,6 +476,8 @@ def test_exit_status_at_the_shell(data):
         [sys.executable, "-m", "heatmap3d.cli", "check", str(data)],
         capture_output=True,
         text=True,
+        encoding="utf-8",
+        errors="replace",
         check=False,
     )
     assert done.returncode == 1, done.stderr

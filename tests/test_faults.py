@@ -79,6 +79,8 @@ def test_sigkilled_worker_is_restarted_and_resumes_from_the_last_checkpoint(data
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
+        encoding="utf-8",
+        errors="replace",
     )
     _wait_for(lambda: _epoch_of(last) >= 1, "last.pt of epoch 1", proc)
     _wait_for(lambda: len(_workers(proc.pid)) == 2, "two workers", proc)
@@ -114,6 +116,8 @@ def test_writer_killed_while_saving_leaves_a_readable_checkpoint(tmp_path):
             env=env(),
             stdout=subprocess.PIPE,
             text=True,
+            encoding="utf-8",
+            errors="replace",
         )
         first = saver.stdout.readline()  # one complete save, then kill somewhere later
         assert first.strip().isdigit(), first

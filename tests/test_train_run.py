@@ -142,6 +142,8 @@ def test_a_dataset_of_mixed_formats_checks_clean_and_trains(phantoms, copy_of, t
         [sys.executable, "-m", "heatmap3d.cli", "check", str(data)],
         capture_output=True,
         text=True,
+        encoding="utf-8",
+        errors="replace",
         env=env(),
     )
     assert check.returncode == 0 and ", 0 errors," in check.stdout, check.stdout + check.stderr

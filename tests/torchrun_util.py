@@ -51,7 +51,14 @@ def torchrun_args(nproc: int, *args: str, max_restarts: int = 0) -> list[str]:
 def run(args: list[str], timeout: int = 300, **extra_env: str) -> subprocess.CompletedProcess:
     """Run a command in the repository to the end; ``.output`` holds stdout + stderr."""
     proc = subprocess.run(
-        args, cwd=ROOT, env=env(**extra_env), capture_output=True, text=True, timeout=timeout
+        args,
+        cwd=ROOT,
+        env=env(**extra_env),
+        capture_output=True,
+        text=True,
+        encoding="utf-8",
+        errors="replace",
+        timeout=timeout,
     )
     proc.output = proc.stdout + proc.stderr
     return proc

@@ -76,8 +76,14 @@ class Predictor:
     @classmethod
     def from_checkpoint(cls, path: str | Path, device: str | torch.device = "cpu") -> Predictor:
         """Load a checkpoint (``weights_only=True``) onto ``device``; GPU-trained works on CPU."""
-        ckpt = checkpoint.load(path)
-        cfg = ckpt.resolved_config(source=str(path))
+        return cls.from_loaded(checkpoint.load(path), device, source=str(path))
+
+    @classmethod
+    def from_loaded(
+        cls, ckpt: checkpoint.Checkpoint, device: str | torch.device, *, source: str
+    ) -> Predictor:
+        """Around a checkpoint already read (``source`` names it in errors)."""
+        cfg = ckpt.resolved_config(source=source)
         cfg.data.landmarks = list(ckpt.landmarks)
         device = torch.device(device)
         settings = InferenceSettings.from_config(cfg, device)
@@ -87,7 +93,7 @@ class Predictor:
             model.load_state_dict(ckpt.model)
         except RuntimeError as err:  # the stored config does not describe these weights
             raise InputError(
-                f"{path}: the weights do not match the model its config describes "
+                f"{source}: the weights do not match the model its config describes "
                 f"({first_line(err)})"
             ) from None
         return cls(model, settings, cfg.data.landmarks, cfg.data, device)

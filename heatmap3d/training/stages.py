@@ -19,13 +19,13 @@ from heatmap3d import distributed
 from heatmap3d.config import Config, load_config
 from heatmap3d.distributed import DistInfo
 from heatmap3d.evaluation.metrics import LandmarkStats
-from heatmap3d.inference.predictor import Predictor
 from heatmap3d.inference.refine import Cascade
 from heatmap3d.io.model_folder import StageEntry, write_model_folder
 from heatmap3d.planning.fingerprint import fingerprint_dataset
 from heatmap3d.planning.plan import make_plan
 from heatmap3d.planning.plan_file import read_plan, stage_configs, write_plan
 from heatmap3d.training.trainer import Trainer, train
+from heatmap3d.training.validation import read_on_main
 
 DEFAULT_BUDGET_MINUTES = 60.0  # a plan's total training time when no budget is given
 
@@ -111,9 +111,11 @@ def _in_folder(cfg: Config, model_dir: Path, name: str) -> Config:
 
 
 def _best_of(trainer: Trainer) -> str:
-    """The stage's ``best.pt``; ``last.pt`` when no validation found a landmark (MRE NaN)."""
-    name = trainer.cfg.train.name
-    return f"{name}/best.pt" if (trainer.run_dir / "best.pt").is_file() else f"{name}/last.pt"
+    """The stage's ``best.pt``; ``last.pt`` when no validation found a landmark (MRE NaN).
+    Rank 0's view: it wrote them."""
+    name, best = trainer.cfg.train.name, trainer.run_dir / "best.pt"
+    written = distributed.main_then_broadcast(trainer.world, best.is_file)
+    return f"{name}/best.pt" if written else f"{name}/last.pt"
 
 
 def _finish(
@@ -126,8 +128,6 @@ def _finish(
         if plan_file is not None and plan_file.resolve() != (model_dir / "plan.yaml").resolve():
             shutil.copyfile(plan_file, model_dir / "plan.yaml")
     distributed.barrier()  # every checkpoint and model.json written
-    predictors = [
-        Predictor.from_checkpoint(model_dir / e.checkpoint, world.device) for e in entries
-    ]
+    predictors = [read_on_main(world, model_dir / e.checkpoint) for e in entries]
     model = predictors[0] if len(predictors) == 1 else Cascade(predictors[0], predictors[1])
     return trainers[0].validator.report(model, label=str(model_dir), out_dir=model_dir)

@@ -87,18 +87,18 @@ class TrainState:
         if world.is_main:
             checkpoint.save(path, self.to_checkpoint(cfg, world))
 
-    def resume(self, path: Path, cfg: Config) -> None:
-        """Continue from ``path``: weights, optimizer, schedule, scaler and progress.
+    def resume(self, ckpt: Checkpoint, cfg: Config, *, source: str) -> None:
+        """Continue from ``ckpt`` (read from ``source``): weights, optimizer, schedule,
+        scaler and progress.
 
         Refuses (InputError naming the difference) a checkpoint of other landmarks or
         another architecture.
         """
-        ckpt = checkpoint.load(path)
         model_cfg = dataclasses.asdict(cfg.model)
-        checkpoint.check_compatible(ckpt, cfg.data.landmarks, model_cfg, source=str(path))
+        checkpoint.check_compatible(ckpt, cfg.data.landmarks, model_cfg, source=source)
         if ckpt.optimizer is None or ckpt.scheduler is None:
             raise InputError(
-                f"{path}: holds weights but no optimizer state, so it cannot be resumed "
+                f"{source}: holds weights but no optimizer state, so it cannot be resumed "
                 "(fine-tune from it with --init-from)"
             )
         self.model.load_state_dict(ckpt.model)
@@ -109,13 +109,10 @@ class TrainState:
         self.epoch, self.best_mre = int(ckpt.epoch), float(ckpt.best_mre)
         self.train_seconds = float(ckpt.train_seconds)
 
-    def init_from(self, path: Path) -> list[str]:
-        """Fine-tuning: load the weights of ``path`` that match by name and shape.
-
-        Returns one line per tensor skipped, for the caller to print.
-        """
-        ckpt = checkpoint.load(path)
-        return checkpoint.load_matching(self.model, ckpt.model, source=str(path))
+    def init_from(self, ckpt: Checkpoint, *, source: str) -> list[str]:
+        """Fine-tuning: load the weights of ``ckpt`` (read from ``source``) that match by
+        name and shape. Returns one line per tensor skipped, for the caller to print."""
+        return checkpoint.load_matching(self.model, ckpt.model, source=source)
 
 
 def check_run_dir(run_dir: Path) -> None:

@@ -21,7 +21,7 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
-from heatmap3d import distributed
+from heatmap3d import checkpoint, distributed
 from heatmap3d.config import Config
 from heatmap3d.data.dataset import LandmarkDataset
 from heatmap3d.data.loaders import build_cache, default_workers, train_loader
@@ -75,7 +75,7 @@ def train(
     """One training run in an existing process group (see :func:`run`); the trainer."""
     # After a crash, torchrun --max-restarts restarts every worker: pick up where the last
     # checkpoint left off without anyone adding --resume.
-    resume = resume or distributed.restart_count() > 0
+    resume = resume or distributed.any_restarted(world)
     trainer = Trainer(cfg, world, resume=resume, init_from=init_from, overwrite=overwrite)
     trainer.fit()
     return trainer
@@ -140,17 +140,25 @@ class Trainer:
         return net
 
     def _resume(self) -> bool:
-        """Continue from ``<run>/last.pt``; False when there is none yet."""
+        """Continue from ``<run>/last.pt``; False when there is none yet.
+
+        Rank 0 reads it and every rank gets its contents: the run folder need not be on a
+        file system every node shares, and every rank takes the same path.
+        """
         path = self.run_dir / "last.pt"
-        if not path.is_file():
+        ckpt = distributed.main_then_broadcast(
+            self.world, lambda: checkpoint.load(path) if path.is_file() else None
+        )
+        if ckpt is None:
             self._say(f"resume: {path} does not exist yet; starting from scratch")
             return False
-        self.state.resume(path, self.cfg)
+        self.state.resume(ckpt, self.cfg, source=str(path))
         self._say(f"resume: continuing from {path} after epoch {self.state.epoch}")
         return True
 
     def _init_from(self, path: Path) -> None:
-        skipped = self.state.init_from(path)
+        ckpt = distributed.main_then_broadcast(self.world, lambda: checkpoint.load(path))
+        skipped = self.state.init_from(ckpt, source=str(path))
         self._say(f"init-from: loaded the matching weights of {path}")
         for line in skipped:
             self._say(f"init-from: skipped {line}")

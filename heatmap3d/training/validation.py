@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from heatmap3d import distributed
+from heatmap3d import checkpoint, distributed
 from heatmap3d.config import Config
 from heatmap3d.data.dataset import PreprocessedCases
 from heatmap3d.distributed import DistInfo
@@ -35,6 +35,18 @@ from heatmap3d.io.volumes import load_volume
 from heatmap3d.training.monitor import NullMonitor, error_table, worst_landmarks
 
 PICTURED_LANDMARKS = 4  # views per validation picture: the case's worst landmarks
+
+
+def read_on_main(world: DistInfo, path: Path) -> Predictor | None:
+    """A predictor of the checkpoint global rank 0 wrote at ``path`` (None if it wrote none).
+
+    Rank 0 reads the file and every rank gets its contents, so the run folder need not be
+    on a file system every node shares (and every rank takes the same path).
+    """
+    ckpt = distributed.main_then_broadcast(
+        world, lambda: checkpoint.load(path) if path.is_file() else None
+    )
+    return None if ckpt is None else Predictor.from_loaded(ckpt, world.device, source=str(path))
 
 
 class Validator:
@@ -118,10 +130,11 @@ class Validator:
         write the predictions and the evaluation (rank 0), print the table; the stats on
         every rank, or None for a refinement model (it finds nothing in a whole scan: its
         validation error is already reported) or when there is no ``best``."""
-        distributed.barrier()  # rank 0 has finished writing it
-        if not best.is_file() or self.cfg.model.role != "whole_scan":
+        if self.cfg.model.role != "whole_scan":
             return None
-        predictor = Predictor.from_checkpoint(best, self.world.device)
+        predictor = read_on_main(self.world, best)
+        if predictor is None:
+            return None
         return self.report(predictor, label=str(best), out_dir=self.run_dir)
 
     def report(
