@@ -207,7 +207,7 @@ def _value_checks(cfg: Config) -> list[tuple[bool, str]]:
         (_is_range(d.percentiles, 0, 100), "data.percentiles: 2 values, 0 <= low < high <= 100"),
         (_is_range(d.ct_window), "data.ct_window: 2 values, low < high (HU)"),
         (d.prefetch_factor >= 1, "data.prefetch_factor: >= 1"),
-        (t.lr > 0, "train.lr: > 0"),
+        (t.lr >= 0, "train.lr: >= 0 (0 keeps the weights: evaluation runs)"),
         (t.weight_decay >= 0, "train.weight_decay: >= 0"),
         (t.grad_clip >= 0, "train.grad_clip: >= 0 (0 disables clipping)"),
         (0 <= i.overlap < 1, "inference.overlap: 0 <= overlap < 1"),

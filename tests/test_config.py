@@ -72,7 +72,6 @@ IMPOSSIBLE_VALUES = [
     ("data.prefetch_factor=0", "data.prefetch_factor"),
     ("data.crop_jitter_mm=-1", "data.crop_jitter_mm"),
     ("train.lr=-0.001", "train.lr"),
-    ("train.lr=0", "train.lr"),
     ("train.weight_decay=-1e-5", "train.weight_decay"),
     ("train.grad_clip=-1", "train.grad_clip"),
     ("inference.overlap=1", "inference.overlap"),  # windows that never advance

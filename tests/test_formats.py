@@ -602,3 +602,13 @@ def test_real_metaimage_matches_its_header() -> None:
     raw = zlib.decompress((path.parent / header["ElementDataFile"]).read_bytes())
     stored = np.frombuffer(raw, np.uint8).reshape(size[::-1])  # (z, y, x) on disk
     np.testing.assert_array_equal(vol.data, stored.transpose(2, 1, 0))
+
+
+def test_dicom_io_leaves_the_process_locale_alone(tmp_path: Path) -> None:
+    """GDCM switches to the C locale while writing; the text encoding must not stay ASCII."""
+    import locale
+
+    before = locale.getpreferredencoding(False)
+    save_volume(tmp_path / "series", Volume(scan_data(), np.eye(4)))
+    load_volume(tmp_path / "series")
+    assert locale.getpreferredencoding(False) == before

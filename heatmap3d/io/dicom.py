@@ -38,6 +38,7 @@ from heatmap3d.io.itk_io import (
     itk_from_affine,
     itk_message,
     lps_ras,
+    preserved_locale,
     volume_to_image,
 )
 from heatmap3d.io.nifti import NIFTI_SUFFIXES
@@ -77,7 +78,10 @@ def holds_dicom(folder: Path) -> bool:
             return True
     # Only files of no other known image type are worth GDCM's look (a folder of NIfTI).
     others = [p for p in files if not p.name.lower().endswith(_OTHER_IMAGE_SUFFIXES)]
-    return bool(others) and bool(sitk.ImageSeriesReader.GetGDCMSeriesIDs(str(folder)))
+    if not others:
+        return False
+    with preserved_locale():
+        return bool(sitk.ImageSeriesReader.GetGDCMSeriesIDs(str(folder)))
 
 
 def _has_dicm_marker(path: Path) -> bool:

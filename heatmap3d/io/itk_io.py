@@ -13,6 +13,9 @@ transposed here so that ``data[i, j, k]`` is ITK index ``(i, j, k)``.
 
 from __future__ import annotations
 
+import contextlib
+import locale
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -21,6 +24,24 @@ import SimpleITK as sitk
 from heatmap3d.errors import InputError
 from heatmap3d.geometry import Volume
 from heatmap3d.io.volume_checks import check_claimed_size
+
+
+@contextlib.contextmanager
+def preserved_locale() -> Iterator[None]:
+    """Restore this process's C locale after ITK/GDCM calls.
+
+    GDCM switches the process to the "C" locale while writing DICOM and does not switch
+    back: Python's default text encoding then becomes ASCII for the rest of the process,
+    and later code that opens text files without an explicit encoding (torch.compile's
+    templates, for one) fails on the first non-ASCII byte.
+    """
+    saved = locale.setlocale(locale.LC_ALL)
+    try:
+        yield
+    finally:
+        if locale.setlocale(locale.LC_ALL) != saved:
+            locale.setlocale(locale.LC_ALL, saved)
+
 
 # ITK prints its warnings (e.g. "no DICOM files in this folder") to stderr from C++; every
 # problem that matters here becomes an InputError with one line instead.

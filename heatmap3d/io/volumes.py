@@ -57,13 +57,15 @@ def load_volume(
     """
     path = Path(path)
     if path.is_dir():
-        data, affine = dicom.read_dicom_series(path, series)
+        with itk_io.preserved_locale():
+            data, affine = dicom.read_dicom_series(path, series)
     elif not path.is_file():
         raise InputError(f"{path}: image file not found")
     elif _has_suffix(path, nifti.NIFTI_SUFFIXES):
         data, affine = nifti.read_nifti(path, allow_no_world_frame=allow_no_world_frame)
     elif _has_suffix(path, itk_io.ITK_SUFFIXES):
-        data, affine = itk_io.read_itk_file(path)
+        with itk_io.preserved_locale():
+            data, affine = itk_io.read_itk_file(path)
     else:
         hint = "; pass the folder of the series" if path.suffix.lower() == ".dcm" else ""
         raise InputError(f"{path}: unknown image type (expected {_KNOWN}){hint}")
@@ -87,9 +89,11 @@ def save_volume(path: str | Path, vol: Volume) -> None:
     if _has_suffix(path, nifti.NIFTI_SUFFIXES):
         nifti.write_nifti(path, vol)
     elif _has_suffix(path, itk_io.ITK_SUFFIXES):
-        itk_io.write_itk_file(path, vol)
+        with itk_io.preserved_locale():
+            itk_io.write_itk_file(path, vol)
     elif path.is_dir() or not path.suffix:
-        dicom.write_dicom_series(path, vol)
+        with itk_io.preserved_locale():
+            dicom.write_dicom_series(path, vol)
     else:
         raise InputError(f"{path}: volumes are written as {_KNOWN}")
 
