@@ -75,6 +75,21 @@ def seed_worker(worker_id: int) -> None:
     random.seed(seed)
 
 
+def training_loader(
+    cases: list[Case],
+    names: list[str],
+    cfg: DataConfig,
+    batch_size: int,
+    world: DistInfo,
+    seed: int,
+) -> tuple[DataLoader, DistributedSampler]:
+    """:func:`train_loader` over a :class:`LandmarkDataset` of ``cases``, with
+    ``data.num_workers`` workers (-1: :func:`default_workers`)."""
+    workers = cfg.num_workers if cfg.num_workers >= 0 else default_workers(world)
+    dataset = LandmarkDataset(cases, names, cfg)
+    return train_loader(dataset, batch_size, world, workers, seed)
+
+
 def train_loader(
     dataset: LandmarkDataset, batch_size: int, world: DistInfo, workers: int, seed: int
 ) -> tuple[DataLoader, DistributedSampler]:

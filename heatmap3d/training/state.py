@@ -13,13 +13,14 @@ import os
 from pathlib import Path
 
 import torch
+from torch.nn.parallel import DistributedDataParallel
 
-from heatmap3d import checkpoint, precision
+from heatmap3d import checkpoint, distributed, precision
 from heatmap3d.checkpoint import Checkpoint
 from heatmap3d.config import Config, to_dict
 from heatmap3d.distributed import DistInfo
 from heatmap3d.errors import InputError
-from heatmap3d.model import UNet3D, build_model
+from heatmap3d.model import UNet3D, build_model, set_layout
 
 
 @dataclasses.dataclass
@@ -109,10 +110,36 @@ class TrainState:
         self.epoch, self.best_mre = int(ckpt.epoch), float(ckpt.best_mre)
         self.train_seconds = float(ckpt.train_seconds)
 
+    def wrapped(self, cfg: Config, world: DistInfo) -> torch.nn.Module:
+        """The module the training step calls: compiled and/or DDP-wrapped as configured.
+
+        The bare ``model`` keeps the weights (checkpoints are saved from it) and is what
+        validation runs, eagerly. Call after any weights are loaded (DDP broadcasts rank
+        0's weights when it wraps).
+        """
+        net: torch.nn.Module = self.model
+        if cfg.train.channels_last:
+            set_layout(net, channels_last=True)
+        if cfg.train.compile:
+            net = torch.compile(net)
+        if world.is_distributed:  # a single process has no process group to wrap in
+            cuda = world.device.type == "cuda"
+            net = DistributedDataParallel(net, device_ids=[world.local_rank] if cuda else None)
+        return net
+
     def init_from(self, ckpt: Checkpoint, *, source: str) -> list[str]:
         """Fine-tuning: load the weights of ``ckpt`` (read from ``source``) that match by
         name and shape. Returns one line per tensor skipped, for the caller to print."""
         return checkpoint.load_matching(self.model, ckpt.model, source=source)
+
+
+def read_checkpoint(world: DistInfo, path: Path) -> Checkpoint | None:
+    """The checkpoint at ``path`` on every rank (None where there is none): global rank 0
+    reads it and sends its contents, so the run folder need not be on a file system every
+    node shares, and every rank takes the same path."""
+    return distributed.main_then_broadcast(
+        world, lambda: checkpoint.load(path) if Path(path).is_file() else None
+    )
 
 
 def check_run_dir(run_dir: Path) -> None:

@@ -18,24 +18,21 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
-from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
-from heatmap3d import checkpoint, distributed
-from heatmap3d.config import Config
-from heatmap3d.data.dataset import LandmarkDataset
-from heatmap3d.data.loaders import build_cache, default_workers, train_loader
+from heatmap3d import distributed
+from heatmap3d.data.loaders import build_cache, training_loader
 from heatmap3d.data.setup import prepare_dataset
-from heatmap3d.distributed import DistInfo
-from heatmap3d.errors import Interrupted
-from heatmap3d.model import set_layout
+from heatmap3d.errors import InputError, Interrupted
 from heatmap3d.training.budget import EpochPlan
 from heatmap3d.training.monitor import make_monitor
-from heatmap3d.training.state import TrainState, check_run_dir, claim_run_dir
+from heatmap3d.training.state import TrainState, check_run_dir, claim_run_dir, read_checkpoint
 from heatmap3d.training.steps import Stepper, groups
 from heatmap3d.training.validation import Validator
 
 if TYPE_CHECKING:
+    from heatmap3d.config import Config
+    from heatmap3d.distributed import DistInfo
     from heatmap3d.evaluation.metrics import LandmarkStats
 
 
@@ -106,7 +103,7 @@ class Trainer:
             if init_from:
                 self._init_from(Path(init_from))
         self.stepper = Stepper(
-            net=self._wrap(),
+            net=self.state.wrapped(self.cfg, world),
             model=self.state.model,
             opt=self.state.opt,
             precision=self.state.precision,
@@ -115,29 +112,11 @@ class Trainer:
         )
         # Every scan decoded, resampled and normalised once, before the first epoch.
         build_cache(train_cases + val_cases, cfg.data, world)
-        workers = cfg.data.num_workers if cfg.data.num_workers >= 0 else default_workers(world)
-        train_set = LandmarkDataset(train_cases, names, cfg.data)
-        self.loader, self.sampler = train_loader(
-            train_set, cfg.train.batch_size, world, workers, cfg.train.seed
+        self.loader, self.sampler = training_loader(
+            train_cases, names, cfg.data, cfg.train.batch_size, world, cfg.train.seed
         )
         self.monitor = make_monitor(world, self.run_dir)
         self.validator = Validator(self.cfg, world, val_cases, self.monitor, self.run_dir)
-
-    def _wrap(self) -> torch.nn.Module:
-        """The module the training step calls: compiled and/or DDP-wrapped as configured.
-
-        The bare model keeps the weights (checkpoints are saved from it) and is what
-        validation runs, eagerly.
-        """
-        net: torch.nn.Module = self.state.model
-        if self.cfg.train.channels_last:
-            set_layout(net, channels_last=True)
-        if self.cfg.train.compile:
-            net = torch.compile(net)
-        if self.world.is_distributed:  # a single process has no process group to wrap in
-            cuda = self.world.device.type == "cuda"
-            net = DistributedDataParallel(net, device_ids=[self.world.local_rank] if cuda else None)
-        return net
 
     def _resume(self) -> bool:
         """Continue from ``<run>/last.pt``; False when there is none yet.
@@ -146,9 +125,7 @@ class Trainer:
         file system every node shares, and every rank takes the same path.
         """
         path = self.run_dir / "last.pt"
-        ckpt = distributed.main_then_broadcast(
-            self.world, lambda: checkpoint.load(path) if path.is_file() else None
-        )
+        ckpt = read_checkpoint(self.world, path)
         if ckpt is None:
             self._say(f"resume: {path} does not exist yet; starting from scratch")
             return False
@@ -157,7 +134,9 @@ class Trainer:
         return True
 
     def _init_from(self, path: Path) -> None:
-        ckpt = distributed.main_then_broadcast(self.world, lambda: checkpoint.load(path))
+        ckpt = read_checkpoint(self.world, path)
+        if ckpt is None:
+            raise InputError(f"{path}: checkpoint not found (--init-from)")
         skipped = self.state.init_from(ckpt, source=str(path))
         self._say(f"init-from: loaded the matching weights of {path}")
         for line in skipped:

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from heatmap3d import checkpoint, distributed
+from heatmap3d import distributed
 from heatmap3d.config import Config
 from heatmap3d.data.dataset import PreprocessedCases
 from heatmap3d.distributed import DistInfo
@@ -33,6 +33,7 @@ from heatmap3d.io.layout import Case
 from heatmap3d.io.predictions import write_prediction
 from heatmap3d.io.volumes import load_volume
 from heatmap3d.training.monitor import NullMonitor, error_table, worst_landmarks
+from heatmap3d.training.state import read_checkpoint
 
 PICTURED_LANDMARKS = 4  # views per validation picture: the case's worst landmarks
 
@@ -43,9 +44,7 @@ def read_on_main(world: DistInfo, path: Path) -> Predictor | None:
     Rank 0 reads the file and every rank gets its contents, so the run folder need not be
     on a file system every node shares (and every rank takes the same path).
     """
-    ckpt = distributed.main_then_broadcast(
-        world, lambda: checkpoint.load(path) if path.is_file() else None
-    )
+    ckpt = read_checkpoint(world, path)
     return None if ckpt is None else Predictor.from_loaded(ckpt, world.device, source=str(path))
 
 
