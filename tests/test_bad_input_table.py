@@ -169,6 +169,71 @@ def slicer3_fcsv(data: Path, tmp: Path) -> list[str]:
     return ["check", str(data)]
 
 
+def nifti_without_world_frame(data: Path, tmp: Path) -> list[str]:
+    """sform_code = qform_code = 0: nibabel's fallback affine is no world frame (item 4)."""
+    import nibabel as nib
+
+    path = data / "images" / "case000.nii.gz"
+    img = nib.load(path)
+    bare = nib.Nifti1Image(img.get_fdata(dtype="float32"), None)
+    bare.set_sform(None, code=0)
+    bare.set_qform(None, code=0)
+    nib.save(bare, path)
+    return train_args(data, tmp)
+
+
+def constant_image(data: Path, tmp: Path) -> list[str]:
+    """An all-zero scan given to predict (item 7): refused, not given landmarks."""
+    import numpy as np
+
+    from heatmap3d.geometry import Volume
+    from heatmap3d.io.volumes import save_volume
+
+    save_volume(tmp / "zeros.nii.gz", Volume(np.zeros((20, 20, 20), np.float32), np.eye(4)))
+    return ["predict", "--checkpoint", str(tiny_checkpoint(tmp)), str(tmp / "zeros.nii.gz"),
+            "--out", str(tmp / "out")]  # fmt: skip
+
+
+def huge_header(data: Path, tmp: Path) -> list[str]:
+    """A header claiming 10000^3 voxels (item 10): one finding, and the other cases checked."""
+    import nibabel as nib
+    import numpy as np
+
+    header = nib.Nifti1Header()
+    header.set_data_shape((10000, 10000, 10000))
+    header.set_data_dtype(np.float32)
+    header.set_sform(np.eye(4), code=1)
+    path = data / "images" / "case001.nii.gz"
+    path.unlink()
+    (data / "images" / "case001.nii").write_bytes(header.binaryblock + b"\0" * 4)
+    return ["check", str(data)]
+
+
+def tiny_checkpoint(tmp: Path, *, channels: int = 2) -> Path:
+    """A weights-and-config checkpoint of an untrained model (no training needed)."""
+    import torch
+
+    from heatmap3d.checkpoint import Checkpoint, save
+    from heatmap3d.config import Config, DataConfig, ModelConfig, to_dict
+    from heatmap3d.model import build_model
+
+    cfg = Config(data=DataConfig(landmarks=["a"]), model=ModelConfig(channels=2, depth=2))
+    stored = to_dict(cfg)
+    stored["model"]["channels"] = channels  # what the config says the weights are
+    torch.manual_seed(0)
+    weights = build_model(cfg.model, 1).state_dict()
+    path = tmp / f"model_c{channels}.pt"
+    save(path, Checkpoint(model=weights, config=stored, landmarks=["a"]))
+    return path
+
+
+def checkpoint_config_disagrees(data: Path, tmp: Path) -> list[str]:
+    """A checkpoint whose stored config does not describe its weights (item 11)."""
+    ckpt = tiny_checkpoint(tmp, channels=4)
+    image = data / "images" / "case000.nii.gz"
+    return ["predict", "--checkpoint", str(ckpt), str(image), "--out", str(tmp / "out")]
+
+
 TABLE = {
     "evaluate --out is the prediction folder": Row(
         evaluate_out_is_pred, 2, ["--out {tmp}/pred", "the --pred folder"], unchanged=["pred"]
@@ -219,6 +284,21 @@ TABLE = {
     "check, a Slicer 3 fiducial list": Row(
         slicer3_fcsv, 0, ["5 cases, 0 errors, 0 warnings"], "stdout"
     ),
+    "train, a NIfTI without a world frame": Row(
+        nifti_without_world_frame, 2, ["{data}/images/case000.nii.gz", "world frame"]
+    ),
+    "predict, a constant (all-zero) image": Row(
+        constant_image, 2, ["{tmp}/zeros.nii.gz", "constant"], unchanged=["."]
+    ),
+    "check, a header that claims 10000^3 voxels": Row(
+        huge_header,
+        1,
+        ["error: {data}/images/case001.nii: ", "5 cases, 1 errors"],
+        "stdout",
+    ),
+    "predict, a checkpoint whose config does not describe its weights": Row(
+        checkpoint_config_disagrees, 2, ["{tmp}/model_c4.pt", "do not match"]
+    ),
 }
 
 
@@ -240,7 +320,8 @@ def test_bad_input_through_the_command(row: Row, phantoms, copy_of, tmp_path):
     for name in row.names:
         assert name.format(data=data, tmp=tmp) in text, text
     if row.status == 2:  # a refusal: one line
-        assert done.stderr.startswith("error: ") and done.stderr.count("\n") == 1, done.stderr
+        last = done.stderr.strip().splitlines()[-1]  # after predict's progress bar, if any
+        assert last.startswith("error: ") and done.stderr.count("error: ") == 1, done.stderr
     for name, files in before.items():
         assert files_under(tmp / name) == files, f"files under {name} changed"
     if row.setup in (case_in_train_and_val, train_empty_landmark_file):
