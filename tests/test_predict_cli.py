@@ -232,3 +232,19 @@ def test_a_model_folder_runs_its_stages(models, tmp_path):
     missing = predict("--model", tmp_path, tmp_path / "s.nii.gz", "--out", tmp_path / "out")
     err = missing.stderr.strip()
     assert missing.returncode == 2 and "not a model folder" in err and "\n" not in err
+
+
+@pytest.mark.slow
+def test_series_picks_one_of_several_dicom_series_in_a_folder(models, tmp_path):
+    import SimpleITK as sitk
+
+    two = _bad_scans(tmp_path)["two series"]
+    uids = sitk.ImageSeriesReader.GetGDCMSeriesIDs(str(two))
+    assert len(uids) == 2
+    refused = predict("--checkpoint", models["coarse"], two, "--out", tmp_path / "o1")
+    assert refused.returncode == 2 and all(uid in refused.stderr for uid in uids)
+    picked = predict(
+        "--checkpoint", models["coarse"], two, "--series", uids[0], "--out", tmp_path / "o2"
+    )
+    assert picked.returncode == 0, picked.stderr[-2000:]
+    assert (tmp_path / "o2" / "two_series.csv").is_file()
