@@ -13,7 +13,7 @@ legal but worth a look. Checks, one function each:
   error) and has at least one landmark; the landmarks' coordinate system is plausible:
   a warning when they fall on the image background as stated but on its foreground with
   x and y negated (a RAS file labelled LPS, or the reverse, whose points still fall
-  inside the image; see :func:`_check_frame`);
+  inside the image);
 * across cases: landmark names against the reference set (``--landmarks``, else the
   most common set): a name the set lacks is an error, a file that leaves out some of the
   set's names only a warning (training treats those as missing, as it treats NaN), a
