@@ -52,3 +52,18 @@ def test_landmarks_sit_on_their_structures_in_any_grid():
         assert value["shell_centre"] < 0.8
         assert 0.2 < value["top_pole"] < 0.8  # on the body's surface: partial volume
     assert len(codes) > 4 and len(spacings) > 1  # flipped/permuted axes, several spacings
+
+
+def test_generation_never_writes_into_a_folder_of_other_files(tmp_path):
+    import pytest
+
+    from heatmap3d.errors import InputError
+
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "scan.nii.gz").write_bytes(b"a user's file")
+    with pytest.raises(InputError, match="mine: exists and is not empty"):
+        generate_dataset(tmp_path / "mine", n_train=1, n_val=1, n_test=0, seed=0, progress=False)
+    assert (tmp_path / "mine" / "scan.nii.gz").read_bytes() == b"a user's file"
+    done = generate_dataset(tmp_path / "d", n_train=1, n_val=1, n_test=0, seed=0, progress=False)
+    with pytest.raises(InputError, match="not empty"):  # a finished dataset is not redone
+        generate_dataset(done, n_train=1, n_val=1, n_test=0, seed=0, progress=False)

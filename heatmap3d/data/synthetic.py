@@ -22,6 +22,7 @@ from scipy.ndimage import gaussian_filter
 from scipy.spatial.transform import Rotation
 from tqdm import tqdm
 
+from heatmap3d.errors import InputError
 from heatmap3d.geometry import Volume, voxel_to_world
 from heatmap3d.io.landmarks import Landmarks, write_landmarks
 from heatmap3d.io.volumes import save_volume
@@ -133,16 +134,42 @@ def generate_dataset(
     presence means the dataset is complete.
     """
     root = Path(root)
-    (root / "images").mkdir(parents=True, exist_ok=True)
-    (root / "landmarks").mkdir(parents=True, exist_ok=True)
-    ids = [f"case{i:03d}" for i in range(n_train + n_val + n_test)]
+    ids = start_dataset(root, n_train + n_val + n_test)
     for i, case in enumerate(tqdm(ids, desc="synthetic data", disable=not progress)):
         vol, lm = generate_case(np.random.default_rng([seed, i]))
         save_volume(root / "images" / f"{case}.nii.gz", vol)
-        if i % 2 == 0:
-            write_landmarks(root / "landmarks" / f"{case}.csv", lm, coordinate_system="RAS")
-        else:
-            write_landmarks(root / "landmarks" / f"{case}.mrk.json", lm, coordinate_system="LPS")
+        write_case_landmarks(root, case, i, lm)
+    return finish_dataset(root, ids, n_train, n_val)
+
+
+def start_dataset(root: Path, n_cases: int) -> list[str]:
+    """Create ``root/images`` and ``root/landmarks``; the case ids ``case000``, ...
+
+    Refuses (InputError) a folder that holds anything but an unfinished synthetic dataset
+    (no ``split.json`` yet): generation never writes over a user's files.
+    """
+    if root.exists() and any(root.iterdir()):
+        unfinished = {p.name for p in root.iterdir()} <= {"images", "landmarks", ".cache"}
+        if (root / "split.json").exists() or not unfinished:
+            raise InputError(
+                f"{root}: exists and is not empty; generate a synthetic dataset into a new folder"
+            )
+    (root / "images").mkdir(parents=True, exist_ok=True)
+    (root / "landmarks").mkdir(parents=True, exist_ok=True)
+    return [f"case{i:03d}" for i in range(n_cases)]
+
+
+def write_case_landmarks(root: Path, case: str, index: int, lm: Landmarks) -> None:
+    """Case ``index``'s landmarks: CSV in RAS and Slicer ``.mrk.json`` in LPS, alternately
+    (both formats and both frames in every dataset)."""
+    if index % 2 == 0:
+        write_landmarks(root / "landmarks" / f"{case}.csv", lm, coordinate_system="RAS")
+    else:
+        write_landmarks(root / "landmarks" / f"{case}.mrk.json", lm, coordinate_system="LPS")
+
+
+def finish_dataset(root: Path, ids: list[str], n_train: int, n_val: int) -> Path:
+    """Write ``split.json`` last: its presence means the dataset is complete."""
     split = {
         "train": ids[:n_train],
         "val": ids[n_train : n_train + n_val],

@@ -31,7 +31,6 @@ Case ``i`` depends only on ``(seed, i)``.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,8 +40,9 @@ from scipy.ndimage import gaussian_filter
 from scipy.spatial.transform import Rotation
 from tqdm import tqdm
 
+from heatmap3d.data.synthetic import finish_dataset, start_dataset, write_case_landmarks
 from heatmap3d.geometry import Volume, world_to_voxel
-from heatmap3d.io.landmarks import Landmarks, write_landmarks
+from heatmap3d.io.landmarks import Landmarks
 from heatmap3d.io.nifti import NIFTI_XFORM_CODE
 from heatmap3d.io.volumes import save_volume
 
@@ -336,9 +336,7 @@ def generate_ct_dataset(
     in-plane); finer spacing means more voxels (0.9 mm: ~16 M voxels, 1.2 mm: ~8 M).
     """
     root = Path(root)
-    (root / "images").mkdir(parents=True, exist_ok=True)
-    (root / "landmarks").mkdir(parents=True, exist_ok=True)
-    ids = [f"case{i:03d}" for i in range(n_train + n_val + n_test)]
+    ids = start_dataset(root, n_train + n_val + n_test)
     dicom_done = False
     for i, case_id in enumerate(tqdm(ids, desc="synthetic CT", disable=not progress)):
         vol, lm, case = generate_ct_case(np.random.default_rng([seed, i]), inplane_mm)
@@ -349,14 +347,5 @@ def generate_ct_dataset(
             dicom_done = True
         else:
             _write_nifti_int16(root / "images" / f"{case_id}.nii.gz", vol)
-        if i % 2 == 0:
-            write_landmarks(root / "landmarks" / f"{case_id}.csv", lm, coordinate_system="RAS")
-        else:
-            write_landmarks(root / "landmarks" / f"{case_id}.mrk.json", lm, coordinate_system="LPS")
-    split = {
-        "train": ids[:n_train],
-        "val": ids[n_train : n_train + n_val],
-        "test": ids[n_train + n_val :],
-    }
-    (root / "split.json").write_text(json.dumps(split, indent=2) + "\n")
-    return root
+        write_case_landmarks(root, case_id, i, lm)
+    return finish_dataset(root, ids, n_train, n_val)
