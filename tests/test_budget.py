@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torchrun_util import ROOT, TINY, env
+from torchrun_util import ROOT, TINY, run
 
 from heatmap3d.config import Config, DataConfig, ModelConfig, TrainConfig
 from heatmap3d.distributed import DistInfo
@@ -97,7 +97,6 @@ def test_a_resumed_budget_counts_the_time_already_spent(monkeypatch):
 
 @pytest.mark.slow
 def test_a_real_run_stops_at_its_budget(phantoms, tmp_path):
-    import subprocess
     import sys
     import time
 
@@ -106,15 +105,7 @@ def test_a_real_run_stops_at_its_budget(phantoms, tmp_path):
     args += [*TINY, f"data.root={data}", f"train.out_dir={tmp_path}", "train.name=b"]
     args += ["train.budget_minutes=0.25", "train.epochs=100000", "train.device=cpu"]
     start = time.perf_counter()
-    proc = subprocess.run(
-        args,
-        cwd=ROOT,
-        env=env(),
-        capture_output=True,
-        text=True,
-        encoding="utf-8",
-        errors="replace",
-    )
+    proc = run(args)
     assert proc.returncode == 0, proc.stderr
     assert time.perf_counter() - start < 15 + 60  # the budget, plus start-up and the report
     last = torch.load(tmp_path / "b" / "last.pt", weights_only=True)

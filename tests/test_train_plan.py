@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from torchrun_util import ROOT, env
+from torchrun_util import run
 
 TINY = ["data.num_workers=0", "model.channels=2", "model.depth=2", "data.patch_size=[16,16,16]"]
 
@@ -31,16 +31,7 @@ stages:
 
 
 def cli(*args: str | Path) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "heatmap3d.cli", *map(str, args)],
-        cwd=ROOT,
-        env=env(),
-        capture_output=True,
-        text=True,
-        encoding="utf-8",
-        errors="replace",
-        timeout=600,
-    )
+    return run([sys.executable, "-m", "heatmap3d.cli", *map(str, args)], timeout=600)
 
 
 def _test_scan(data: Path) -> Path:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from torchrun_util import ROOT, TINY, env, torchrun_args
+from torchrun_util import ROOT, TINY, env, run, torchrun_args
 
 
 def train_args(data: Path, out: Path, *extra: str) -> list[str]:
@@ -29,16 +29,7 @@ def train_args(data: Path, out: Path, *extra: str) -> list[str]:
 
 
 def cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "train_ddp.py", *args],
-        cwd=ROOT,
-        env=env(),
-        capture_output=True,
-        text=True,
-        encoding="utf-8",
-        errors="replace",
-        timeout=300,
-    )
+    return run([sys.executable, "train_ddp.py", *args])
 
 
 @pytest.mark.slow
