@@ -1,0 +1,348 @@
+"""Calibrated error radii and presence decisions for predicted landmarks.
+
+Both are fitted on validation cases, never on the training cases:
+
+* **Error radius** (split conformal prediction). Each predicted landmark comes with an
+  uncertainty *signal* in mm (any positive number that grows with the expected error, e.g.
+  the spread of its heatmap). On validation the nonconformity score of a landmark is
+  ``error / signal``; the radius stated for a new prediction is ``scale[k] * signal``,
+  where ``scale[k]`` is the finite-sample conformal quantile of the scores of landmark
+  ``k``. When validation and new cases are exchangeable, the true error lies inside the
+  radius with probability at least ``nominal`` (marginally over cases, per landmark).
+* **Presence**. A landmark whose heatmap confidence is below ``presence_threshold`` is
+  reported absent from the scan; the threshold maximises Youden's J on validation.
+
+And the figures that check them on a test set: :func:`coverage`, :func:`rank_correlation`,
+:func:`presence_scores`. Pure numpy (and scipy.stats); imports no torch.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+__all__ = [
+    "SIGNAL_FLOOR_MM",
+    "Calibration",
+    "conformal_scale",
+    "coverage",
+    "fit_calibration",
+    "presence_scores",
+    "presence_threshold",
+    "rank_correlation",
+]
+
+SIGNAL_FLOOR_MM = 1e-3
+"""Signals below this (mm) are raised to it, in scores and radii alike: a zero signal would
+make the score infinite (or 0/0) and the radius zero whatever the scale. 1 micrometre is
+far below any voxel, so a real signal is never changed."""
+
+# ceil((n + 1) * nominal) computed in floating point can land a hair above an integer
+# (e.g. 0.7 * 10 = 7.000000000000001) and pick the next order statistic; this tolerance
+# keeps the rank exact for every nominal a person would type.
+_RANK_TOLERANCE = 1e-9
+
+
+@dataclass(frozen=True, eq=False)  # eq=False: == on an ndarray field is not a bool
+class Calibration:
+    """What a model states about its predictions, fitted on validation cases.
+
+    Attributes:
+        names: ``K`` landmark names, in the order of ``scale``.
+        nominal: the coverage the radii aim at, in (0, 1), e.g. 0.9.
+        scale: ``(K,)`` dimensionless multipliers: radius (mm) = ``scale[k] * signal`` (mm).
+            NaN where no validation case had that landmark (no radius can be stated).
+        presence_threshold: a landmark whose confidence is below this is reported absent;
+            0.0 = never.
+        n_cases: number of validation cases it was fitted on.
+    """
+
+    names: list[str]
+    nominal: float
+    scale: np.ndarray
+    presence_threshold: float
+    n_cases: int
+
+    def __post_init__(self) -> None:
+        # frozen: fields are set through object.__setattr__; a read-only copy of scale so
+        # that nobody changes the calibration behind its back.
+        scale = np.array(self.scale, dtype=np.float64).reshape(-1)
+        scale.flags.writeable = False
+        object.__setattr__(self, "names", [str(n) for n in self.names])
+        object.__setattr__(self, "scale", scale)
+        object.__setattr__(self, "nominal", float(self.nominal))
+        object.__setattr__(self, "presence_threshold", float(self.presence_threshold))
+        object.__setattr__(self, "n_cases", int(self.n_cases))
+        if len(self.names) != len(scale):
+            raise ValueError(f"{len(self.names)} names but {len(scale)} scales")
+        if not 0.0 < self.nominal < 1.0:
+            raise ValueError(f"nominal must be in (0, 1), got {self.nominal}")
+        if np.any(scale < 0):  # NaN compares False: allowed (no radius for that landmark)
+            raise ValueError(f"scales must be >= 0, got {scale.tolist()}")
+        if not 0.0 <= self.presence_threshold <= 1.0:
+            raise ValueError(f"presence_threshold must be in [0, 1], got {self.presence_threshold}")
+        if self.n_cases < 0:
+            raise ValueError(f"n_cases must be >= 0, got {self.n_cases}")
+
+    def radii(self, signals: np.ndarray) -> np.ndarray:
+        """Error radii, mm. ``signals``: ``(..., K)`` mm -> ``(..., K)`` mm.
+
+        Signals are floored at :data:`SIGNAL_FLOOR_MM` as in :func:`conformal_scale`; a NaN
+        signal (landmark not predicted) gives a NaN radius.
+        """
+        s = np.asarray(signals, dtype=np.float64)
+        if s.ndim == 0 or s.shape[-1] != len(self.names):
+            raise ValueError(f"signals must have shape (..., {len(self.names)}), got {s.shape}")
+        return self.scale * _floored(s)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-safe dict (NaN scales as ``None``); :meth:`from_dict` reads it back."""
+        return {
+            "method": "split conformal, score = error / signal",
+            "names": list(self.names),
+            "nominal": self.nominal,
+            "scale": [float(v) if np.isfinite(v) else None for v in self.scale],
+            "presence_threshold": self.presence_threshold,
+            "n_cases": self.n_cases,
+        }
+
+    @classmethod
+    def from_dict(cls, d: Any) -> Calibration:
+        """The inverse of :meth:`to_dict`; :class:`ValueError` for anything malformed."""
+        if not isinstance(d, dict):
+            raise ValueError(f"calibration must be a mapping, got {type(d).__name__}")
+        missing = [
+            k for k in ("names", "nominal", "scale", "presence_threshold", "n_cases") if k not in d
+        ]
+        if missing:
+            raise ValueError(f"calibration lacks {missing}")
+        names, scale = d["names"], d["scale"]
+        if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+            raise ValueError("calibration 'names' must be a list of strings")
+        if not isinstance(scale, list) or not all(_is_number(v) or v is None for v in scale):
+            raise ValueError("calibration 'scale' must be a list of numbers (null: none)")
+        for key in ("nominal", "presence_threshold"):
+            if not _is_number(d[key]):
+                raise ValueError(f"calibration '{key}' must be a number, got {d[key]!r}")
+        n_cases = d["n_cases"]
+        if isinstance(n_cases, bool) or not isinstance(n_cases, int):
+            raise ValueError(f"calibration 'n_cases' must be an integer, got {n_cases!r}")
+        values = [math.nan if v is None else float(v) for v in scale]
+        # The constructor checks lengths and ranges (ValueError too).
+        return cls(names, float(d["nominal"]), np.array(values), d["presence_threshold"], n_cases)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _floored(signals: np.ndarray) -> np.ndarray:
+    """Signals raised to :data:`SIGNAL_FLOOR_MM`; NaN stays NaN."""
+    return np.where(np.isnan(signals), np.nan, np.maximum(signals, SIGNAL_FLOOR_MM))
+
+
+# --------------------------------------------------------------------------------------
+# Fitting
+# --------------------------------------------------------------------------------------
+
+
+def _conformal_quantile(scores: np.ndarray, nominal: float) -> float:
+    """The ``ceil((n + 1) * nominal)``-th smallest of ``scores`` (the largest when that rank
+    exceeds ``n``); NaN for no scores."""
+    n = scores.size
+    if n == 0:
+        return math.nan
+    rank = math.ceil((n + 1) * nominal - _RANK_TOLERANCE)
+    rank = min(max(rank, 1), n)
+    return float(np.partition(scores, rank - 1)[rank - 1])
+
+
+def _pairs(errors: np.ndarray, signals: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``errors``, ``signals`` as float ``(N, K)`` arrays of the same shape."""
+    e = np.asarray(errors, dtype=np.float64)
+    s = np.asarray(signals, dtype=np.float64)
+    if e.ndim != 2 or e.shape != s.shape:
+        raise ValueError(f"errors and signals must both be (N, K), got {e.shape} and {s.shape}")
+    return e, s
+
+
+def conformal_scale(
+    errors: np.ndarray,
+    signals: np.ndarray,
+    nominal: float = 0.9,
+    *,
+    min_per_landmark: int = 20,
+) -> np.ndarray:
+    """Per-landmark split-conformal scales: radius = scale * signal.
+
+    Args:
+        errors: ``(N, K)`` true radial errors on validation, mm. NaN where not available
+            (landmark absent from the truth, or not predicted); ``inf`` (a miss: in the
+            truth, not predicted) is left out too, since no radius is stated for a miss.
+        signals: ``(N, K)`` uncertainty signals, mm, >= 0; NaN where not available.
+            Signals below :data:`SIGNAL_FLOOR_MM` are raised to it.
+        nominal: target coverage in (0, 1).
+        min_per_landmark: a landmark with fewer scores than this gets the pooled scale.
+
+    Returns:
+        ``(K,)`` dimensionless scales. Landmark ``k`` with ``n >= min_per_landmark`` scores
+        ``error / signal``: the ``ceil((n + 1) * nominal)``-th smallest of them (the largest
+        when that rank exceeds ``n``). Fewer: the same rule over the scores of all landmarks
+        pooled. NaN for every landmark when there are no scores at all.
+    """
+    if not 0.0 < nominal < 1.0:
+        raise ValueError(f"nominal must be in (0, 1), got {nominal}")
+    e, s = _pairs(errors, signals)
+    if np.any(s < 0):
+        raise ValueError("signals must be >= 0 (a spread in mm)")
+    ok = np.isfinite(e) & np.isfinite(s)
+    scores = np.where(ok, e / np.where(ok, _floored(s), 1.0), np.nan)
+    # Pooled over every landmark: valid as a scale for any of them only in so far as the
+    # scores are comparable across landmarks, which is what dividing by the signal is for.
+    # It is used for a landmark with few validation cases because its own quantile would
+    # be the largest of a handful of scores (the rank exceeds n below 1 / (1 - nominal) - 1
+    # cases), a radius that swings from case set to case set; the pooled one is stable.
+    pooled = _conformal_quantile(scores[ok], nominal)
+    out = np.empty(e.shape[1])
+    for k in range(e.shape[1]):
+        own = scores[ok[:, k], k]
+        out[k] = _conformal_quantile(own, nominal) if own.size >= min_per_landmark else pooled
+    return out
+
+
+def presence_threshold(confidence: np.ndarray, present: np.ndarray) -> float:
+    """The confidence below which a landmark is reported absent, chosen on validation.
+
+    Args:
+        confidence: ``(N, K)`` in [0, 1], the confidence of the predicted peak (0 where
+            nothing was found; NaN is read as 0).
+        present: ``(N, K)`` bool, the landmark is in the truth.
+
+    Returns:
+        The threshold ``t`` maximising Youden's J = recall of present (confidence >= t) +
+        recall of absent (confidence < t) - 1, among the midpoints between consecutive
+        distinct confidences; on a tie the lowest (fewest landmarks reported absent).
+        0.0 (never absent) when validation has no absent landmark or no present one (no
+        evidence to place the threshold on), or when no threshold has J > 0 (the
+        confidence does not tell absent from present).
+    """
+    c = np.nan_to_num(np.asarray(confidence, dtype=np.float64), nan=0.0).ravel()
+    p = np.asarray(present, dtype=bool)
+    if np.shape(confidence) != p.shape:
+        raise ValueError(f"confidence {np.shape(confidence)} and present {p.shape} differ")
+    p = p.ravel()
+    n_present, n_absent = int(p.sum()), int((~p).sum())
+    if n_present == 0 or n_absent == 0:
+        return 0.0
+    levels = np.unique(c)
+    if levels.size < 2:
+        return 0.0
+    candidates = (levels[:-1] + levels[1:]) / 2
+    # Counts below each candidate by binary search: O((N K) log(N K)), no N K x T table.
+    present_below = np.searchsorted(np.sort(c[p]), candidates, side="left")
+    absent_below = np.searchsorted(np.sort(c[~p]), candidates, side="left")
+    j = (n_present - present_below) / n_present + absent_below / n_absent - 1.0
+    best = int(np.argmax(j))  # the first maximum: the lowest threshold among ties
+    return float(candidates[best]) if j[best] > 0 else 0.0
+
+
+def fit_calibration(
+    names: Sequence[str],
+    errors: np.ndarray,
+    signals: np.ndarray,
+    confidence: np.ndarray,
+    present: np.ndarray,
+    nominal: float = 0.9,
+) -> Calibration:
+    """Fit radii and the presence threshold on validation cases.
+
+    Args:
+        names: ``K`` landmark names.
+        errors: ``(N, K)`` radial errors, mm (NaN: truth or prediction not available, inf:
+            a miss).
+        signals: ``(N, K)`` uncertainty signals, mm.
+        confidence: ``(N, K)`` peak confidence in [0, 1].
+        present: ``(N, K)`` bool, the landmark is in the truth.
+        nominal: target coverage of the radii.
+
+    The threshold is chosen first; the scales are then fitted only on the landmarks that
+    would be reported (confidence >= threshold), because those are the only ones that
+    will ever be given a radius: conformal validity needs the calibration scores to come
+    from the same population as the predictions they are applied to.
+    """
+    e, s = _pairs(errors, signals)
+    c = np.asarray(confidence, dtype=np.float64)
+    if c.shape != e.shape or np.shape(present) != e.shape:
+        raise ValueError(
+            f"confidence {c.shape} and present {np.shape(present)} must match errors {e.shape}"
+        )
+    if len(names) != e.shape[1]:
+        raise ValueError(f"{len(names)} names for {e.shape[1]} landmarks")
+    threshold = presence_threshold(c, present)
+    reported = np.nan_to_num(c, nan=0.0) >= threshold
+    scale = conformal_scale(np.where(reported, e, np.nan), s, nominal)
+    return Calibration(list(names), nominal, scale, threshold, e.shape[0])
+
+
+# --------------------------------------------------------------------------------------
+# Checking on a test set
+# --------------------------------------------------------------------------------------
+
+
+def _finite_pairs(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    a = np.asarray(a, dtype=np.float64)
+    b = np.asarray(b, dtype=np.float64)
+    if a.shape != b.shape:
+        raise ValueError(f"shapes differ: {a.shape} and {b.shape}")
+    ok = np.isfinite(a) & np.isfinite(b)
+    return a[ok], b[ok]
+
+
+def coverage(errors: np.ndarray, radii: np.ndarray) -> float:
+    """Share of the finite (error, radius) pairs with error <= radius; NaN for none.
+
+    ``errors``, ``radii``: same shape, mm. Misses (inf errors) and landmarks without a
+    radius (NaN) are left out: no radius was stated for them.
+    """
+    e, r = _finite_pairs(errors, radii)
+    return float(np.mean(e <= r)) if e.size else math.nan
+
+
+def rank_correlation(radii: np.ndarray, errors: np.ndarray) -> float:
+    """Spearman's rank correlation of stated radius and true error over finite pairs.
+
+    ``radii``, ``errors``: same shape, mm. NaN for fewer than 3 pairs or a constant side
+    (a rank correlation is not defined there).
+    """
+    from scipy.stats import spearmanr
+
+    r, e = _finite_pairs(radii, errors)
+    if r.size < 3 or np.all(r == r[0]) or np.all(e == e[0]):
+        return math.nan
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # constant input is handled above; nothing to say
+        rho = spearmanr(r, e)[0]
+    return float(rho)
+
+
+def presence_scores(predicted: np.ndarray, present: np.ndarray) -> tuple[float, float]:
+    """(precision, recall) of "predicted present" against "in the truth".
+
+    ``predicted``, ``present``: same shape, bool. Precision = share of the landmarks
+    predicted present that are in the truth; recall = share of the landmarks in the truth
+    that were predicted present. NaN when its denominator is 0.
+    """
+    pred = np.asarray(predicted, dtype=bool)
+    true = np.asarray(present, dtype=bool)
+    if pred.shape != true.shape:
+        raise ValueError(f"shapes differ: {pred.shape} and {true.shape}")
+    hits = int(np.sum(pred & true))
+    n_pred, n_true = int(pred.sum()), int(true.sum())
+    precision = hits / n_pred if n_pred else math.nan
+    recall = hits / n_true if n_true else math.nan
+    return precision, recall
