@@ -13,6 +13,7 @@ import dataclasses
 import math
 import types
 import typing
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -89,6 +90,9 @@ class InferenceConfig:
     sliding_window: bool = False  # windows of data.patch_size, Gaussian-blended; else one pass
     overlap: float = 0.5  # fraction of a window shared with its neighbour along each axis
     batch: int = 4  # windows per forward pass
+    # Test-time mirroring: also run the scan flipped along augment.mirror_axis with the
+    # augment.mirror_pairs channels swapped, and average; only where training mirrored.
+    mirror: bool = True
 
 
 @dataclass
@@ -232,6 +236,15 @@ def _is_range(values: list[float], lo: float = -math.inf, hi: float = math.inf) 
 def _is_factor_range(values: list[float]) -> bool:
     """Two finite factors ``[low, high]`` with ``0 < low <= high`` (equal: a fixed factor)."""
     return len(values) == 2 and all(math.isfinite(v) for v in values) and 0 < values[0] <= values[1]
+
+
+def mirror_permutation(names: Sequence[str], pairs: Sequence[Sequence[str]]) -> list[int]:
+    """Channel order after mirroring: each name of a pair takes the other's channel."""
+    index = {n: i for i, n in enumerate(names)}
+    perm = list(range(len(names)))
+    for a, b in pairs:
+        perm[index[a]], perm[index[b]] = index[b], index[a]
+    return perm
 
 
 def check_mirror_pairs(cfg: AugmentConfig, names: list[str]) -> None:

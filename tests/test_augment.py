@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 import torch
 
-from heatmap3d.config import AugmentConfig
-from heatmap3d.training.augment import augment_batch, mirror_permutation
+from heatmap3d.config import AugmentConfig, mirror_permutation
+from heatmap3d.training.augment import augment_batch
 
 SHAPE = (40, 36, 30)
 SPACING = (1.5, 1.0, 2.0)

@@ -68,7 +68,7 @@ def test_each_row_reads_its_own_channel_and_nan_stays_nan():
     data = DataConfig(patch_size=[16] * 3, crop_jitter_mm=0.0)
     fine = echo_predictor(ChannelNet(), data, ["empty", "blob"], role="refiner")
     fine.settings = dataclasses.replace(fine.settings, decode_mm=4.0, batch=2)
-    world, conf = refine_landmarks(fine, vol, estimates, [1, 0, 1])
+    world, conf, _ = refine_landmarks(fine, vol, estimates, [1, 0, 1])
     assert np.linalg.norm(world[0] - CENTRE) < 0.25 and conf[0] > 0.9
     assert np.isnan(world[1:]).all() and conf[1] == 0 and conf[2] == 0
 

@@ -10,7 +10,7 @@ error is the error of exactly this code path. Refinement models run through it t
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,6 +41,16 @@ class Prediction:
         voxels: ``(K, 3)`` voxel coordinates in the preprocessed grid.
         grid_affine: ``(4, 4)`` voxel -> world of that grid.
         heatmaps: ``(K, I, J, K)`` float32 on that grid, when asked for.
+        spread_mm: ``(K,)`` mm: root mean square distance of the single passes' estimates
+            (members of an ensemble, plain and mirrored) from the combined one; 0 with
+            one pass, NaN where nothing was found.
+        presence: ``(K,)`` the whole-scan model's peak height (is the landmark in the
+            scan at all); equals ``confidence`` for a single stage.
+        status: ``(K,)`` str, set by :mod:`heatmap3d.inference.pipeline`: ``ok``,
+            ``review``, ``absent``, ``moved`` (the shape model replaced it).
+        radius_mm: ``(K,)`` calibrated expected error radius, mm (NaN: uncalibrated).
+        shape_residual_mm: ``(K,)`` distance from where the other landmarks put it, mm.
+        signal_mm: ``(K,)`` the uncalibrated error signal the radius is scaled from, mm.
     """
 
     landmarks: Landmarks
@@ -48,24 +58,49 @@ class Prediction:
     voxels: np.ndarray
     grid_affine: np.ndarray | None = None
     heatmaps: np.ndarray | None = None
+    spread_mm: np.ndarray | None = None
+    presence: np.ndarray | None = None
+    status: np.ndarray | None = None
+    radius_mm: np.ndarray | None = None
+    shape_residual_mm: np.ndarray | None = None
+    signal_mm: np.ndarray | None = None
 
 
 class Predictor:
-    """A model with everything needed to preprocess scans, run it and decode heatmaps."""
+    """Models with everything needed to preprocess scans, run them and decode heatmaps.
+
+    Several models (an ensemble's members: seeds or cross-validation folds of one plan)
+    share the preprocessing and settings; their heatmaps are averaged before decoding.
+    With test-time mirroring (:attr:`InferenceSettings.mirror_axis`), each model also
+    sees the scan flipped, its left/right channels swapped and flipped back.
+    """
 
     def __init__(
         self,
-        model: torch.nn.Module,
+        model: torch.nn.Module | Sequence[torch.nn.Module],
         settings: InferenceSettings,
         names: list[str],
         data: DataConfig,
         device: torch.device,
     ) -> None:
-        """``model`` is put in eval mode, in ``settings``' dtype and memory layout (in place:
-        for the live model of a run, these are the layout and dtype it trains in)."""
-        model = set_layout(model.to(device, settings.param_dtype), settings.channels_last)
-        self.model = model.eval()
+        """``model`` (or each member) is put in eval mode, in ``settings``' dtype and memory
+        layout (in place: for the live model of a run, the layout and dtype it trains in)."""
+        members = [model] if isinstance(model, torch.nn.Module) else list(model)
+        self.models = [
+            set_layout(m.to(device, settings.param_dtype), settings.channels_last).eval()
+            for m in members
+        ]
         self.settings, self.names, self.data, self.device = settings, list(names), data, device
+
+    @property
+    def model(self) -> torch.nn.Module:
+        """The first (or only) member."""
+        return self.models[0]
+
+    @property
+    def passes(self) -> int:
+        """Network passes per input: members x (2 with test-time mirroring, else 1)."""
+        return len(self.models) * (2 if self.settings.mirror_axis >= 0 else 1)
 
     @classmethod
     def from_config(cls, model: torch.nn.Module, cfg: Config, device: torch.device) -> Predictor:
@@ -77,6 +112,27 @@ class Predictor:
     def from_checkpoint(cls, path: str | Path, device: str | torch.device = "cpu") -> Predictor:
         """Load a checkpoint (``weights_only=True``) onto ``device``; GPU-trained works on CPU."""
         return cls.from_loaded(checkpoint.load(path), device, source=str(path))
+
+    @classmethod
+    def from_checkpoints(
+        cls, paths: Sequence[str | Path], device: str | torch.device = "cpu"
+    ) -> Predictor:
+        """An ensemble of checkpoints of one plan (same landmarks, preprocessing, settings)."""
+        return cls.ensemble([cls.from_checkpoint(p, device) for p in paths], sources=paths)
+
+    @classmethod
+    def ensemble(cls, members: Sequence[Predictor], *, sources: Sequence[object]) -> Predictor:
+        """One predictor averaging ``members``' heatmaps; InputError when they differ in
+        anything but their weights (``sources`` name them)."""
+        first = members[0]
+        for other, source in zip(members[1:], sources[1:], strict=True):
+            if _recipe(other) != _recipe(first):
+                raise InputError(
+                    f"{source}: cannot join an ensemble with {sources[0]}: its landmarks, "
+                    "preprocessing or inference settings differ"
+                )
+        models = [m for p in members for m in p.models]
+        return cls(models, first.settings, first.names, first.data, first.device)
 
     @classmethod
     def from_loaded(
@@ -101,33 +157,47 @@ class Predictor:
     # -- running the network -----------------------------------------------------------
 
     def net(self) -> Callable[[torch.Tensor], torch.Tensor]:
-        """The model as a function of ``(B, 1, I, J, K)`` float32 images on the device, in
-        its layout and precision, returning contiguous float32 heatmaps ``(B, K, I, J, K)``."""
+        """The models as a function of ``(B, 1, I, J, K)`` float32 images on the device, in
+        their layout and precision, returning contiguous float32 heatmaps
+        ``(B, P * K, I, J, K)``: the K channels of each of the :attr:`passes` P in turn
+        (member by member; plain, then mirrored and mapped back to the input's frame)."""
         s = self.settings
         layout = torch.channels_last_3d if s.channels_last else torch.contiguous_format
+        axis = 2 + s.mirror_axis
+        perm = torch.as_tensor(s.mirror_perm, device=self.device, dtype=torch.long)
 
         @torch.no_grad()
         def run(x: torch.Tensor) -> torch.Tensor:
+            x = x.contiguous(memory_format=layout)
+            flipped = x.flip(axis).contiguous(memory_format=layout) if axis >= 2 else None
+            outs = []
             with autocast_context(self.device, s.autocast):
-                return self.model(x.contiguous(memory_format=layout)).float().contiguous()
+                for model in self.models:
+                    outs.append(model(x).float())
+                    if flipped is not None:  # the flipped scan's left is this scan's right
+                        outs.append(model(flipped).float()[:, perm].flip(axis))
+            return torch.cat(outs, 1).contiguous()
 
         return run
 
     def heatmaps(self, vol: Volume) -> torch.Tensor:
-        """``(1, K, I, J, K)`` heatmaps of a *preprocessed* volume, on the device.
+        """``(P, K, I, J, K)`` heatmaps of each pass over a *preprocessed* volume, on the
+        device (:meth:`net`; their mean is the prediction's heatmap).
 
         In one pass the volume is padded at the end of each axis to the U-Net's stride
         (voxel coordinates unchanged) and the heatmaps are cropped back; with
         ``inference.sliding_window``, overlapping windows are blended
         (:mod:`heatmap3d.inference.sliding`).
         """
-        s, net = self.settings, self.net()
+        s, net, k = self.settings, self.net(), len(self.names)
         if not s.sliding:
             padded, shape = pad_to_multiple(vol, s.multiple)
             image = torch.from_numpy(np.ascontiguousarray(padded.data))[None, None]
-            return net(image.to(self.device))[..., : shape[0], : shape[1], : shape[2]]
-        image = torch.from_numpy(np.ascontiguousarray(vol.data))[None, None].to(self.device)
-        return sliding_window(net, image, s.window, overlap=s.overlap, batch=s.batch)
+            heat = net(image.to(self.device))[..., : shape[0], : shape[1], : shape[2]]
+        else:
+            image = torch.from_numpy(np.ascontiguousarray(vol.data))[None, None].to(self.device)
+            heat = sliding_window(net, image, s.window, overlap=s.overlap, batch=s.batch)
+        return heat.reshape(self.passes, k, *heat.shape[2:])
 
     # -- whole scans -------------------------------------------------------------------
 
@@ -138,17 +208,22 @@ class Predictor:
                 "this is a refinement model (model.role=refiner): it places landmarks around "
                 "another model's estimates; use it with --refine behind a whole-scan model"
             )
-        heat = self.heatmaps(vol)
-        coords, conf = decode_heatmaps(
-            heat, spacing=tuple(vol.spacing), window=self.settings.decode_mm
-        )
+        passes = self.heatmaps(vol)
+        heat = passes.mean(0, keepdim=True)
+        spacing, window = tuple(vol.spacing), self.settings.decode_mm
+        coords, conf = decode_heatmaps(heat, spacing=spacing, window=window)
         voxels = coords[0].cpu().double().numpy()
+        world = voxel_to_world(voxels, vol.affine)
+        each = decode_heatmaps(passes, spacing=spacing, window=window)[0].cpu().double().numpy()
+        confidence = conf[0].cpu().numpy().astype(float)
         return Prediction(
-            landmarks=Landmarks(self.names, voxel_to_world(voxels, vol.affine)),
-            confidence=conf[0].cpu().numpy().astype(float),
+            landmarks=Landmarks(self.names, world),
+            confidence=confidence,
             voxels=voxels,
             grid_affine=vol.affine.copy(),
             heatmaps=heat[0].cpu().numpy() if keep_heatmaps else None,
+            spread_mm=pass_spread(voxel_to_world(each, vol.affine), world),
+            presence=confidence.copy(),
         )
 
     def prepare(self, vol: Volume) -> Volume:
@@ -161,3 +236,21 @@ class Predictor:
 
     def predict_file(self, path: str | Path) -> Prediction:
         return self.predict_volume(load_volume(path))
+
+
+def _recipe(p: Predictor) -> tuple:
+    """What members of an ensemble must share: landmarks, preprocessing, settings (not
+    the data root or split: cross-validation folds differ there)."""
+    d = p.data
+    return (p.names, d.spacing, d.normalization, d.percentiles, d.ct_window, p.settings)
+
+
+def pass_spread(each: np.ndarray, combined: np.ndarray) -> np.ndarray:
+    """``(K,)`` mm: root mean square distance of the passes' estimates ``each``
+    ``(P, K, 3)`` world mm from the ``combined`` ``(K, 3)``; a pass that found nothing
+    counts as far as the farthest that did (NaN when none or the combined one did not)."""
+    dist = np.linalg.norm(each - combined[None], axis=-1)  # (P, K)
+    worst = np.nanmax(np.where(np.isfinite(dist), dist, np.nan), axis=0, initial=0.0)
+    dist = np.where(np.isfinite(dist), dist, worst[None])
+    out = np.sqrt(np.mean(dist**2, axis=0))
+    return np.where(np.isfinite(combined).all(-1), out, np.nan)

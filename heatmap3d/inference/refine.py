@@ -25,7 +25,7 @@ import torch
 from heatmap3d.errors import InputError
 from heatmap3d.geometry import Volume, crop_or_pad, voxel_to_world, window_start, world_to_voxel
 from heatmap3d.inference.decode import decode_heatmaps
-from heatmap3d.inference.predictor import Prediction, Predictor
+from heatmap3d.inference.predictor import Prediction, Predictor, pass_spread
 from heatmap3d.io.landmarks import Landmarks
 
 
@@ -50,7 +50,7 @@ def refine_landmarks(
     vol: Volume,
     estimates: np.ndarray,
     channels: Sequence[int],
-) -> tuple[np.ndarray, np.ndarray]:
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Refine landmark estimates in a volume preprocessed for ``fine``.
 
     ``estimates``: ``(N, 3)`` world RAS mm (NaN rows are left NaN); ``channels``: the
@@ -58,14 +58,17 @@ def refine_landmarks(
     patch size centred on its estimate (voxels outside the volume are 0, as in training
     crops); ``inference.batch`` windows go through the network at a time. The peak is
     chosen under a Gaussian prior of sigma ``data.crop_jitter_mm`` around the window's
-    centre (:func:`search_prior`; none when it is 0). Returns world RAS mm ``(N, 3)`` and
-    confidences ``(N,)``; a row whose window holds no peak is NaN.
+    centre (:func:`search_prior`; none when it is 0), in the mean of the passes' heatmaps
+    (ensemble members, mirroring). Returns world RAS mm ``(N, 3)``, confidences ``(N,)``
+    and the passes' spread ``(N,)`` mm (:func:`pass_spread`); a row whose window holds no
+    peak is NaN.
     """
-    s, device = fine.settings, fine.device
+    s, device, passes = fine.settings, fine.device, fine.passes
     centres = world_to_voxel(np.asarray(estimates, dtype=np.float64).reshape(-1, 3), vol.affine)
     rows = np.flatnonzero(np.isfinite(centres).all(1))
     starts = np.array([window_start(centres[r], s.window) for r in rows], dtype=np.float64)
     voxels = np.full(centres.shape, np.nan)
+    each = np.full((passes, *centres.shape), np.nan)
     confidence = np.zeros(len(centres))
     net = fine.net()
     picks = torch.as_tensor(np.asarray(channels)[rows], device=device)
@@ -73,14 +76,19 @@ def refine_landmarks(
     for lo in range(0, len(rows), s.batch):
         part = slice(lo, lo + s.batch)
         crops = [crop_or_pad(vol, s.window, start=st.astype(int)).data for st in starts[part]]
-        heat = net(torch.from_numpy(np.stack(crops))[:, None].to(device))  # (n, C, *window)
-        mine = heat[torch.arange(len(crops), device=device), picks[part]][:, None]
-        coords, conf = decode_heatmaps(
-            mine, spacing=tuple(vol.spacing), window=s.decode_mm, prior=prior
-        )
+        heat = net(torch.from_numpy(np.stack(crops))[:, None].to(device))  # (n, P*C, *window)
+        heat = heat.view(len(crops), passes, -1, *heat.shape[2:])
+        mine = heat[torch.arange(len(crops), device=device), :, picks[part]]  # (n, P, *window)
+        sp, mm = tuple(vol.spacing), s.decode_mm
+        mean = mine.mean(1, keepdim=True)
+        coords, conf = decode_heatmaps(mean, spacing=sp, window=mm, prior=prior)
         voxels[rows[part]] = coords[:, 0].cpu().double().numpy() + starts[part]
         confidence[rows[part]] = conf[:, 0].cpu().numpy()
-    return voxel_to_world(voxels, vol.affine), confidence
+        single = decode_heatmaps(mine, spacing=sp, window=mm, prior=prior)[0].cpu().double()
+        each[:, rows[part]] = single.numpy().transpose(1, 0, 2) + starts[part]
+    world = voxel_to_world(voxels, vol.affine)
+    spread = pass_spread(voxel_to_world(each.reshape(-1, 3), vol.affine).reshape(each.shape), world)
+    return world, confidence, spread
 
 
 def refine(fine: Predictor, vol: Volume, estimates: Landmarks) -> Prediction:
@@ -89,12 +97,14 @@ def refine(fine: Predictor, vol: Volume, estimates: Landmarks) -> Prediction:
     if missing:
         raise InputError(f"the refinement model has no landmark(s) {', '.join(missing)}")
     channels = [fine.names.index(n) for n in estimates.names]
-    world, confidence = refine_landmarks(fine, vol, estimates.points, channels)
+    world, confidence, spread = refine_landmarks(fine, vol, estimates.points, channels)
     return Prediction(
         landmarks=Landmarks(list(estimates.names), world),
         confidence=confidence,
         voxels=world_to_voxel(world, vol.affine),
         grid_affine=vol.affine.copy(),
+        spread_mm=spread,
+        presence=confidence.copy(),
     )
 
 
@@ -138,7 +148,9 @@ class Cascade:
         if lost.any():
             fine.landmarks.points[lost] = coarse.landmarks.points[lost]
             fine.confidence[lost] = coarse.confidence[lost]
+            fine.spread_mm[lost] = coarse.spread_mm[lost]
             fine.voxels = world_to_voxel(fine.landmarks.points, vols[1].affine)
+        fine.presence = coarse.presence  # whether it is in the scan: the whole-scan model's say
         if keep_heatmaps:
             fine.heatmaps, fine.grid_affine = coarse.heatmaps, coarse.grid_affine
         return fine

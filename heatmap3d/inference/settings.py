@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from heatmap3d import precision
-from heatmap3d.config import Config
+from heatmap3d.config import Config, mirror_permutation
 
 
 @dataclass(frozen=True)
@@ -36,6 +36,9 @@ class InferenceSettings:
         decode_mm: half-width of the sub-voxel fit box, mm (the heatmap sigma).
         search_mm: sigma of the refinement search prior around the window centre, mm
             (``data.crop_jitter_mm``); 0 = no prior.
+        mirror_axis: test-time mirroring along this array axis (``augment.mirror_axis``
+            where the model trained with mirroring and ``inference.mirror``), -1 = off.
+        mirror_perm: ``(K,)`` channel order after mirroring (left/right pairs swapped).
     """
 
     role: str
@@ -49,6 +52,8 @@ class InferenceSettings:
     batch: int
     decode_mm: float
     search_mm: float
+    mirror_axis: int = -1
+    mirror_perm: tuple[int, ...] = ()
 
     @classmethod
     def from_config(cls, cfg: Config, device: torch.device) -> InferenceSettings:
@@ -60,6 +65,10 @@ class InferenceSettings:
         run under bf16 autocast in both.
         """
         prec = precision.resolve(cfg.train.precision, cfg.train.amp, device)
+        aug = cfg.augment
+        # Only a model that learnt mirrored scans can be shown one.
+        mirrored = cfg.inference.mirror and aug.enabled and aug.mirror_axis >= 0
+        perm = mirror_permutation(cfg.data.landmarks, aug.mirror_pairs) if mirrored else []
         size = tuple(int(n) for n in cfg.data.patch_size)
         return cls(
             role=cfg.model.role,
@@ -73,4 +82,6 @@ class InferenceSettings:
             batch=cfg.inference.batch,
             decode_mm=cfg.heatmap.sigma,
             search_mm=cfg.data.crop_jitter_mm,
+            mirror_axis=aug.mirror_axis if mirrored else -1,
+            mirror_perm=tuple(perm),
         )

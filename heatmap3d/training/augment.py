@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from heatmap3d.config import AugmentConfig
+from heatmap3d.config import AugmentConfig, mirror_permutation
 
 FIXED_POINT_STEPS = 20  # the error shrinks by MAX_SLOPE a step: 0.5**20 ~ 1e-6
 MAX_SLOPE = 0.5
@@ -162,15 +162,6 @@ def _sample_points(field: Tensor, voxels: Tensor) -> Tensor:
 
 
 # -- mirroring -------------------------------------------------------------------------------
-
-
-def mirror_permutation(names: Sequence[str], pairs: Sequence[Sequence[str]]) -> list[int]:
-    """Channel order after mirroring: each name of a pair takes the other's channel."""
-    index = {n: i for i, n in enumerate(names)}
-    perm = list(range(len(names)))
-    for a, b in pairs:
-        perm[index[a]], perm[index[b]] = index[b], index[a]
-    return perm
 
 
 def _mirror(image, coords, mask, cfg: AugmentConfig, names, generator):
