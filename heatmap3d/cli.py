@@ -48,6 +48,22 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
         help="start afresh even if the run folder holds an earlier run's checkpoints (removed)",
     )
     p.add_argument(
+        "--members",
+        type=int,
+        default=1,
+        metavar="N",
+        help="with a dataset: train an ensemble of N models with different seeds (the budget "
+        "is shared); prediction averages them",
+    )
+    p.add_argument(
+        "--folds",
+        type=int,
+        default=0,
+        metavar="K",
+        help="with a dataset: K-fold cross-validation over the train and val cases; reports "
+        "the pooled out-of-fold error, and the K models form the ensemble",
+    )
+    p.add_argument(
         "--init-from",
         type=Path,
         help="fine-tune: start from this checkpoint's weights that match (name and shape)",
@@ -90,6 +106,19 @@ def _add_predict(sub: argparse._SubParsersAction) -> None:
         default=0.5,
         metavar="CONF",
         help="flag landmarks whose confidence is below this for review (default 0.5)",
+    )
+    p.add_argument(
+        "--review-radius",
+        type=float,
+        default=5.0,
+        metavar="MM",
+        help="with a --model that has a calibration: flag landmarks whose stated error radius "
+        "(90%% coverage) is above this (default 5 mm)",
+    )
+    p.add_argument(
+        "--no-mirror",
+        action="store_true",
+        help="with --model: skip test-time mirroring (half the inference time)",
     )
     p.add_argument(
         "--save-heatmaps",
@@ -205,6 +234,8 @@ def _train(args: argparse.Namespace) -> None:
         from heatmap3d.config import load_config
         from heatmap3d.training.trainer import run
 
+        if args.members != 1 or args.folds:
+            raise InputError("--members and --folds train a dataset: give DATA (or --plan)")
         cfg = load_config(args.config, overrides)
         run(cfg, resume=args.resume, init_from=args.init_from, overwrite=args.overwrite)
         return
@@ -215,11 +246,36 @@ def _train(args: argparse.Namespace) -> None:
         )
     from heatmap3d.training.stages import train_dataset
 
-    train_dataset(data, args.plan, overrides, resume=args.resume, overwrite=args.overwrite)
+    train_dataset(
+        data,
+        args.plan,
+        overrides,
+        resume=args.resume,
+        overwrite=args.overwrite,
+        members=args.members,
+        folds=args.folds,
+    )
+
+
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line; ``train``'s overrides and dataset may come before or after its
+    options (``heatmap3d train DATA --folds 5 train.budget_minutes=60``), which argparse
+    alone does not allow for a ``nargs="*"`` positional."""
+    parser = build_parser()
+    args, rest = parser.parse_known_args(argv)
+    if (
+        rest
+        and getattr(args, "command", None) == "train"
+        and not any(a.startswith("-") for a in rest)
+    ):
+        args.overrides = [*args.overrides, *rest]
+    elif rest:
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = parse(argv)
     prefix = ""
     if args.command == "train":  # only training runs under torchrun (and loads torch anyway)
         from heatmap3d.distributed import rank_prefix

@@ -221,8 +221,8 @@ def test_a_model_folder_runs_its_stages(models, tmp_path):
     write_model_folder(
         folder,
         [
-            StageEntry("coarse", "whole_scan", "coarse/best.pt"),
-            StageEntry("fine", "refiner", "fine/best.pt"),
+            StageEntry("coarse", "whole_scan", ("coarse/best.pt",)),
+            StageEntry("fine", "refiner", ("fine/best.pt",)),
         ],
     )
     save_volume(tmp_path / "s.nii.gz", scan(8, FRAMES["oblique"]))

@@ -18,11 +18,11 @@ import torch
 
 from heatmap3d.errors import InputError
 from heatmap3d.geometry import Volume
+from heatmap3d.inference.pipeline import Pipeline, load_pipeline
 from heatmap3d.inference.predictor import Prediction, Predictor
 from heatmap3d.inference.refine import Cascade
 from heatmap3d.inference.scans import output_stems, predict_files
 from heatmap3d.io.layout import expand_scans
-from heatmap3d.io.model_folder import read_model_folder
 from heatmap3d.io.predictions import review_flags, write_heatmaps, write_prediction
 
 
@@ -48,16 +48,15 @@ def predict_command(args: argparse.Namespace) -> None:
         raise InputError(f"{len(failures)} of {len(scans)} scan(s) failed: {listed}")
 
 
-def _load(args: argparse.Namespace, device: torch.device) -> Predictor | Cascade:
-    """The model of ``--model`` (a folder: one stage or a cascade), or of ``--checkpoint``
-    (with ``--refine``: a cascade)."""
+def _load(args: argparse.Namespace, device: torch.device) -> Predictor | Cascade | Pipeline:
+    """The model of ``--model`` (a folder: its stages, shape model and calibration), or of
+    ``--checkpoint`` (with ``--refine``: a cascade)."""
     if args.model is not None:
         if args.refine is not None:
             raise InputError("--refine goes with --checkpoint; a --model folder has its stages")
-        stages = [
-            Predictor.from_checkpoint(path, device) for _, path in read_model_folder(args.model)
-        ]
-        return stages[0] if len(stages) == 1 else Cascade(stages[0], stages[1])
+        return load_pipeline(
+            args.model, device, review_radius_mm=args.review_radius, mirror=not args.no_mirror
+        )
     predictor = Predictor.from_checkpoint(args.checkpoint, device)
     if args.refine is not None:
         return Cascade(predictor, Predictor.from_checkpoint(args.refine, device))
@@ -88,6 +87,8 @@ def _write(args: argparse.Namespace, stem: str, pred: Prediction, raw: Volume) -
         stem,
         pred.landmarks,
         pred.confidence,
+        radius_mm=pred.radius_mm,
+        status=pred.status,
         review_below=args.review_below,
         overwrite=args.overwrite,
     )
@@ -103,7 +104,7 @@ def _write(args: argparse.Namespace, stem: str, pred: Prediction, raw: Volume) -
     if args.snapshots:
         from heatmap3d.evaluation.pictures import snapshot, write_png
 
-        flagged = review_flags(pred.landmarks, pred.confidence, args.review_below)
+        flagged = review_flags(pred.landmarks, pred.confidence, args.review_below, pred.status)
         picture = snapshot(
             raw, pred.landmarks.points, pred.landmarks.names, pred.confidence, flagged
         )

@@ -5,14 +5,19 @@ Per scan, :func:`write_prediction` writes two landmark files and :func:`write_he
 
 ``<stem>.csv`` (world RAS mm)
     The project's CSV (see :mod:`heatmap3d.io.landmarks`) with columns
-    ``name,x,y,z,confidence,review,written_by``. ``review`` is 1 when the landmark is
-    missing or its confidence is below ``review_below``, else 0. A missing landmark has
-    empty x, y, z (never zeros). ``written_by`` is the provenance marker (below).
+    ``name,x,y,z,confidence,radius_mm,status,review,written_by``. ``radius_mm`` is the
+    calibrated expected error radius (empty when the model has no calibration);
+    ``status`` is ``ok``, ``review`` (radius above the review limit), ``moved`` (placed by
+    the shape model), ``absent`` (declared not in the scan) or ``missing`` (no peak found).
+    ``review`` is 1 when the landmark is missing, its
+    confidence is below ``review_below`` or its status is not ``ok``, else 0. A missing
+    landmark has empty x, y, z (never zeros). ``written_by`` is the provenance marker.
 ``<stem>.mrk.json`` (3D Slicer markups, LPS, as Slicer >= 5 writes them)
-    One point list. Every control point's ``description`` holds its confidence
-    (``confidence=0.83``); the ones to review read ``REVIEW confidence=0.31`` (missing:
-    ``REVIEW not found``). How Slicer shows the difference, using only schema fields
-    (``markups-schema-v1.0.3``) that Slicer reads back:
+    One point list. Every control point's ``description`` holds its confidence and radius
+    (``confidence=0.83 radius=2.4mm``); the ones to review read ``REVIEW confidence=0.31
+    ...`` (missing: ``REVIEW not found`` or ``REVIEW absent from the scan``). How Slicer
+    shows the difference, using only schema fields (``markups-schema-v1.0.3``) that Slicer
+    reads back:
 
     * confident points: ``selected: true``, ``locked: true``. Slicer draws selected points
       in the list's ``selectedColor``, set here to green, and a locked point cannot be
@@ -160,14 +165,22 @@ def _write_text(path: Path, text: str) -> None:
 # --------------------------------------------------------------------------------------
 
 
-def review_flags(landmarks: Landmarks, confidence: np.ndarray, review_below: float) -> np.ndarray:
-    """``(N,)`` bool: missing (NaN) landmarks and those with confidence below
-    ``review_below`` (a NaN confidence counts as below)."""
+def review_flags(
+    landmarks: Landmarks,
+    confidence: np.ndarray,
+    review_below: float,
+    status: Sequence[str] | None = None,
+) -> np.ndarray:
+    """``(N,)`` bool: missing (NaN) landmarks, those with confidence below ``review_below``
+    (a NaN confidence counts as below) and those whose ``status`` is not ``ok``."""
     conf = np.asarray(confidence, dtype=np.float64).reshape(-1)
     if conf.shape != (len(landmarks.names),):
         raise ValueError(f"confidence must have shape ({len(landmarks.names)},), got {conf.shape}")
     missing = ~np.isfinite(landmarks.points).all(axis=1)
-    return missing | ~(conf >= review_below)
+    flags = missing | ~(conf >= review_below)
+    if status is not None:
+        flags |= np.asarray(status) != "ok"
+    return flags
 
 
 def write_prediction(
@@ -176,62 +189,98 @@ def write_prediction(
     landmarks: Landmarks,
     confidence: np.ndarray,
     *,
+    radius_mm: np.ndarray | None = None,
+    status: Sequence[str] | None = None,
     review_below: float = 0.5,
     overwrite: bool = False,
 ) -> list[Path]:
     """Write ``<stem>.csv`` (RAS) and ``<stem>.mrk.json`` (Slicer, LPS) into ``out_dir``.
 
-    ``landmarks``: world RAS mm, NaN rows missing; ``confidence`` ``(N,)`` in [0, 1].
-    Landmarks missing or below ``review_below`` are flagged for review (see the module
-    docstring for how). Both targets are checked before either is written, so a refusal
-    (:class:`InputError`, a foreign file in the way) leaves nothing half done. Creates
-    ``out_dir``. Returns the two paths.
+    ``landmarks``: world RAS mm, NaN rows missing; ``confidence`` ``(N,)`` in [0, 1];
+    ``radius_mm`` ``(N,)`` the calibrated expected error radius (NaN: none stated);
+    ``status`` ``(N,)`` from :class:`heatmap3d.inference.pipeline.Pipeline` (``ok``,
+    ``review``, ``moved``, ``absent``); a row without a position that is not ``absent``
+    is ``missing`` (the model found no peak).
+    Landmarks missing, below ``review_below`` or not ``ok`` are flagged for review (see the
+    module docstring for how). Both targets are checked before either is written, so a
+    refusal (:class:`InputError`, a foreign file in the way) leaves nothing half done.
+    Creates ``out_dir``. Returns the two paths.
     """
     out_dir = Path(out_dir)
     paths = [out_dir / f"{stem}.csv", out_dir / f"{stem}.mrk.json"]
     for path in paths:
         check_overwrite(path, overwrite)
     conf = np.asarray(confidence, dtype=np.float64).reshape(-1)
-    review = review_flags(landmarks, conf, review_below)
+    n = len(landmarks.names)
+    radius = np.full(n, np.nan) if radius_mm is None else np.asarray(radius_mm, float).reshape(n)
+    missing = ~np.isfinite(landmarks.points).all(axis=1)
+    if status is None:
+        status = ["ok"] * n
+    # A row without a position is "absent" when declared so, else "missing" (no peak).
+    status = [
+        ("absent" if st == "absent" else "missing") if m else str(st)
+        for st, m in zip(status, missing, strict=True)
+    ]
+    review = review_flags(landmarks, conf, review_below, status)
     out_dir.mkdir(parents=True, exist_ok=True)
-    _write_text(paths[0], _csv_text(landmarks, conf, review))
-    _write_text(paths[1], _markups_text(landmarks, conf, review, review_below))
+    _write_text(paths[0], _csv_text(landmarks, conf, radius, status, review))
+    _write_text(paths[1], _markups_text(landmarks, conf, radius, status, review, review_below))
     return paths
 
 
-def _csv_text(landmarks: Landmarks, conf: np.ndarray, review: np.ndarray) -> str:
-    """The project's CSV (one implementation: io.landmark_formats) plus two columns."""
+def _csv_text(
+    landmarks: Landmarks,
+    conf: np.ndarray,
+    radius: np.ndarray,
+    status: list[str],
+    review: np.ndarray,
+) -> str:
+    """The project's CSV (one implementation: io.landmark_formats) plus four columns."""
     base = WRITERS[".csv"](landmarks.names, landmarks.points, "RAS", conf).splitlines()
     rows = list(csv.reader(base[1:]))
     out = io.StringIO()
     out.write(base[0] + "\n")  # "# coordinate_system = RAS" stays the first line
     writer = csv.writer(out, lineterminator="\n")
-    writer.writerow([*rows[0], "review", "written_by"])
-    for row, flag in zip(rows[1:], review, strict=True):
-        writer.writerow([*row, int(flag), MARKER])
+    writer.writerow([*rows[0], "radius_mm", "status", "review", "written_by"])
+    for row, r, st, flag in zip(rows[1:], radius, status, review, strict=True):
+        writer.writerow([*row, f"{r:.4g}" if np.isfinite(r) else "", st, int(flag), MARKER])
     return out.getvalue()
 
 
 def _markups_text(
-    landmarks: Landmarks, conf: np.ndarray, review: np.ndarray, review_below: float
+    landmarks: Landmarks,
+    conf: np.ndarray,
+    radius: np.ndarray,
+    status: list[str],
+    review: np.ndarray,
+    review_below: float,
 ) -> str:
     """Slicer markups (one implementation: io.landmark_formats) with the review flags."""
     lps = landmarks.points * LPS_FLIP
     doc: dict[str, Any] = json.loads(WRITERS[".mrk.json"](landmarks.names, lps, "LPS", conf))
     markup = doc["markups"][0]
-    for cp, flag, c in zip(markup["controlPoints"], review, conf, strict=True):
-        _flag_control_point(cp, bool(flag), float(c))
+    for cp, flag, c, r, st in zip(
+        markup["controlPoints"], review, conf, radius, status, strict=True
+    ):
+        _flag_control_point(cp, bool(flag), float(c), float(r), st)
     markup["display"] = {"color": REVIEW_COLOUR, "selectedColor": CONFIDENT_COLOUR}
     doc["heatmap3d"] = {"written_by": MARKER, "review_below": float(review_below)}
     return json.dumps(doc, indent=4, allow_nan=False) + "\n"
 
 
-def _flag_control_point(cp: dict[str, Any], review: bool, confidence: float) -> None:
+def _flag_control_point(
+    cp: dict[str, Any], review: bool, confidence: float, radius: float, status: str
+) -> None:
     defined = cp.get("positionStatus") == "defined"
     text = f"confidence={confidence:.6g}" if np.isfinite(confidence) else ""
+    if np.isfinite(radius):
+        text += f" radius={radius:.3g}mm"
+        cp["radius_mm"] = radius  # extra key, as confidence (the schema allows them)
+    if status == "moved":  # the shape model put it where the other landmarks say
+        text = f"moved by shape model {text}"
     if not defined:
-        text = "not found"
-    cp["description"] = f"REVIEW {text}".strip() if review else text
+        text = "not found" if status != "absent" else "absent from the scan"
+    cp["description"] = f"REVIEW {text}".strip() if review else text.strip()
     cp["selected"] = defined and not review
     cp["locked"] = defined and not review
 

@@ -1,0 +1,201 @@
+"""A trained model as prediction runs it: the stages, then the review of what they found.
+
+:class:`Pipeline` wraps a :class:`~heatmap3d.inference.predictor.Predictor` (or a
+:class:`~heatmap3d.inference.refine.Cascade`), whose models may be ensembles run with
+test-time mirroring, and reviews each scan's landmarks:
+
+1. **Absent landmarks.** A landmark whose whole-scan peak (``Prediction.presence``) is
+   below the calibration's threshold (chosen on validation cases) is reported absent, not
+   placed somewhere.
+2. **Shape plausibility.** A landmark that does not fit where the others put it
+   (:class:`~heatmap3d.inference.shape.ShapeModel`, learnt from the training landmarks) is
+   looked for again near that place: the best heatmap peak that fits (the refinement model
+   run around it, or the whole-scan heatmap under a prior there), else the shape model's
+   reconstruction. Either way it is marked ``moved`` for review.
+3. **Error radius.** A signal in mm, ``sqrt(g^2 + d^2 + r^2) / max(c, 0.25)`` with ``g``
+   the final grid's largest spacing (the decoding's resolution), ``d`` the passes' spread
+   (ensemble members, mirrored pass), ``r`` the shape residual and ``c`` the peak height,
+   is turned into a radius by the calibration (:mod:`heatmap3d.evaluation.calibration`:
+   split conformal per landmark, nominal 90 %). A radius above ``review_radius_mm`` marks
+   the landmark for review.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from heatmap3d.errors import InputError
+from heatmap3d.evaluation.calibration import Calibration
+from heatmap3d.geometry import voxel_to_world, world_to_voxel
+from heatmap3d.inference.decode import decode_heatmaps
+from heatmap3d.inference.predictor import Prediction, Predictor
+from heatmap3d.inference.refine import Cascade, refine_landmarks
+from heatmap3d.inference.shape import ShapeModel
+from heatmap3d.io.model_folder import read_model_folder
+
+DEFAULT_REVIEW_RADIUS_MM = 5.0
+MIN_CONFIDENCE = 0.25  # the signal's divisor never below this: a faint peak is not infinitely bad
+
+
+class Pipeline:
+    """A model (or cascade) with its shape model and calibration; the interface of
+    :func:`heatmap3d.inference.scans.predict_files` (``prepare``, ``predict_preprocessed``)."""
+
+    def __init__(
+        self,
+        model: Predictor | Cascade,
+        shape: ShapeModel | None = None,
+        calibration: Calibration | None = None,
+        *,
+        review_radius_mm: float = DEFAULT_REVIEW_RADIUS_MM,
+        shape_factor: float = 3.0,
+    ) -> None:
+        self.model, self.shape, self.calibration = model, shape, calibration
+        self.review_radius_mm, self.shape_factor = review_radius_mm, shape_factor
+        self.names = list(self.first.names)
+        for part, what in ((shape, "shape model"), (calibration, "calibration")):
+            if part is not None and list(part.names) != self.names:
+                raise InputError(f"the {what} is for other landmarks than the model's")
+
+    @property
+    def first(self) -> Predictor:
+        return self.model.coarse if isinstance(self.model, Cascade) else self.model
+
+    @property
+    def last(self) -> Predictor:
+        return self.model.fine if isinstance(self.model, Cascade) else self.model
+
+    def prepare(self, vol):
+        return self.model.prepare(vol)
+
+    def predict_volume(self, vol) -> Prediction:
+        """Landmarks of a raw volume (any orientation and spacing), reviewed, in world mm."""
+        return self.predict_preprocessed(self.prepare(vol))
+
+    def predict_preprocessed(self, prepared, *, keep_heatmaps: bool = False) -> Prediction:
+        """The model's landmarks, reviewed (module docstring); ``status``, ``radius_mm``,
+        ``shape_residual_mm`` and ``signal_mm`` set."""
+        single = isinstance(self.model, Predictor)
+        need_heat = keep_heatmaps or (single and self.shape is not None)
+        pred = self.model.predict_preprocessed(prepared, keep_heatmaps=need_heat)
+        pred.status = np.full(len(self.names), "ok", dtype=object)
+        declare_absent(pred, self.calibration)
+        pred.shape_residual_mm = np.full(len(self.names), np.nan)
+        if self.shape is not None:
+            points = pred.landmarks.points
+            points[:], moved, pred.shape_residual_mm = self._check_shape(points, pred, prepared)
+            pred.status[moved] = "moved"
+        pred.signal_mm = self.signal(pred.spread_mm, pred.shape_residual_mm, pred.confidence)
+        pred.signal_mm[~np.isfinite(pred.landmarks.points).all(1)] = np.nan
+        state_radii(pred, self.calibration, self.review_radius_mm)
+        if not keep_heatmaps:
+            pred.heatmaps = None
+        return pred
+
+    def signal(self, spread: np.ndarray, residual: np.ndarray, conf: np.ndarray) -> np.ndarray:
+        """``(K,)`` mm, the uncalibrated error signal (module docstring)."""
+        g = float(max(self.last.data.spacing))
+        d, r = np.nan_to_num(spread), np.nan_to_num(residual)
+        return np.sqrt(g * g + d * d + r * r) / np.maximum(conf, MIN_CONFIDENCE)
+
+    # -- shape ---------------------------------------------------------------------------
+
+    def _check_shape(self, points: np.ndarray, pred: Prediction, prepared):
+        """Points with the shape model's outliers looked for again; which moved; residuals
+        ``(K,)`` mm of the points as found."""
+        shape = self.shape
+        out = shape.outliers(points, factor=self.shape_factor)
+        if not out.any():
+            return points, out, shape.residuals(points)
+        limits = shape.thresholds(self.shape_factor)
+        candidates, scores = [np.empty((0, 3))] * len(points), [np.empty(0)] * len(points)
+        for k in np.flatnonzero(out):
+            guess = shape.reconstruct(points, int(k), use=~out)
+            if np.isfinite(guess).all():
+                candidates[k], scores[k] = self._look_near(pred, prepared, int(k), guess, limits[k])
+        fixed, how, residual = shape.correct(points, candidates, scores, factor=self.shape_factor)
+        return fixed, how > 0, residual
+
+    def _look_near(self, pred: Prediction, prepared, k: int, guess: np.ndarray, sigma_mm: float):
+        """The best peak of landmark ``k`` near ``guess`` (world mm): ``(1, 3)`` world mm and
+        its height ``(1,)``; empty when there is none."""
+        if isinstance(self.model, Cascade):
+            fine = self.model.fine
+            world, conf, _ = refine_landmarks(
+                fine, prepared[1], guess[None], [fine.names.index(self.names[k])]
+            )
+        else:
+            vol = prepared
+            heat = torch.from_numpy(pred.heatmaps[k][None, None])
+            prior = _gaussian_around(
+                heat.shape[2:], vol.spacing, world_to_voxel(guess, vol.affine), sigma_mm
+            )
+            coords, c = decode_heatmaps(
+                heat, spacing=tuple(vol.spacing), window=self.first.settings.decode_mm, prior=prior
+            )
+            world, conf = voxel_to_world(coords[0].double().numpy(), vol.affine), c[0].numpy()
+        keep = np.isfinite(world).all(1)
+        return world[keep], np.asarray(conf, float)[keep]
+
+
+def declare_absent(pred: Prediction, calibration: Calibration | None) -> None:
+    """Landmarks whose whole-scan peak is below the calibration's presence threshold lose
+    their position (NaN) and get status ``absent`` (in place)."""
+    if calibration is None or calibration.presence_threshold <= 0:
+        return
+    absent = ~(pred.presence >= calibration.presence_threshold)
+    pred.landmarks.points[absent] = np.nan
+    pred.status[absent] = "absent"
+    if pred.signal_mm is not None:
+        pred.signal_mm[absent] = np.nan
+
+
+def state_radii(pred: Prediction, calibration: Calibration | None, review_radius_mm: float) -> None:
+    """``pred.radius_mm`` from ``pred.signal_mm`` (NaN without a calibration), and status
+    ``review`` for an ``ok`` landmark whose radius is above ``review_radius_mm`` (in place)."""
+    k = len(pred.status)
+    pred.radius_mm = calibration.radii(pred.signal_mm) if calibration else np.full(k, np.nan)
+    pred.status[(pred.status == "ok") & (pred.radius_mm > review_radius_mm)] = "review"
+
+
+def _gaussian_around(shape, spacing, centre: np.ndarray, sigma_mm: float) -> torch.Tensor:
+    """``shape`` weights, a Gaussian of ``sigma_mm`` around voxel ``centre`` ``(3,)``."""
+    axes = []
+    for n, sp, c in zip(shape, spacing, np.asarray(centre).reshape(3), strict=True):
+        mm = (torch.arange(n, dtype=torch.float32) - float(c)) * float(sp)
+        axes.append(torch.exp(-(mm**2) / (2 * sigma_mm**2)))
+    return axes[0][:, None, None] * axes[1][None, :, None] * axes[2][None, None, :]
+
+
+def load_pipeline(
+    folder: Path,
+    device: torch.device,
+    *,
+    review_radius_mm: float = DEFAULT_REVIEW_RADIUS_MM,
+    mirror: bool = True,
+) -> Pipeline:
+    """The model of a model folder (``heatmap3d predict --model``): its stages' ensembles,
+    a cascade when there are two, its shape model and calibration when it has them.
+    ``mirror=False`` turns test-time mirroring off (``--no-mirror``)."""
+    found = read_model_folder(folder)
+    stages = [Predictor.from_checkpoints(paths, device) for _, paths in found.stages]
+    if not mirror:
+        for stage in stages:
+            stage.settings = dataclasses.replace(stage.settings, mirror_axis=-1)
+    if len(stages) > 2:
+        raise InputError(f"{folder}: {len(stages)} stages; prediction runs one or two")
+    model = stages[0] if len(stages) == 1 else Cascade(stages[0], stages[1])
+    shape = calibration = None
+    try:
+        if found.shape is not None:
+            shape = ShapeModel.from_dict(json.loads(found.shape.read_text()))
+        if found.calibration is not None:
+            calibration = Calibration.from_dict(json.loads(found.calibration.read_text()))
+    except (OSError, ValueError) as err:
+        raise InputError(f"{folder}: cannot read its shape model or calibration ({err})") from None
+    return Pipeline(model, shape, calibration, review_radius_mm=review_radius_mm)
