@@ -62,26 +62,43 @@ def test_train_data_plans_trains_to_the_budget_and_predict_model_runs_it(phantom
 
 
 @pytest.mark.slow
-def test_an_edited_plan_with_a_refiner_trains_a_cascade(phantoms, copy_of):
+def test_an_edited_plan_with_a_refiner_trains_a_cascade_of_folds(phantoms, copy_of):
+    """Two stages x two folds: the model folder lists each stage's two members, the shape
+    model and the calibration; predict --model states an error radius per landmark."""
     data = copy_of(phantoms(n_train=4, n_val=2, n_test=1, seed=3))
     (data / "plan.yaml").write_text(TWO_STAGES)  # as a user would edit it
     out = data.parent / "runs"
-    proc = cli("train", data, "train.budget_minutes=0.3", f"train.out_dir={out}", *TINY)
+    proc = cli(
+        "train", data, "--folds", "2", "train.budget_minutes=0.3", f"train.out_dir={out}", *TINY
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     model = out / "data"
-    stages = json.loads((model / "model.json").read_text())["stages"]
-    assert [(s["name"], s["role"]) for s in stages] == [
-        ("coarse", "whole_scan"),
-        ("fine", "refiner"),
+    doc = json.loads((model / "model.json").read_text())
+    assert [(s["name"], s["role"], s["checkpoints"]) for s in doc["stages"]] == [
+        ("coarse", "whole_scan", ["fold0/coarse/best.pt", "fold1/coarse/best.pt"]),
+        ("fine", "refiner", ["fold0/fine/best.pt", "fold1/fine/best.pt"]),
     ]
+    assert (doc["shape"], doc["calibration"]) == ("shape.json", "calibration.json")
     budgets = [
-        torch.load(model / s / "last.pt", weights_only=True)["config"]["train"]["budget_minutes"]
+        torch.load(model / f / s / "last.pt", weights_only=True)["config"]["train"][
+            "budget_minutes"
+        ]
+        for f in ("fold0", "fold1")
         for s in ("coarse", "fine")
     ]
-    assert budgets == pytest.approx([0.15, 0.15])  # the total, split by budget_share
+    assert budgets == pytest.approx([0.075] * 4)  # the total, split by budget_share and fold
+    folds = [json.loads((model / "folds" / f"fold{f}.json").read_text()) for f in (0, 1)]
+    pooled = sorted(folds[0]["val"] + folds[1]["val"])
+    split = json.loads((data / "split.json").read_text())
+    assert pooled == sorted(split["train"] + split["val"])  # each case validated once
+    assert "out_of_fold" in proc.stdout or (model / "out_of_fold" / "evaluation").is_dir()
+    oof = (model / "out_of_fold" / "evaluation" / "errors.csv").read_text()
+    assert all(case in oof for case in pooled)
     scan = _test_scan(data)
     pred = cli("predict", "--model", model, scan, "--out", data.parent / "pred")
     assert pred.returncode == 0, pred.stderr[-2000:]
+    rows = (data.parent / "pred" / f"{scan.name.split('.')[0]}.csv").read_text().splitlines()
+    assert "radius_mm" in rows[1] and "status" in rows[1]
 
 
 def test_a_plan_with_an_unknown_key_is_one_line(phantoms, copy_of, tmp_path):

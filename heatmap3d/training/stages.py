@@ -12,6 +12,7 @@ will run it.
 from __future__ import annotations
 
 import dataclasses
+import json
 import shutil
 from pathlib import Path
 
@@ -19,13 +20,23 @@ from heatmap3d import distributed
 from heatmap3d.config import Config, load_config
 from heatmap3d.distributed import DistInfo
 from heatmap3d.evaluation.metrics import LandmarkStats
+from heatmap3d.inference.pipeline import (
+    DEFAULT_REVIEW_RADIUS_MM,
+    Pipeline,
+    declare_absent,
+    state_radii,
+)
+from heatmap3d.inference.predictor import Predictor
 from heatmap3d.inference.refine import Cascade
+from heatmap3d.io.atomic import atomic_write_bytes
 from heatmap3d.io.model_folder import StageEntry, write_model_folder
 from heatmap3d.planning.fingerprint import fingerprint_dataset
 from heatmap3d.planning.plan import make_plan
 from heatmap3d.planning.plan_file import read_plan, stage_configs, write_plan
+from heatmap3d.training.heldout import calibrate, fit_shape
+from heatmap3d.training.members import Member, member_config, plan_members
 from heatmap3d.training.trainer import Trainer, train
-from heatmap3d.training.validation import read_on_main
+from heatmap3d.training.validation import read_on_main, write_results
 
 DEFAULT_BUDGET_MINUTES = 60.0  # a plan's total training time when no budget is given
 
@@ -37,12 +48,15 @@ def train_dataset(
     *,
     resume: bool = False,
     overwrite: bool = False,
+    members: int = 1,
+    folds: int = 0,
 ) -> list[LandmarkStats] | None:
     """``heatmap3d train DATA`` / ``--plan FILE``: plan (rank 0), then train every stage.
 
     ``overrides`` (``section.key=value``) apply to every stage; ``train.budget_minutes`` is
-    the total, split between the stages by the plan. Returns the whole model's statistics
-    on the validation scans (on every rank).
+    the total, split between the stages by the plan and between the ensemble's
+    ``members`` (seeds) or ``folds`` (:mod:`heatmap3d.training.members`). Returns the whole
+    model's statistics on held-out scans (on every rank).
     """
     base = load_config(None, overrides)  # bad overrides stop here, before any work
     world = distributed.setup(
@@ -52,7 +66,16 @@ def train_dataset(
         stages, model_dir, plan_file = distributed.main_then_broadcast(
             world, lambda: _planned_stages(data, plan, overrides, base, world)
         )
-        return run_stages(world, stages, model_dir, plan_file, resume=resume, overwrite=overwrite)
+        first = stages[0][1].data
+        team = distributed.main_then_broadcast(
+            world,
+            lambda: plan_members(
+                Path(first.root), first.split_file, model_dir, members=members, folds=folds
+            ),
+        )
+        return run_stages(
+            world, stages, model_dir, plan_file, members=team, resume=resume, overwrite=overwrite
+        )
     finally:
         distributed.teardown()
 
@@ -87,47 +110,120 @@ def run_stages(
     model_dir: Path,
     plan_file: Path | None = None,
     *,
+    members: list[Member] | None = None,
     resume: bool = False,
     overwrite: bool = False,
 ) -> list[LandmarkStats] | None:
-    """Train ``stages`` (name, config) into ``model_dir`` in the process group of ``world``;
-    the statistics of the whole model on the validation scans (on every rank).
+    """Train ``stages`` (name, config) of every member into ``model_dir`` in the process
+    group of ``world``; the statistics of the whole model on held-out scans (every rank).
 
-    Each stage's run folder is ``model_dir/<name>`` (its ``train.out_dir`` and
-    ``train.name`` are set here). ``plan_file`` is copied into the folder for the record.
+    Each stage's run folder is ``model_dir/<member>/<name>`` (``model_dir/<name>`` for a
+    lone model). ``plan_file`` is copied into the folder for the record. Members train one
+    after the other (:mod:`heatmap3d.training.members`).
     """
-    trainers = []
-    for name, cfg in stages:
-        cfg = _in_folder(cfg, model_dir, name)
-        if world.is_main:
-            print(f"\nstage {name!r} ({cfg.model.role}): {model_dir / name}")
-        trainers.append(train(cfg, world, resume=resume, overwrite=overwrite))
-    return _finish(trainers, model_dir, plan_file, world)
+    members = members or [Member("")]
+    runs: list[list[Trainer]] = []
+    for member in members:
+        trainers = []
+        for name, cfg in stages:
+            cfg = _in_folder(member_config(cfg, member, len(members)), model_dir, member, name)
+            if world.is_main:
+                print(f"\nstage {name!r} ({cfg.model.role}): {Path(cfg.train.out_dir) / name}")
+            trainers.append(train(cfg, world, resume=resume, overwrite=overwrite))
+        runs.append(trainers)
+    return _finish(runs, members, model_dir, plan_file, world)
 
 
-def _in_folder(cfg: Config, model_dir: Path, name: str) -> Config:
-    train_cfg = dataclasses.replace(cfg.train, out_dir=str(model_dir), name=name)
+def _in_folder(cfg: Config, model_dir: Path, member: Member, name: str) -> Config:
+    out = Path(model_dir) / member.name if member.name else Path(model_dir)
+    train_cfg = dataclasses.replace(cfg.train, out_dir=str(out), name=name)
     return dataclasses.replace(cfg, train=train_cfg)
 
 
-def _best_of(trainer: Trainer) -> str:
-    """The stage's ``best.pt``; ``last.pt`` when no validation found a landmark (MRE NaN).
-    Rank 0's view: it wrote them."""
+def _best_of(trainer: Trainer, member: Member) -> str:
+    """The stage's ``best.pt`` relative to the model folder; ``last.pt`` when no
+    validation found a landmark (MRE NaN). Rank 0's view: it wrote them."""
     name, best = trainer.cfg.train.name, trainer.run_dir / "best.pt"
     written = distributed.main_then_broadcast(trainer.world, best.is_file)
-    return f"{name}/best.pt" if written else f"{name}/last.pt"
+    prefix = f"{member.name}/" if member.name else ""
+    return f"{prefix}{name}/best.pt" if written else f"{prefix}{name}/last.pt"
 
 
 def _finish(
-    trainers: list[Trainer], model_dir: Path, plan_file: Path | None, world: DistInfo
+    runs: list[list[Trainer]],
+    members: list[Member],
+    model_dir: Path,
+    plan_file: Path | None,
+    world: DistInfo,
 ) -> list[LandmarkStats] | None:
-    """Write ``model.json`` (rank 0), then evaluate the whole model as prediction runs it."""
-    entries = [StageEntry(t.cfg.train.name, t.cfg.model.role, _best_of(t)) for t in trainers]
+    """Write the model folder (rank 0): ``model.json``, the plan, the shape model and the
+    calibration fitted on held-out predictions; then report the held-out error."""
+    names = list(runs[0][0].cfg.data.landmarks)
+    entries = [
+        StageEntry(
+            t.cfg.train.name,
+            t.cfg.model.role,
+            tuple(_best_of(run[i], m) for run, m in zip(runs, members, strict=True)),
+        )
+        for i, t in enumerate(runs[0])
+    ]
+    train_cases = {c.case_id: c for run in runs for c in run[0].train_cases}
+    shape = distributed.main_then_broadcast(
+        world, lambda: fit_shape(list(train_cases.values()), names)
+    )
     if world.is_main:
         write_model_folder(model_dir, entries)
         if plan_file is not None and plan_file.resolve() != (model_dir / "plan.yaml").resolve():
             shutil.copyfile(plan_file, model_dir / "plan.yaml")
+        if shape is not None:
+            _write_json(model_dir / "shape.json", shape.to_dict())
     distributed.barrier()  # every checkpoint and model.json written
-    predictors = [read_on_main(world, model_dir / e.checkpoint) for e in entries]
-    model = predictors[0] if len(predictors) == 1 else Cascade(predictors[0], predictors[1])
-    return trainers[0].validator.report(model, label=str(model_dir), out_dir=model_dir)
+    results, cases, label = _held_out(runs, members, entries, model_dir, world, shape)
+    calibration = distributed.main_then_broadcast(world, lambda: calibrate(results, cases, names))
+    if world.is_main:
+        _write_json(model_dir / "calibration.json", calibration.to_dict())
+        write_model_folder(
+            model_dir,
+            entries,
+            shape="shape.json" if shape is not None else None,
+            calibration="calibration.json",
+        )
+    for pred in results.values():  # as prediction will state them
+        declare_absent(pred, calibration)
+        state_radii(pred, calibration, DEFAULT_REVIEW_RADIUS_MM)
+    out = model_dir / "out_of_fold" if members[0].split_file else model_dir
+    stats = write_results(results, cases, names, label, out) if world.is_main else None
+    return distributed.broadcast_object(stats)
+
+
+def _held_out(runs, members, entries, model_dir, world, shape):
+    """Held-out predictions (uncalibrated) by case id, their cases, and how they were made:
+    with folds, each fold's validation scans by that fold's model (out of fold); else the
+    validation scans by the whole model."""
+    if not members[0].split_file:
+        pipeline = Pipeline(_model_of(world, model_dir, entries), shape)
+        validator = runs[0][0].validator
+        return validator.predict_cases(pipeline), validator.cases, str(model_dir)
+    results, cases = {}, []
+    for f, run in enumerate(runs):
+        own = [dataclasses.replace(e, checkpoints=(e.checkpoints[f],)) for e in entries]
+        fold_shape = distributed.main_then_broadcast(
+            world, lambda run=run: fit_shape(run[0].train_cases, list(run[0].cfg.data.landmarks))
+        )
+        pipeline = Pipeline(_model_of(world, model_dir, own), fold_shape)
+        results.update(run[0].validator.predict_cases(pipeline))
+        cases += run[0].validator.cases
+    return results, cases, f"{model_dir}, each fold's model on its own validation scans"
+
+
+def _model_of(world: DistInfo, model_dir: Path, entries: list[StageEntry]):
+    """The stages of ``entries`` as prediction loads them: ensembles, a cascade of two."""
+    stages = []
+    for entry in entries:
+        paths = [model_dir / c for c in entry.checkpoints]
+        stages.append(Predictor.ensemble([read_on_main(world, p) for p in paths], sources=paths))
+    return stages[0] if len(stages) == 1 else Cascade(stages[0], stages[1])
+
+
+def _write_json(path: Path, doc: dict) -> None:
+    atomic_write_bytes(path, (json.dumps(doc, indent=1) + "\n").encode())

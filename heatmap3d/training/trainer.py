@@ -90,6 +90,7 @@ class Trainer:
     ) -> None:
         self.world = world
         names, train_cases, val_cases = prepare_dataset(cfg, world)
+        self.train_cases = train_cases  # the shape model of the whole model learns from them
         # The resolved names go into the checkpoint's config, so predict needs nothing else.
         self.cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, landmarks=names))
         self.run_dir = Path(cfg.train.out_dir) / cfg.train.name

@@ -27,7 +27,8 @@ from heatmap3d.evaluation.metrics import LandmarkStats, radial_errors, summarize
 from heatmap3d.evaluation.pictures import landmark_views
 from heatmap3d.geometry import Volume
 from heatmap3d.inference.predictor import Prediction, Predictor
-from heatmap3d.inference.refine import Cascade, refine
+from heatmap3d.inference.refine import refine
+from heatmap3d.inference.scans import ScanPredictor as ScanModel
 from heatmap3d.io.landmarks import Landmarks, read_landmarks
 from heatmap3d.io.layout import Case
 from heatmap3d.io.predictions import write_prediction
@@ -136,30 +137,49 @@ class Validator:
             return None
         return self.report(predictor, label=str(best), out_dir=self.run_dir)
 
-    def report(
-        self, predictor: Predictor | Cascade, *, label: str, out_dir: Path
-    ) -> list[LandmarkStats]:
-        """Predict the validation scans from their files with ``predictor`` (a model or a
-        cascade), write ``out_dir/predictions`` and ``out_dir/evaluation`` (rank 0), print
-        the table; the stats on every rank."""
+    def report(self, predictor: ScanModel, *, label: str, out_dir: Path) -> list[LandmarkStats]:
+        """Predict the validation scans from their files with ``predictor`` (a model, a
+        cascade or a pipeline), write ``out_dir/predictions`` and ``out_dir/evaluation``
+        (rank 0), print the table; the stats on every rank."""
+        results = self.predict_cases(predictor)
+        stats = (
+            write_results(results, self.cases, self.names, label, out_dir)
+            if self.world.is_main
+            else None
+        )
+        return distributed.broadcast_object(stats)
+
+    def predict_cases(self, predictor: ScanModel) -> dict[str, Prediction]:
+        """Every validation scan predicted from its file, by case id (on every rank; each
+        rank predicts its share)."""
         mine = {}
         for index in distributed.my_share(len(self.cases), self.world):
             case = self.cases[index]
             prepared = predictor.prepare(load_volume(case.image))
             mine[case.case_id] = predictor.predict_preprocessed(prepared)
-        results = distributed.gather_by_key(mine)
-        stats = self._write(results, label, out_dir) if self.world.is_main else None
-        return distributed.broadcast_object(stats)
+        return distributed.gather_by_key(mine)
 
-    def _write(
-        self, results: dict[str, Prediction], label: str, out_dir: Path
-    ) -> list[LandmarkStats]:
-        """Rank 0: write predictions and evaluation under ``out_dir``, print the table."""
-        for case_id, pred in results.items():
-            write_prediction(out_dir / "predictions", case_id, pred.landmarks, pred.confidence)
-        truth = {c.case_id: read_landmarks(c.landmarks) for c in self.cases}
-        points = {c: p.landmarks for c, p in results.items()}
-        stats, errors, ids = evaluate(points, truth, self.names)
-        print(f"\nvalidation scans predicted with {label}:\n")
-        print(write_report(out_dir / "evaluation", stats, errors, ids, self.names))
-        return stats
+
+def write_results(
+    results: dict[str, Prediction],
+    cases: list[Case],
+    names: list[str],
+    label: str,
+    out_dir: Path,
+) -> list[LandmarkStats]:
+    """Rank 0: write predictions and evaluation under ``out_dir``, print the table."""
+    for case_id, pred in results.items():
+        write_prediction(
+            out_dir / "predictions",
+            case_id,
+            pred.landmarks,
+            pred.confidence,
+            radius_mm=pred.radius_mm,
+            status=pred.status,
+        )
+    truth = {c.case_id: read_landmarks(c.landmarks) for c in cases if c.case_id in results}
+    points = {c: p.landmarks for c, p in results.items()}
+    stats, errors, ids = evaluate(points, truth, names)
+    print(f"\nvalidation scans predicted with {label}:\n")
+    print(write_report(out_dir / "evaluation", stats, errors, ids, names))
+    return stats

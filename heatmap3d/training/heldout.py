@@ -1,0 +1,54 @@
+"""What a trained model learns about itself after training: its shape model, and the
+calibration of its error radii and of absence, from held-out predictions.
+
+The shape model (:class:`~heatmap3d.inference.shape.ShapeModel`) is fitted on the training
+cases' landmarks. The calibration (:mod:`heatmap3d.evaluation.calibration`) is fitted on
+predictions of cases the predicting model never trained on: the validation scans (one model
+or seeds), or each fold's validation scans predicted by that fold's model (``--folds``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from heatmap3d.evaluation.calibration import Calibration, fit_calibration
+from heatmap3d.evaluation.metrics import radial_errors
+from heatmap3d.inference.predictor import Prediction
+from heatmap3d.inference.shape import ShapeModel
+from heatmap3d.io.landmarks import read_landmarks
+from heatmap3d.io.layout import Case
+
+NOMINAL = 0.9  # the stated radius covers 90 % of errors
+
+
+def truth_points(cases: list[Case], names: list[str]) -> dict[str, np.ndarray]:
+    """Each case's true landmarks ``(K, 3)`` world mm in ``names``' order (NaN: absent)."""
+    return {
+        c.case_id: read_landmarks(c.landmarks).select(names, source=str(c.landmarks)).points
+        for c in cases
+    }
+
+
+def fit_shape(cases: list[Case], names: list[str]) -> ShapeModel | None:
+    """The shape model of ``cases``' landmarks; None (said why) when they cannot make one."""
+    shapes = np.stack(list(truth_points(cases, names).values()))
+    try:
+        return ShapeModel.fit(names, shapes)
+    except ValueError as err:
+        print(f"no shape model: {err}")
+        return None
+
+
+def calibrate(
+    results: dict[str, Prediction], cases: list[Case], names: list[str]
+) -> Calibration:
+    """The calibration fitted on held-out ``results`` (uncalibrated: ``signal_mm`` and
+    ``presence`` set) against the truth of ``cases``."""
+    truth = truth_points(cases, names)
+    ids = sorted(results)
+    t = np.stack([truth[c] for c in ids])
+    p = np.stack([results[c].landmarks.points for c in ids])
+    signals = np.stack([results[c].signal_mm for c in ids])
+    presence = np.stack([results[c].presence for c in ids])
+    present = np.isfinite(t).all(-1)
+    return fit_calibration(names, radial_errors(p, t), signals, presence, present, NOMINAL)
