@@ -1,0 +1,231 @@
+"""Accuracy under hard placements, and honest error radii: what each addition brings.
+
+Trains the AFIDs model as a user would, with cross-validation folds (the README's steps:
+``heatmap3d check``, ``heatmap3d plan``, ``torchrun ... train_ddp.py --data DATA --folds 3
+train.budget_minutes=B``) on the three templates of ``../shared/data/real`` (each fold
+trains on two and validates on the third; the radii are calibrated on these out-of-fold
+predictions), then predicts the held-out individual Colin27 under ``--views`` hard
+placements:
+
+- rotations up to 20 degrees and translations up to 20 mm;
+- one of three grids: isotropic 0.9-1.6 mm, thick slices (2 x 0.8 x 0.8 mm, the thick
+  axis drawn), or oblique (axes rotated 15-30 degrees from the world's, 1.2 mm);
+- intensities rescaled (x 0.5-2, gamma 0.8-1.25, offset).
+
+The same trained model folder and views are predicted with each addition switched on in
+turn, from one seed: one fold's model alone, + test-time mirroring, + the ensemble of
+the folds (heatmaps averaged; the members' coordinates averaged is shown beside it),
++ the shape model. Reported per variant: mean / median radial error, SDR 2 mm, the worst
+landmark's mean, seconds per scan; for the final model the stated radii's coverage and
+their rank correlation with the true error.
+
+    python benchmarks/review.py --budget 45
+    python benchmarks/review.py --model runs/review_bench/afids/runs/afids   # predict only
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+from scipy.spatial.transform import Rotation
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from plan import sh  # noqa: E402  (the README's commands, run as a user would)
+
+
+def dataset(root: Path) -> Path:
+    """The three templates as a user lays them out (two train, one val: folds pool them)."""
+    from afids import REAL, TRAIN
+
+    data = root / "afids"
+    (data / "images").mkdir(parents=True)
+    (data / "landmarks").mkdir()
+    for case, (folder, image, fcsv) in TRAIN.items():
+        (data / "images" / f"{case}.nii.gz").symlink_to(REAL / folder / image)
+        (data / "landmarks" / f"{case}.fcsv").symlink_to(REAL / folder / fcsv)
+    split = {"train": ["nlin2009c", "nlin6"], "val": ["nlin2009a"]}
+    (data / "split.json").write_text(json.dumps(split))
+    return data
+
+
+def hard_view(vol, points: np.ndarray, rng: np.random.Generator):
+    """Colin27 placed, regridded and rescaled (module docstring); its landmarks moved."""
+    from afids import rigid
+
+    from heatmap3d.geometry import Volume, resample_to_grid
+
+    t = rigid(rng, max_deg=20.0, max_mm=20.0)
+    placed = Volume(vol.data, t @ vol.affine)
+    world = points @ t[:3, :3].T + t[:3, 3]
+    kind = ["isotropic", "thick", "oblique"][int(rng.integers(3))]
+    rot, spacing = np.eye(3), np.full(3, rng.uniform(0.9, 1.6))
+    if kind == "thick":
+        spacing = np.full(3, 0.8)
+        spacing[int(rng.integers(3))] = 2.0
+    elif kind == "oblique":
+        axis = rng.normal(size=3)
+        angle = np.deg2rad(rng.uniform(15, 30))
+        rot, spacing = Rotation.from_rotvec(axis / np.linalg.norm(axis) * angle).as_matrix(), 1.2
+        spacing = np.full(3, spacing)
+    affine = np.eye(4)
+    affine[:3, :3] = rot * spacing
+    corners = np.array(np.meshgrid(*[[0, n - 1] for n in vol.shape], indexing="ij")).reshape(3, -1)
+    world_corners = (placed.affine[:3, :3] @ corners).T + placed.affine[:3, 3]
+    in_grid = (world_corners @ rot) / spacing  # grid voxel coordinates before the origin
+    lo, hi = in_grid.min(0), in_grid.max(0)
+    affine[:3, 3] = rot @ (lo * spacing)
+    shape = tuple(int(np.ceil(h - lo_)) + 1 for lo_, h in zip(lo, hi))
+    out = resample_to_grid(placed, affine, shape)
+    data = out.data.astype(np.float64)
+    top = max(float(data.max()), 1e-6)
+    gamma, scale = rng.uniform(0.8, 1.25), rng.uniform(0.5, 2.0)
+    data = scale * top * (np.clip(data, 0, None) / top) ** gamma + rng.uniform(0, 20)
+    return Volume(data.astype(np.float32), out.affine), world, kind
+
+
+def views(n: int, seed: int):
+    from afids import REAL, TEST
+
+    from heatmap3d.io.landmarks import read_landmarks
+    from heatmap3d.io.volumes import load_volume
+
+    folder, image, fcsv = TEST
+    vol, truth = load_volume(REAL / folder / image), read_landmarks(REAL / folder / fcsv)
+    rng = np.random.default_rng(seed)
+    return truth.names, [hard_view(vol, truth.points, rng) for _ in range(n)]
+
+
+def variants(folder: Path):
+    """(label, pipeline) from one model folder, each adding one thing."""
+    import torch
+
+    from heatmap3d.inference.pipeline import Pipeline, load_pipeline
+    from heatmap3d.inference.predictor import Predictor
+    from heatmap3d.inference.refine import Cascade
+
+    full = load_pipeline(folder, torch.device("cpu"))
+
+    def each(fn):
+        m = full.model
+        return Cascade(fn(m.coarse), fn(m.fine)) if isinstance(m, Cascade) else fn(m)
+
+    def member(p: Predictor, i: int, mirror: bool) -> Predictor:
+        s = p.settings if mirror else dataclasses.replace(p.settings, mirror_axis=-1)
+        return Predictor(p.models[i : i + 1], s, p.names, p.data, p.device)
+
+    def ensemble(p: Predictor) -> Predictor:
+        return Predictor(p.models, p.settings, p.names, p.data, p.device)
+
+    n = len(full.first.models)
+    cal = full.calibration
+    out = [("one fold's model", Pipeline(each(lambda p: member(p, 0, False)), None, cal))]
+    out.append(("+ test-time mirroring", Pipeline(each(lambda p: member(p, 0, True)), None, cal)))
+    members = [Pipeline(each(lambda p, i=i: member(p, i, True)), None, cal) for i in range(n)]
+    out.append((f"+ ensemble of {n} (heatmaps averaged)", Pipeline(each(ensemble), None, cal)))
+    out.append(("+ shape model", full))
+    return out, members
+
+
+def score(pipeline, names, scans):
+    from heatmap3d.evaluation.metrics import radial_errors
+
+    errors, radii, seconds, points = [], [], [], []
+    for vol, world, _ in scans:
+        start = time.perf_counter()
+        pred = pipeline.predict_volume(vol)
+        seconds.append(time.perf_counter() - start)
+        lm = pred.landmarks.select(names)
+        points.append(lm.points)
+        errors.append(radial_errors(lm.points, world))
+        radii.append(pred.radius_mm)
+    return np.array(errors), np.array(radii), float(np.median(seconds)), np.array(points)
+
+
+def row(label: str, errors: np.ndarray, seconds: float | None) -> str:
+    per_landmark = np.nanmean(np.where(np.isinf(errors), np.nan, errors), axis=0)
+    finite = errors[np.isfinite(errors)]
+    t = f"{seconds:6.1f}" if seconds is not None else "     -"
+    return (
+        f"{label:<42} {finite.mean():6.2f} {np.median(errors):7.2f} "
+        f"{100 * (errors <= 2.0).mean():6.1f}% {np.nanmax(per_landmark):7.2f} "
+        f"({names_of_worst(per_landmark)}) {t}"
+    )
+
+
+def names_of_worst(per_landmark: np.ndarray) -> str:
+    worst = np.argsort(-np.nan_to_num(per_landmark, nan=-1))[:3]
+    return ",".join(str(int(k) + 1) for k in worst)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--budget", type=float, default=45.0, help="train.budget_minutes (total)")
+    p.add_argument("--folds", type=int, default=3)
+    p.add_argument("--views", type=int, default=8, help="hard placements of Colin27")
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--work", type=Path, default=Path("runs/review_bench"))
+    p.add_argument("--model", type=Path, help="a trained model folder: predict only")
+    args = p.parse_args()
+    model, minutes = args.model, None
+    if model is None:
+        work = args.work.resolve()
+        if work.exists():
+            raise SystemExit(f"{work} exists: remove it or give another --work")
+        data = dataset(work)
+        cli = [sys.executable, "-m", "heatmap3d.cli"]
+        print(sh(*cli, "check", data).splitlines()[-1])
+        print(sh(*cli, "plan", data))
+        start = time.perf_counter()
+        budget, out = f"train.budget_minutes={args.budget}", f"train.out_dir={work / 'runs'}"
+        log = sh(sys.executable, "-m", "torch.distributed.run", "--standalone",
+                 "--nproc_per_node=1", "train_ddp.py", "--data", data, "--folds", args.folds,
+                 budget, out)  # fmt: skip
+        minutes = (time.perf_counter() - start) / 60
+        print(log[-4000:])
+        model = work / "runs" / data.name
+    from heatmap3d.evaluation.calibration import coverage, rank_correlation
+
+    names, scans = views(args.views, args.seed)
+    print(f"views: {[kind for _, _, kind in scans]}")
+    table, members = variants(model)
+    head = f"{'variant':<42} {'MRE':>6} {'median':>7} {'SDR2':>7} {'worst':>7} (landmarks) s/scan"
+    lines = [head, "-" * len(head)]
+    final = None
+    for label, pipeline in table:
+        errors, radii, seconds, _ = score(pipeline, names, scans)
+        lines.append(row(label, errors, seconds))
+        print(lines[-1], flush=True)
+        if label.startswith("+ ensemble"):
+            single = [score(m, names, scans)[3] for m in members]
+            from heatmap3d.evaluation.metrics import radial_errors
+
+            truth = np.array([w for _, w, _ in scans])
+            averaged = radial_errors(np.mean(single, axis=0), truth)
+            lines.append(row("  (the same members, coordinates averaged)", averaged, None))
+            print(lines[-1], flush=True)
+        final = (errors, radii)
+    errors, radii = final
+    ok = np.isfinite(errors) & np.isfinite(radii)
+    print("\n" + "\n".join(lines))
+    print(
+        f"\nstated 90% radius: coverage {100 * coverage(errors, radii):.1f}% (n={ok.sum()}), "
+        f"rank correlation with the true error {rank_correlation(radii, errors):.2f}, "
+        f"median radius {np.nanmedian(radii):.2f} mm"
+    )
+    per_landmark = np.nanmean(np.where(np.isinf(errors), np.nan, errors), axis=0)
+    print(
+        "per landmark mean (final): "
+        + " ".join(f"{k + 1}:{v:.1f}" for k, v in enumerate(per_landmark))
+    )
+    if minutes is not None:
+        print(f"training (3 folds x coarse + fine, incl. start-up and reports): {minutes:.1f} min")
+
+
+if __name__ == "__main__":
+    main()
