@@ -147,3 +147,22 @@ def test_a_bad_radius_is_one_line_naming_file_and_line(tmp_path, cell):
     path.write_text("\n".join(lines) + "\n")
     with raises_naming(path, "line 3", "radius_mm"):
         evaluate_dirs(pred, truth)
+
+
+def test_what_predict_writes_is_what_evaluate_reads(tmp_path):
+    """The real writer: radii stated -> coverage line; a model without a calibration
+    (empty column) -> no radius line."""
+    from heatmap3d.io.predictions import write_prediction
+
+    truth = tmp_path / "truth"
+    truth.mkdir()
+    points = np.array([[0.0, 0, 0], [10, 0, 0], [0, 10, 0]])
+    write_landmarks(truth / "case000.json", Landmarks(NAMES, points))
+    moved = Landmarks(NAMES, points + [[1.0, 0, 0], [0, 3.0, 0], [0, 0, 0.5]])
+    for sub, radius in (("with", [2.0, 2.0, 1.0]), ("without", None)):
+        write_prediction(tmp_path / sub, "case000", moved, np.full(3, 0.9), radius_mm=radius)
+        text = evaluate_dirs(tmp_path / sub, truth)
+        if radius is None:
+            assert "stated error radius" not in text
+        else:
+            assert "stated error radius: 66.7% of true errors inside (n=3)" in text

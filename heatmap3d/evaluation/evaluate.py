@@ -264,7 +264,9 @@ def evaluate_dirs(
     stats, errors, ids = evaluate(pred, truth, names)
     text = write_report(out, stats, errors, ids, names, overwrite=overwrite)
     radii = stated_radii(pred_dir, pred, names, ids)
-    extra = [] if radii is None else [radius_line(errors, radii)]
+    # A model without a calibration writes the column empty: no line about nothing stated.
+    stated = radii is not None and bool(np.isfinite(radii).any())
+    extra = [radius_line(errors, radii)] if stated else []
     extra.append(presence_line(pred, truth, names, ids))
     return "\n".join([text, *extra])
 
