@@ -51,9 +51,7 @@ def fit_shape(cases: list[Case], names: list[str]) -> ShapeModel | None:
         return None
 
 
-def calibrate(
-    results: dict[str, Prediction], cases: list[Case], names: list[str]
-) -> Calibration:
+def calibrate(results: dict[str, Prediction], cases: list[Case], names: list[str]) -> Calibration:
     """The calibration fitted on held-out ``results`` (uncalibrated: ``signal_mm`` and
     ``presence`` set) against the truth of ``cases``."""
     truth = truth_points(cases, names)
