@@ -81,5 +81,5 @@ def test_refinement_model_improves_on_its_estimates_and_runs_in_the_cli(tmp_path
         stem = scan.name.removesuffix(".nii.gz")
         lines = (tmp_path / "pred" / f"{stem}.csv").read_text().strip().splitlines()
         assert lines[0] == "# coordinate_system = RAS"
-        assert lines[1].startswith("name,x,y,z,confidence,review")
+        assert lines[1].startswith("name,x,y,z,confidence,radius_mm,status,review")
         assert [row.split(",")[0] for row in lines[2:]] == LANDMARK_NAMES
