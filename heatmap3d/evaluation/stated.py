@@ -1,0 +1,129 @@
+"""What predictions state about themselves, scored against the truth: the share of true
+errors inside the stated error radius (``radius_mm`` of heatmap3d's prediction CSVs) with
+its rank correlation, and presence precision and recall. Printed by ``heatmap3d evaluate``
+after its table only: ``metrics.csv`` stays as other tools read it.
+"""
+
+from __future__ import annotations
+
+import csv
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import numpy as np
+
+from heatmap3d.errors import InputError, one_line
+from heatmap3d.evaluation.calibration import coverage, presence_scores, rank_correlation
+from heatmap3d.evaluation.evaluate import is_evaluation_output
+from heatmap3d.io.landmarks import Landmarks, read_landmarks
+
+RADIUS_COLUMN = "radius_mm"
+"""The column of heatmap3d's prediction CSV with each landmark's expected error radius, mm
+(coverage as calibrated for the model; empty where no radius is stated)."""
+# A landmark's position in the file evaluated and in the CSV that states its radius count
+# as the same within this (mm): the .mrk.json holds the CSV's RAS points negated to LPS,
+# which reads back exactly; a point a reviewer moved in Slicer is far beyond it.
+_SAME_POINT_MM = 1e-6
+
+
+def _pct(value: float) -> str:
+    return "n/a" if np.isnan(value) else f"{100 * value:.1f}%"
+
+
+def radius_line(errors: np.ndarray, radii: np.ndarray) -> str:
+    """One report line: the share of true errors inside the stated radius, and the Spearman
+    rank correlation of radius and error. ``errors``, ``radii``: ``(N, K)`` mm; only the
+    landmarks both predicted and in the truth (finite error) with a radius count."""
+    n = int(np.sum(np.isfinite(errors) & np.isfinite(radii)))
+    rho = rank_correlation(radii, errors)
+    return (
+        f"stated error radius: {_pct(coverage(errors, radii))} of true errors inside (n={n}); "
+        f"rank correlation with the true error {'n/a' if np.isnan(rho) else f'{rho:.2f}'}"
+    )
+
+
+def presence_line(
+    pred: Mapping[str, Landmarks], truth: Mapping[str, Landmarks], names: Sequence[str], ids
+) -> str:
+    """One report line: precision and recall of "predicted present" (the prediction has a
+    position) against "in the truth" (the truth file has a position), over ``names`` in the
+    cases ``ids``. A name a file leaves out counts as absent from it: a landmark the model
+    declared absent, or did not find, has no position."""
+    p = np.stack([_has_point(pred[c].select(names, source=c)) for c in ids])
+    t = np.stack([_has_point(truth[c].select(names, source=c)) for c in ids])
+    precision, recall = presence_scores(p, t)
+    return (
+        f"presence: precision {_pct(precision)}, recall {_pct(recall)} "
+        f"(absent in truth: {int((~t).sum())}, declared absent: {int((~p).sum())})"
+    )
+
+
+def _has_point(lm: Landmarks) -> np.ndarray:
+    return np.isfinite(lm.points).all(axis=1)
+
+
+def stated_radii(
+    pred_dir: Path, pred: Mapping[str, Landmarks], names: Sequence[str], ids: Sequence[str]
+) -> np.ndarray | None:
+    """``(N, K)`` stated radii, mm, of the cases ``ids`` (NaN where none); None when no
+    prediction CSV in ``pred_dir`` has the ``radius_mm`` column.
+
+    The radius comes from ``<case>.csv`` even when the file evaluated is the case's
+    ``.mrk.json`` (which takes precedence, and which ``heatmap3d predict`` writes next to
+    the CSV); a radius counts only for a landmark whose position is the same in both, since
+    it was stated for the model's position, not for one a reviewer moved.
+    """
+    radii = np.full((len(ids), len(names)), np.nan)
+    found = False
+    for i, case in enumerate(ids):
+        path = pred_dir / f"{case}.csv"
+        if not path.is_file() or is_evaluation_output(path):
+            continue
+        column = _read_radius_column(path)
+        if column is None:
+            continue
+        found = True
+        stated = np.array([column.get(name, np.nan) for name in names])
+        ours = read_landmarks(path).select(names, source=str(path)).points
+        evaluated = pred[case].select(names, source=case).points
+        same = np.all(
+            np.isclose(ours, evaluated, rtol=0.0, atol=_SAME_POINT_MM)
+            | (np.isnan(ours) & np.isnan(evaluated)),
+            axis=1,
+        )
+        radii[i] = np.where(same, stated, np.nan)
+    return radii if found else None
+
+
+def _read_radius_column(path: Path) -> dict[str, float] | None:
+    """``radius_mm`` by landmark name from a heatmap3d prediction CSV (NaN: empty cell);
+    None when the file has no such column (an older prediction, another tool's table).
+
+    The table starts after the ``#`` lines (the CSV writer puts ``# coordinate_system =
+    RAS`` first). A cell that is not a number >= 0 is an :class:`InputError` naming the
+    file and line.
+    """
+    try:
+        lines = path.read_text(encoding="utf-8-sig").splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InputError(f"{path}: cannot read ({one_line(exc)})") from exc
+    start = next((i for i, line in enumerate(lines) if not line.lstrip().startswith("#")), 0)
+    reader = csv.DictReader(lines[start:])
+    header = [c.strip() for c in (reader.fieldnames or [])]
+    if RADIUS_COLUMN not in header or "name" not in header:
+        return None
+    reader.fieldnames = header
+    out: dict[str, float] = {}
+    for row in reader:
+        cell = (row.get(RADIUS_COLUMN) or "").strip()
+        try:
+            value = float(cell) if cell else float("nan")
+        except ValueError:
+            value = -1.0  # reported below, with the other bad values
+        if value < 0 or value == float("inf"):
+            raise InputError(
+                f"{path}: line {start + reader.line_num}: {RADIUS_COLUMN} {cell!r} is not "
+                "a radius in mm (a number >= 0, or empty)"
+            )
+        out[(row.get("name") or "").strip()] = value
+    return out
