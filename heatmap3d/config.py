@@ -81,6 +81,10 @@ class AugmentConfig:
     contrast: list[float] = field(default_factory=lambda: [0.9, 1.1])  # [1, 1] = off
     noise_std: float = 0.05  # additive Gaussian noise, in normalised intensity units
     bias_field: float = 0.1  # std of the log of a smooth multiplicative field; 0 = off
+    # Thick slices: half the samples are averaged along one random axis over slices of a
+    # thickness drawn up to this many mm, then interpolated back (a 2-3 mm slice scan
+    # resampled to a finer grid looks so); 0 = off.
+    thick_slices_mm: float = 0.0
 
 
 @dataclass
@@ -132,6 +136,10 @@ class TrainConfig:
     grad_clip: float = 1.0  # max gradient norm; 0 disables clipping
     seed: int = 0
     val_every: int = 5  # validate every N epochs (and after the last)
+    # After training, the error radii are calibrated on the held-out scans as stored and on
+    # this many random placements of each (rotated, regridded, rescaled: real scans vary
+    # so; heatmap3d.evaluation.placements). 0 = the stored scans only.
+    calibration_views: int = 4
     out_dir: str = "runs"
     name: str = "demo"  # run folder: out_dir/name (checkpoints, TensorBoard events)
     amp: bool = True  # bf16 autocast on CUDA (ignored on CPU); what precision "auto" follows
@@ -214,12 +222,14 @@ def _value_checks(cfg: Config) -> list[tuple[bool, str]]:
         (t.lr >= 0, "train.lr: >= 0 (0 keeps the weights: evaluation runs)"),
         (t.weight_decay >= 0, "train.weight_decay: >= 0"),
         (t.grad_clip >= 0, "train.grad_clip: >= 0 (0 disables clipping)"),
+        (t.calibration_views >= 0, "train.calibration_views: >= 0"),
         (0 <= i.overlap < 1, "inference.overlap: 0 <= overlap < 1"),
         (i.batch >= 1, "inference.batch: >= 1"),
         (_is_factor_range(a.scale), "augment.scale: 2 values, 0 < low <= high"),
         (_is_factor_range(a.gamma), "augment.gamma: 2 values, 0 < low <= high"),
         (_is_factor_range(a.contrast), "augment.contrast: 2 values, 0 < low <= high"),
         (-1 <= a.mirror_axis <= 2, "augment.mirror_axis: -1 (off), 0, 1 or 2"),
+        (a.thick_slices_mm >= 0, "augment.thick_slices_mm: >= 0 (0 = off)"),
         (min(s.n_train, s.n_val, s.n_test) >= 0, "synthetic.n_train, n_val, n_test: >= 0"),
     ]
 

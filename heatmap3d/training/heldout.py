@@ -4,19 +4,25 @@ calibration of its error radii and of absence, from held-out predictions.
 The shape model (:class:`~heatmap3d.inference.shape.ShapeModel`) is fitted on the training
 cases' landmarks. The calibration (:mod:`heatmap3d.evaluation.calibration`) is fitted on
 predictions of cases the predicting model never trained on: the validation scans (one model
-or seeds), or each fold's validation scans predicted by that fold's model (``--folds``).
+or seeds), or each fold's validation scans predicted by that fold's model (``--folds``);
+each as stored and under ``train.calibration_views`` random placements
+(:mod:`heatmap3d.evaluation.placements`), because a user's scans vary more than a dataset's.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from heatmap3d import distributed
+from heatmap3d.distributed import DistInfo
 from heatmap3d.evaluation.calibration import Calibration, fit_calibration
 from heatmap3d.evaluation.metrics import radial_errors
+from heatmap3d.evaluation.placements import Placements, random_placement
 from heatmap3d.inference.predictor import Prediction
 from heatmap3d.inference.shape import ShapeModel
 from heatmap3d.io.landmarks import read_landmarks
 from heatmap3d.io.layout import Case
+from heatmap3d.io.volumes import load_volume
 
 NOMINAL = 0.9  # the stated radius covers 90 % of errors
 
@@ -51,10 +57,40 @@ def fit_shape(cases: list[Case], names: list[str]) -> ShapeModel | None:
         return None
 
 
-def calibrate(results: dict[str, Prediction], cases: list[Case], names: list[str]) -> Calibration:
-    """The calibration fitted on held-out ``results`` (uncalibrated: ``signal_mm`` and
-    ``presence`` set) against the truth of ``cases``."""
+def placed_predictions(
+    model,
+    cases: list[Case],
+    names: list[str],
+    views: int,
+    world: DistInfo,
+    *,
+    ranges: Placements | None = None,
+    seed: int = 0,
+) -> tuple[dict[str, Prediction], dict[str, np.ndarray]]:
+    """``views`` random placements of each of ``cases`` predicted by ``model`` (a pipeline):
+    predictions (uncalibrated) and their true landmarks ``(K, 3)`` world mm, both keyed
+    ``"<case>@<view>"``; on every rank, each rank predicting its share. A placement depends
+    only on ``seed``, the case's index and the view's, not on the number of processes."""
     truth = truth_points(cases, names)
+    items = [(c, v) for c in range(len(cases)) for v in range(views)]
+    mine, points, loaded = {}, {}, (None, None)
+    for index in distributed.my_share(len(items), world):
+        c, v = items[index]
+        case = cases[c]
+        if loaded[0] != c:
+            loaded = (c, load_volume(case.image))
+        rng = np.random.default_rng([seed, c, v])
+        vol, moved = random_placement(loaded[1], truth[case.case_id], rng, ranges or Placements())
+        key = f"{case.case_id}@{v}"
+        mine[key], points[key] = model.predict_volume(vol), moved
+    return distributed.gather_by_key(mine), distributed.gather_by_key(points)
+
+
+def calibrate(
+    results: dict[str, Prediction], truth: dict[str, np.ndarray], names: list[str]
+) -> Calibration:
+    """The calibration fitted on held-out ``results`` (uncalibrated: ``signal_mm`` and
+    ``presence`` set) against ``truth`` ``(K, 3)`` world mm (NaN: absent), both by key."""
     ids = sorted(results)
     t = np.stack([truth[c] for c in ids])
     p = np.stack([results[c].landmarks.points for c in ids])

@@ -20,6 +20,7 @@ from heatmap3d import distributed
 from heatmap3d.config import Config, load_config
 from heatmap3d.distributed import DistInfo
 from heatmap3d.evaluation.metrics import LandmarkStats
+from heatmap3d.evaluation.placements import Placements
 from heatmap3d.inference.pipeline import (
     DEFAULT_REVIEW_RADIUS_MM,
     Pipeline,
@@ -33,7 +34,7 @@ from heatmap3d.io.model_folder import StageEntry, write_model_folder
 from heatmap3d.planning.fingerprint import fingerprint_dataset
 from heatmap3d.planning.plan import make_plan
 from heatmap3d.planning.plan_file import read_plan, stage_configs, write_plan
-from heatmap3d.training.heldout import calibrate, fit_shape
+from heatmap3d.training.heldout import calibrate, fit_shape, placed_predictions, truth_points
 from heatmap3d.training.members import Member, member_config, plan_members
 from heatmap3d.training.trainer import Trainer, train
 from heatmap3d.training.validation import read_on_main, write_results
@@ -178,8 +179,11 @@ def _finish(
         if shape is not None:
             _write_json(model_dir / "shape.json", shape.to_dict())
     distributed.barrier()  # every checkpoint and model.json written
-    results, cases, label = _held_out(runs, members, entries, model_dir, world, shape)
-    calibration = distributed.main_then_broadcast(world, lambda: calibrate(results, cases, names))
+    held = _held_out(runs, members, entries, model_dir, world, shape)
+    every = {**held.results, **held.placed}
+    calibration = distributed.main_then_broadcast(
+        world, lambda: calibrate(every, held.truth, names)
+    )
     if world.is_main:
         _write_json(model_dir / "calibration.json", calibration.to_dict())
         write_model_folder(
@@ -188,32 +192,59 @@ def _finish(
             shape="shape.json" if shape is not None else None,
             calibration="calibration.json",
         )
-    for pred in results.values():  # as prediction will state them
+    for pred in held.results.values():  # as prediction will state them
         declare_absent(pred, calibration)
         state_radii(pred, calibration, DEFAULT_REVIEW_RADIUS_MM)
     out = model_dir / "out_of_fold" if members[0].split_file else model_dir
-    stats = write_results(results, cases, names, label, out) if world.is_main else None
+    stats = (
+        write_results(held.results, held.cases, names, held.label, out) if world.is_main else None
+    )
     return distributed.broadcast_object(stats)
 
 
-def _held_out(runs, members, entries, model_dir, world, shape):
-    """Held-out predictions (uncalibrated) by case id, their cases, and how they were made:
-    with folds, each fold's validation scans by that fold's model (out of fold); else the
-    validation scans by the whole model."""
+@dataclasses.dataclass
+class HeldOut:
+    """Predictions (uncalibrated) of scans the predicting model never trained on."""
+
+    results: dict  # case id -> Prediction, the scans as stored
+    cases: list  # their cases
+    label: str  # how they were made
+    placed: dict  # "<case>@<view>" -> Prediction, random placements of the same scans
+    truth: dict  # case id or "<case>@<view>" -> (K, 3) world mm
+
+
+def _held_out(runs, members, entries, model_dir, world, shape) -> HeldOut:
+    """With folds, each fold's validation scans by that fold's model (out of fold); else the
+    validation scans by the whole model. Each scan as stored and under random placements."""
+    cfg = runs[0][0].cfg
+    views, names = cfg.train.calibration_views, list(cfg.data.landmarks)
     if not members[0].split_file:
-        pipeline = Pipeline(_model_of(world, model_dir, entries), shape)
-        validator = runs[0][0].validator
-        return validator.predict_cases(pipeline), validator.cases, str(model_dir)
-    results, cases = {}, []
-    for f, run in enumerate(runs):
-        own = [dataclasses.replace(e, checkpoints=(e.checkpoints[f],)) for e in entries]
-        fold_shape = distributed.main_then_broadcast(
-            world, lambda run=run: fit_shape(run[0].train_cases, list(run[0].cfg.data.landmarks))
+        parts = [(Pipeline(_model_of(world, model_dir, entries), shape), runs[0][0])]
+        label = str(model_dir)
+    else:
+        parts = []
+        for f, run in enumerate(runs):
+            own = [dataclasses.replace(e, checkpoints=(e.checkpoints[f],)) for e in entries]
+            fold_shape = distributed.main_then_broadcast(
+                world, lambda run=run: fit_shape(run[0].train_cases, names)
+            )
+            parts.append((Pipeline(_model_of(world, model_dir, own), fold_shape), run[0]))
+        label = f"{model_dir}, each fold's model on its own validation scans"
+    ranges = Placements(intensities=cfg.data.normalization != "ct")
+    held = HeldOut({}, [], label, {}, {})
+    for pipeline, trainer in parts:
+        cases = trainer.validator.cases
+        if world.is_main and views:
+            print(f"calibration: {views} random placements of {len(cases)} held-out scan(s)")
+        held.results.update(trainer.validator.predict_cases(pipeline))
+        held.cases += cases
+        placed, truth = placed_predictions(
+            pipeline, cases, names, views, world, ranges=ranges, seed=cfg.train.seed
         )
-        pipeline = Pipeline(_model_of(world, model_dir, own), fold_shape)
-        results.update(run[0].validator.predict_cases(pipeline))
-        cases += run[0].validator.cases
-    return results, cases, f"{model_dir}, each fold's model on its own validation scans"
+        held.placed.update(placed)
+        held.truth.update(truth)
+    held.truth.update(truth_points(held.cases, names))
+    return held
 
 
 def _model_of(world: DistInfo, model_dir: Path, entries: list[StageEntry]):

@@ -1,0 +1,79 @@
+"""Random placements of a scan (for calibrating error radii): the landmarks must move with the
+anatomy exactly, whatever the scan's own grid, and the new grid must cover the whole scan."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from heatmap3d.evaluation.placements import MAX_GROWTH, Placements, random_placement
+from heatmap3d.geometry import Volume, voxel_to_world, world_to_voxel
+
+POINTS_VOX = np.array([[10.0, 12.0, 9.0], [22.0, 14.0, 20.0], [15.0, 25.0, 13.0]])
+
+
+def blobs(affine: np.ndarray, shape=(32, 36, 30)) -> tuple[Volume, np.ndarray]:
+    """A scan with a Gaussian blob (sigma 2 mm) at each landmark; its landmarks in world mm."""
+    world = voxel_to_world(POINTS_VOX, affine)
+    grid = np.stack(np.meshgrid(*[np.arange(n) for n in shape], indexing="ij"), -1)
+    pos = voxel_to_world(grid.reshape(-1, 3).astype(float), affine)
+    d2 = ((pos[:, None, :] - world[None]) ** 2).sum(-1)
+    data = 100.0 * np.exp(-d2 / (2 * 2.0**2)).sum(-1).reshape(shape)
+    return Volume(data.astype(np.float32), affine), world
+
+
+def centroid_world(vol: Volume, near_world: np.ndarray, radius_mm: float = 4.0) -> np.ndarray:
+    """The intensity-weighted centre (world mm) of the blob within ``radius_mm`` of a point."""
+    grid = np.stack(np.meshgrid(*[np.arange(n) for n in vol.shape], indexing="ij"), -1)
+    pos = voxel_to_world(grid.reshape(-1, 3).astype(float), vol.affine)
+    w = vol.data.reshape(-1).astype(float) * (np.linalg.norm(pos - near_world, axis=1) < radius_mm)
+    return (w[:, None] * pos).sum(0) / w.sum()
+
+
+def oblique_flipped() -> np.ndarray:
+    """A scan stored flipped, permuted and oblique, with 1.2 x 1.0 x 1.5 mm voxels."""
+    c, s = np.cos(0.3), np.sin(0.3)
+    permute_flip = np.array([[0, 1, 0], [0, 0, -1], [1, 0, 0]])
+    rot = np.array([[c, -s, 0], [s, c, 0], [0, 0, 1]]) @ permute_flip
+    affine = np.eye(4)
+    affine[:3, :3] = rot * np.array([1.2, 1.0, 1.5])
+    affine[:3, 3] = [-20.0, 30.0, 5.0]
+    return affine
+
+
+@pytest.mark.parametrize("seed", range(6))  # covers each of the three kinds of grid
+def test_landmarks_move_with_the_anatomy(seed):
+    vol, world = blobs(oblique_flipped())
+    placed, moved = random_placement(vol, world, np.random.default_rng(seed))
+    for k in range(len(world)):
+        found = centroid_world(placed, moved[k])
+        assert np.linalg.norm(found - moved[k]) < 0.35, (k, found, moved[k])
+    # The rigid motion keeps distances between landmarks.
+    assert np.allclose(np.linalg.norm(moved[0] - moved[1]), np.linalg.norm(world[0] - world[1]))
+
+
+def test_placements_vary_and_the_grid_covers_the_scan():
+    vol, world = blobs(np.diag([1.0, 1.0, 1.0, 1.0]))
+    spacings, moves = [], []
+    for seed in range(12):
+        placed, moved = random_placement(vol, world, np.random.default_rng(seed))
+        assert np.prod(placed.shape) <= MAX_GROWTH * np.prod(vol.shape) * 1.1
+        vox = world_to_voxel(moved, placed.affine)
+        assert ((vox >= 0) & (vox <= np.array(placed.shape) - 1)).all()
+        spacings.append(np.sort(placed.spacing))
+        moves.append(np.linalg.norm(moved - world, axis=1).max())
+    ratios = np.array([s[-1] / s[0] for s in spacings])
+    assert (ratios > 1.9).any(), "no thick-slice grid was drawn"
+    assert max(moves) > 5.0 and min(moves) > 0.0
+
+
+def test_intensities_change_only_where_asked():
+    vol, world = blobs(np.eye(4))
+    same = Placements(rotation_deg=0.0, translation_mm=0.0, intensities=False)
+    scaled = Placements(rotation_deg=0.0, translation_mm=0.0)  # the same grids, rescaled
+    kept = [random_placement(vol, world, np.random.default_rng(s), same)[0] for s in range(5)]
+    changed = [random_placement(vol, world, np.random.default_rng(s), scaled)[0] for s in range(5)]
+    assert all(np.allclose(k.affine, c.affine) for k, c in zip(kept, changed, strict=True))
+    tops = np.array([c.data.max() / k.data.max() for k, c in zip(kept, changed, strict=True)])
+    assert ((tops >= 0.5 - 1e-6) & (tops <= 2.0 + 1e-6)).all()
+    assert tops.max() / tops.min() > 1.3  # each draw its own scale
