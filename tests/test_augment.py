@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from heatmap3d.config import AugmentConfig, mirror_permutation
-from heatmap3d.training.augment import augment_batch
+from heatmap3d.training.augment import augment_batch, thick_slices
 
 SHAPE = (40, 36, 30)
 SPACING = (1.5, 1.0, 2.0)
@@ -208,3 +208,33 @@ def test_cuda_matches_cpu():
     torch.testing.assert_close(gpu[0].cpu(), cpu[0], atol=1e-4, rtol=1e-4)
     torch.testing.assert_close(gpu[1].cpu(), cpu[1], atol=1e-3, rtol=0, equal_nan=True)
     assert np.array_equal(gpu[2].cpu().numpy(), cpu[2].numpy())
+
+
+def moments(volume: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Intensity-weighted mean and standard deviation along each axis of (I, J, K)."""
+    axes = [torch.arange(n, dtype=torch.float32) for n in volume.shape]
+    grid = torch.stack(torch.meshgrid(*axes, indexing="ij"), -1)
+    w = volume.clamp_min(0)[..., None]
+    mean = (grid * w).sum((0, 1, 2)) / w.sum()
+    return mean, (((grid - mean) ** 2 * w).sum((0, 1, 2)) / w.sum()).sqrt()
+
+
+def test_thick_slices_blur_one_axis_and_keep_the_centre():
+    coords = sample_coords(16, 1, seed=4)
+    image = blobs(coords, sigma_vox=1.5)
+    out = thick_slices(image, 6.0, SPACING, torch.Generator().manual_seed(0))
+    changed = 0
+    for b in range(16):
+        before, after = image[b, 0], out[b, 0]
+        if torch.equal(before, after):
+            continue
+        changed += 1
+        (m0, s0), (m1, s1) = moments(before), moments(after)
+        thick = s1 / s0 > 1.05
+        assert thick.sum() == 1, s1 / s0  # one axis made thick, the others kept
+        assert torch.allclose(s1[~thick] / s0[~thick], torch.ones(2), atol=0.01)
+        assert (m1 - m0)[~thick].abs().max() < 0.02
+        # Along the thick axis the slices' phase moves the blob's centre a little, as a
+        # real slice grid does; never by half a voxel of the training grid.
+        assert (m1 - m0)[thick].abs().max() < 0.25
+    assert 3 <= changed <= 13  # about half of the samples

@@ -12,7 +12,9 @@ input position ``p`` goes to the ``u`` with ``M (u + d(u)) + t = p``: ``q = M^-1
 analytically, then ``u + d(u) = q`` by fixed-point iteration ``u <- q - d(u)``, which
 converges because ``d`` is smooth (its slope is well under 1). Mirroring flips an axis
 and swaps the channels of left/right landmark pairs, so a flipped "R_eye" is labelled
-"L_eye". Intensity augmentation (gamma, contrast, noise, bias field) follows.
+"L_eye". Thick slices (one axis averaged over a few voxels and interpolated back: what a
+slice scan resampled to a finer grid looks like) and intensity augmentation (gamma,
+contrast, noise, bias field) follow; neither moves a landmark.
 
 Voxel coordinates are in array-axis order (i, j, k); ``grid_sample`` wants (x, y, z) =
 (k, j, i) normalised to [-1, 1] with ``align_corners=True``: that conversion happens in
@@ -58,6 +60,8 @@ def augment_batch(
     inside = ((coords >= 0) & (coords <= coords.new_tensor(image.shape[2:]) - 1)).all(-1)
     mask = mask & inside & torch.isfinite(coords).all(-1)
     coords = torch.where(mask[..., None], coords, torch.full_like(coords, math.nan))
+    if cfg.thick_slices_mm > 0:
+        image = thick_slices(image, cfg.thick_slices_mm, spacing, generator)
     return _intensity(image, cfg, generator), coords, mask
 
 
@@ -180,6 +184,28 @@ def _mirror(image, coords, mask, cfg: AugmentConfig, names, generator):
 
 
 # -- intensity -------------------------------------------------------------------------------
+
+
+def thick_slices(
+    image: Tensor, max_mm: float, spacing: Sequence[float], generator: torch.Generator
+) -> Tensor:
+    """``image`` ``(B, C, I, J, K)`` with half its samples made thick-sliced: along one random
+    axis, averaged over slices of ``spacing[axis]`` to ``max_mm`` mm (area downsampling)
+    and interpolated back to the grid (trilinear; both keep voxel centres in place, so the
+    landmarks stay where they are)."""
+    out = image.clone()
+    for b in range(image.shape[0]):
+        draw = torch.rand(3, generator=generator)
+        axis = int(draw[1] * 3) % 3
+        factor = (spacing[axis] + float(draw[2]) * (max_mm - spacing[axis])) / spacing[axis]
+        if draw[0] >= 0.5 or factor < 1.1:
+            continue
+        size = list(image.shape[2:])
+        small = list(size)
+        small[axis] = max(1, round(size[axis] / factor))
+        low = F.interpolate(image[b : b + 1], size=small, mode="area")
+        out[b : b + 1] = F.interpolate(low, size=size, mode="trilinear", align_corners=False)
+    return out
 
 
 def _intensity(image: Tensor, cfg: AugmentConfig, generator: torch.Generator) -> Tensor:
