@@ -86,7 +86,7 @@ def hard_view(vol, points: np.ndarray, rng: np.random.Generator):
     top = max(float(data.max()), 1e-6)
     gamma, scale = rng.uniform(0.8, 1.25), rng.uniform(0.5, 2.0)
     data = scale * top * (np.clip(data, 0, None) / top) ** gamma + rng.uniform(0, 20)
-    return Volume(data.astype(np.float32), out.affine), world, kind
+    return Volume(data.astype(np.float32), out.affine), world, kind, t
 
 
 def views(n: int, seed: int):
@@ -99,6 +99,47 @@ def views(n: int, seed: int):
     vol, truth = load_volume(REAL / folder / image), read_landmarks(REAL / folder / fcsv)
     rng = np.random.default_rng(seed)
     return truth.names, [hard_view(vol, truth.points, rng) for _ in range(n)]
+
+
+def raters(names: list[str]) -> np.ndarray:
+    """Colin27's individual rater annotations ``(R, K, 3)`` world mm (8 raters x 4 sessions);
+    the ground truth is their mean."""
+    from afids import REAL, TEST
+
+    from heatmap3d.io.landmarks import read_landmarks
+
+    folder = REAL / TEST[0] / "raters"
+    files = sorted(folder.glob("*.fcsv"))
+    return np.stack([read_landmarks(f).select(names).points for f in files])
+
+
+def against_raters(points: np.ndarray, scans, annotations: np.ndarray) -> str:
+    """The final predictions beside the human raters: each rater's error against the ground
+    truth per landmark (their mean), and the predictions' distance to the nearest rater's
+    annotation (moved with each view), for the worst landmarks."""
+    from heatmap3d.evaluation.metrics import radial_errors
+
+    truth = annotations.mean(0)
+    human = radial_errors(annotations, truth[None])  # (R, K)
+    moved = np.stack([annotations @ t[:3, :3].T + t[:3, 3] for _, _, _, t in scans])  # (V,R,K,3)
+    nearest = np.linalg.norm(moved - points[:, None], axis=-1).min(1)  # (V, K)
+    lines = [
+        f"human raters ({len(annotations)} annotations) against their mean: "
+        f"MRE {human.mean():.2f} mm, median {np.median(human):.2f} mm"
+    ]
+    for k in np.argsort(-human.mean(0))[:2]:
+        lines.append(
+            f"  landmark {k + 1}: raters {human[:, k].mean():.1f} mm from the ground truth "
+            f"(nearest rater {human[:, k].min():.1f} mm); prediction to the nearest rater's "
+            f"annotation {np.nanmean(nearest[:, k]):.1f} mm"
+        )
+    return "\n".join(lines)
+
+
+def raters_error(names: list[str]) -> np.ndarray:
+    """``(R, K)`` mm: each rater annotation's distance from the ground truth."""
+    a = raters(names)
+    return np.linalg.norm(a - a.mean(0), axis=-1)
 
 
 def variants(folder: Path):
@@ -136,7 +177,7 @@ def score(pipeline, names, scans):
     from heatmap3d.evaluation.metrics import radial_errors
 
     errors, radii, seconds, points = [], [], [], []
-    for vol, world, _ in scans:
+    for vol, world, _, _ in scans:
         start = time.perf_counter()
         pred = pipeline.predict_volume(vol)
         seconds.append(time.perf_counter() - start)
@@ -192,25 +233,25 @@ def main() -> None:
     from heatmap3d.evaluation.calibration import coverage, rank_correlation
 
     names, scans = views(args.views, args.seed)
-    print(f"views: {[kind for _, _, kind in scans]}")
+    print(f"views: {[view[2] for view in scans]}")
     table, members = variants(model)
     head = f"{'variant':<42} {'MRE':>6} {'median':>7} {'SDR2':>7} {'worst':>7} (landmarks) s/scan"
     lines = [head, "-" * len(head)]
     final = None
     for label, pipeline in table:
-        errors, radii, seconds, _ = score(pipeline, names, scans)
+        errors, radii, seconds, points = score(pipeline, names, scans)
         lines.append(row(label, errors, seconds))
         print(lines[-1], flush=True)
         if label.startswith("+ ensemble"):
             single = [score(m, names, scans)[3] for m in members]
             from heatmap3d.evaluation.metrics import radial_errors
 
-            truth = np.array([w for _, w, _ in scans])
+            truth = np.array([view[1] for view in scans])
             averaged = radial_errors(np.mean(single, axis=0), truth)
             lines.append(row("  (the same members, coordinates averaged)", averaged, None))
             print(lines[-1], flush=True)
-        final = (errors, radii)
-    errors, radii = final
+        final = (errors, radii, points)
+    errors, radii, points = final
     ok = np.isfinite(errors) & np.isfinite(radii)
     print("\n" + "\n".join(lines))
     print(
@@ -223,6 +264,10 @@ def main() -> None:
         "per landmark mean (final): "
         + " ".join(f"{k + 1}:{v:.1f}" for k, v in enumerate(per_landmark))
     )
+    print(against_raters(points, scans, raters(names)))
+    rest = np.delete(errors, np.argsort(-np.nanmean(raters_error(names), 0))[:2], axis=1)
+    rest = rest[np.isfinite(rest)]
+    print(f"final MRE without the two landmarks the raters disagree on: {rest.mean():.2f} mm")
     if minutes is not None:
         print(f"training (3 folds x coarse + fine, incl. start-up and reports): {minutes:.1f} min")
 
