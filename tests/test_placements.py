@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 
 from heatmap3d.evaluation.placements import MAX_GROWTH, Placements, random_placement
 from heatmap3d.geometry import Volume, voxel_to_world, world_to_voxel
@@ -12,13 +13,16 @@ from heatmap3d.geometry import Volume, voxel_to_world, world_to_voxel
 POINTS_VOX = np.array([[10.0, 12.0, 9.0], [22.0, 14.0, 20.0], [15.0, 25.0, 13.0]])
 
 
-def blobs(affine: np.ndarray, shape=(32, 36, 30)) -> tuple[Volume, np.ndarray]:
-    """A scan with a Gaussian blob (sigma 2 mm) at each landmark; its landmarks in world mm."""
+def blobs(
+    affine: np.ndarray, shape=(32, 36, 30), heights=(1.0, 1.0, 1.0)
+) -> tuple[Volume, np.ndarray]:
+    """A scan with a Gaussian blob (sigma 2 mm, 100 x ``heights``) at each landmark; its
+    landmarks in world mm."""
     world = voxel_to_world(POINTS_VOX, affine)
     grid = np.stack(np.meshgrid(*[np.arange(n) for n in shape], indexing="ij"), -1)
     pos = voxel_to_world(grid.reshape(-1, 3).astype(float), affine)
     d2 = ((pos[:, None, :] - world[None]) ** 2).sum(-1)
-    data = 100.0 * np.exp(-d2 / (2 * 2.0**2)).sum(-1).reshape(shape)
+    data = (100.0 * np.asarray(heights) * np.exp(-d2 / (2 * 2.0**2))).sum(-1).reshape(shape)
     return Volume(data.astype(np.float32), affine), world
 
 
@@ -77,3 +81,49 @@ def test_intensities_change_only_where_asked():
     tops = np.array([c.data.max() / k.data.max() for k, c in zip(kept, changed, strict=True)])
     assert ((tops >= 0.5 - 1e-6) & (tops <= 2.0 + 1e-6)).all()
     assert tops.max() / tops.min() > 1.3  # each draw its own scale
+
+
+class BlobFinder:
+    """A stand-in model that finds the blobs of :func:`blobs` (heights 1 : 2 : 3, so it can
+    tell them apart whatever the intensity scale) to a fraction of a voxel."""
+
+    names = ["a", "b", "c"]
+
+    def predict_volume(self, vol: Volume):
+        from scipy import ndimage
+
+        from heatmap3d.inference.predictor import Prediction
+        from heatmap3d.io.landmarks import Landmarks
+
+        peaks = (vol.data == ndimage.maximum_filter(vol.data, size=5)) & (vol.data > 1)
+        ijk = np.argwhere(peaks)
+        top = ijk[np.argsort(vol.data[peaks])[-3:]]  # lowest to highest: a, b, c
+        world = np.stack([centroid_world(vol, voxel_to_world(p * 1.0, vol.affine)) for p in top])
+        conf = np.ones(3)
+        return Prediction(Landmarks(self.names, world), conf, top * 1.0, vol.affine)
+
+
+def test_placed_predictions_keyed_moved_and_reproducible(tmp_path):
+    from heatmap3d.distributed import DistInfo
+    from heatmap3d.io.landmarks import Landmarks, write_landmarks
+    from heatmap3d.io.layout import Case
+    from heatmap3d.io.volumes import save_volume
+    from heatmap3d.training.heldout import placed_predictions
+
+    cases = []
+    for i, affine in enumerate([oblique_flipped(), np.diag([1.1, 0.9, 1.3, 1.0])]):
+        vol, world = blobs(affine, heights=(1.0, 2.0, 3.0))
+        save_volume(tmp_path / f"s{i}.nii.gz", vol)
+        write_landmarks(tmp_path / f"s{i}.csv", Landmarks(BlobFinder.names, world))
+        cases.append(Case(f"s{i}", tmp_path / f"s{i}.nii.gz", tmp_path / f"s{i}.csv"))
+    world = DistInfo(0, 0, 1, 1, torch.device("cpu"))
+    preds, truth = placed_predictions(BlobFinder(), cases, BlobFinder.names, 3, world, seed=5)
+    assert sorted(preds) == sorted(truth) == [f"s{i}@{v}" for i in range(2) for v in range(3)]
+    for key, pred in preds.items():
+        errors = np.linalg.norm(pred.landmarks.points - truth[key], axis=1)
+        # The truth moved with the image (a placement moves it by 5 to 40 mm; the blob
+        # finder is off by up to half a voxel of a thick-slice grid).
+        assert errors.max() < 1.0, (key, errors)
+    again = placed_predictions(BlobFinder(), cases, BlobFinder.names, 3, world, seed=5)[1]
+    assert all(np.array_equal(again[k], truth[k]) for k in truth)
+    assert not np.allclose(truth["s0@0"], truth["s0@1"])

@@ -90,6 +90,8 @@ class Pipeline:
             points = pred.landmarks.points
             points[:], moved, pred.shape_residual_mm = self._check_shape(points, pred, prepared)
             pred.status[moved] = "moved"
+            if pred.grid_affine is not None and moved.any():
+                pred.voxels[moved] = world_to_voxel(points[moved], pred.grid_affine)
         pred.signal_mm = self.signal(pred.spread_mm, pred.shape_residual_mm, pred.confidence)
         pred.signal_mm[~np.isfinite(pred.landmarks.points).all(1)] = np.nan
         state_radii(pred, self.calibration, self.review_radius_mm)
@@ -150,6 +152,7 @@ def declare_absent(pred: Prediction, calibration: Calibration | None) -> None:
         return
     absent = ~(pred.presence >= calibration.presence_threshold)
     pred.landmarks.points[absent] = np.nan
+    pred.voxels[absent] = np.nan
     pred.status[absent] = "absent"
     if pred.signal_mm is not None:
         pred.signal_mm[absent] = np.nan

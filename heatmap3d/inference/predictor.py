@@ -38,7 +38,8 @@ class Prediction:
     Attributes:
         landmarks: world RAS mm; NaN rows where nothing was found.
         confidence: ``(K,)`` in [0, 1] (the heatmap's value at the peak).
-        voxels: ``(K, 3)`` voxel coordinates in the preprocessed grid.
+        voxels: ``(K, 3)`` voxel coordinates of ``landmarks`` in the grid of ``grid_affine``
+            (the preprocessed grid; a cascade's coarse grid when it keeps the heatmaps).
         grid_affine: ``(4, 4)`` voxel -> world of that grid.
         heatmaps: ``(K, I, J, K)`` float32 on that grid, when asked for.
         spread_mm: ``(K,)`` mm: root mean square distance of the single passes' estimates

@@ -153,6 +153,7 @@ class Cascade:
         fine.presence = coarse.presence  # whether it is in the scan: the whole-scan model's say
         if keep_heatmaps:
             fine.heatmaps, fine.grid_affine = coarse.heatmaps, coarse.grid_affine
+            fine.voxels = world_to_voxel(fine.landmarks.points, coarse.grid_affine)
         return fine
 
     def predict_volume(self, vol: Volume) -> Prediction:
