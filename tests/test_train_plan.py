@@ -107,3 +107,29 @@ def test_a_plan_with_an_unknown_key_is_one_line(phantoms, copy_of, tmp_path):
     proc = cli("train", data, f"train.out_dir={tmp_path}")
     err = proc.stderr.strip()
     assert proc.returncode == 2 and "\n" not in err and "plan.yaml" in err and "sigmaa" in err
+
+
+@pytest.mark.slow
+def test_members_train_with_other_seeds_and_predict_as_one_ensemble(phantoms, copy_of):
+    """--members 2: two seeds of the planned stage, each with half the budget, listed in
+    model.json; predict --model runs the ensemble and states an error radius."""
+    data = copy_of(phantoms(n_train=4, n_val=2, n_test=1, seed=3))
+    out = data.parent / "runs"
+    proc = cli(
+        "train", data, "--members", "2", "train.budget_minutes=0.2", f"train.out_dir={out}", *TINY
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    model = out / "data"
+    (stage,) = json.loads((model / "model.json").read_text())["stages"]
+    assert stage["checkpoints"] == ["seed0/coarse/best.pt", "seed1/coarse/best.pt"]
+    trains = [
+        torch.load(model / m / "coarse" / "last.pt", weights_only=True)["config"]["train"]
+        for m in ("seed0", "seed1")
+    ]
+    assert trains[1]["seed"] == trains[0]["seed"] + 1
+    assert [t["budget_minutes"] for t in trains] == pytest.approx([0.1, 0.1])
+    scan = _test_scan(data)
+    pred = cli("predict", "--model", model, scan, "--out", data.parent / "pred")
+    assert pred.returncode == 0, pred.stderr[-2000:]
+    rows = (data.parent / "pred" / f"{scan.name.split('.')[0]}.csv").read_text().splitlines()
+    assert "radius_mm" in rows[1] and len(rows) > 2
