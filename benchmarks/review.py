@@ -265,9 +265,14 @@ def main() -> None:
         + " ".join(f"{k + 1}:{v:.1f}" for k, v in enumerate(per_landmark))
     )
     print(against_raters(points, scans, raters(names)))
-    rest = np.delete(errors, np.argsort(-np.nanmean(raters_error(names), 0))[:2], axis=1)
-    rest = rest[np.isfinite(rest)]
-    print(f"final MRE without the two landmarks the raters disagree on: {rest.mean():.2f} mm")
+    disputed = np.argsort(-np.nanmean(raters_error(names), 0))[:2]
+    rest, rest_radii = np.delete(errors, disputed, axis=1), np.delete(radii, disputed, axis=1)
+    print(
+        f"without the two landmarks the raters disagree on: final MRE "
+        f"{np.nanmean(np.where(np.isinf(rest), np.nan, rest)):.2f} mm, coverage "
+        f"{100 * coverage(rest, rest_radii):.1f}%, rank correlation "
+        f"{rank_correlation(rest_radii, rest):.2f}"
+    )
     if minutes is not None:
         print(f"training (3 folds x coarse + fine, incl. start-up and reports): {minutes:.1f} min")
 
