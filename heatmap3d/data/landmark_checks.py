@@ -13,7 +13,7 @@ import numpy as np
 
 from heatmap3d.data.findings import Collector
 from heatmap3d.geometry import inside_image, world_to_voxel
-from heatmap3d.io.landmark_formats import LPS_FLIP
+from heatmap3d.io.landmark_fields import LPS_FLIP
 from heatmap3d.io.landmarks import Landmarks
 from heatmap3d.io.layout import Case
 

@@ -48,14 +48,8 @@ from typing import Any
 import numpy as np
 
 from heatmap3d.errors import InputError, one_line
-from heatmap3d.io.landmark_formats import (
-    LPS_FLIP,
-    READERS,
-    WRITERS,
-    check_unique,
-    parse_system,
-    to_ras,
-)
+from heatmap3d.io.landmark_fields import LPS_FLIP, check_unique, parse_system, to_ras
+from heatmap3d.io.landmark_formats import READERS, WRITERS
 
 __all__ = [
     "LANDMARK_SUFFIXES",

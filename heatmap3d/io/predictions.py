@@ -68,7 +68,8 @@ from heatmap3d import __version__
 from heatmap3d.errors import InputError, one_line
 from heatmap3d.geometry import Volume, resample_to_grid
 from heatmap3d.io.atomic import atomic_write, atomic_write_bytes
-from heatmap3d.io.landmark_formats import LPS_FLIP, WRITERS
+from heatmap3d.io.landmark_fields import LPS_FLIP
+from heatmap3d.io.landmark_formats import WRITERS
 from heatmap3d.io.landmarks import Landmarks
 
 __all__ = [

@@ -1,0 +1,87 @@
+"""What every landmark file format shares: coordinate systems, coordinates read from text
+or JSON values, numbers written back exactly, and JSON that refuses duplicated keys.
+
+Every problem raises :class:`InputError` with a message that starts with the file name.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import Counter
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from heatmap3d.errors import InputError, one_line
+
+Parsed = tuple[list[str], Any, str]  # names, (N, 3) points, coordinate system
+
+LPS_FLIP = np.array([-1.0, -1.0, 1.0])  # RAS <-> LPS: negate x and y (its own inverse)
+
+
+def check_unique(where: str | Path, names: Sequence[str], what: str = "landmark names") -> None:
+    duplicated = sorted(name for name, count in Counter(names).items() if count > 1)
+    if duplicated:
+        raise InputError(f"{where}: duplicated {what} {duplicated}")
+
+
+def to_ras(path: Path, points: np.ndarray, system: str) -> np.ndarray:
+    """Points ``(N, 3)`` in ``system`` ("RAS"/"LPS") -> RAS; InputError for other systems."""
+    system = parse_system(path, system)
+    return points * LPS_FLIP if system == "LPS" else points
+
+
+def parse_system(path: Path, system: object) -> str:
+    name = str(system).strip().upper()
+    if name not in ("RAS", "LPS"):
+        raise InputError(f"{path}: unknown coordinate system {system!r} (expected RAS or LPS)")
+    return name
+
+
+def parse_xyz(path: Path, where: str, values: Sequence[Any]) -> list[float]:
+    """Three coordinates from text or JSON values; all empty/None/NaN = missing (NaN row).
+
+    Raises InputError for a wrong count, non-numeric or infinite values, or a point with
+    only some coordinates given.
+    """
+    if len(values) != 3:
+        raise InputError(f"{path}: {where}: expected 3 coordinates, got {len(values)}")
+    out = []
+    for value in values:
+        if value is None or (isinstance(value, str) and value.strip().lower() in ("", "nan")):
+            out.append(math.nan)
+            continue
+        # bool is excluded explicitly: float(True) == 1.0, but JSON true is no coordinate.
+        if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+            raise InputError(f"{path}: {where}: non-numeric coordinate {value!r}")
+        try:
+            number = float(value)
+        except ValueError:
+            raise InputError(f"{path}: {where}: non-numeric coordinate {value!r}") from None
+        if math.isinf(number):
+            raise InputError(f"{path}: {where}: infinite coordinate {value!r}")
+        out.append(number)
+    n_missing = sum(math.isnan(v) for v in out)
+    if 0 < n_missing < 3:
+        raise InputError(f"{path}: {where}: only some coordinates given {list(values)!r}")
+    return out
+
+
+def fmt(value: float) -> str:
+    """Shortest text that reads back to the same float64 ('' for NaN)."""
+    return "" if math.isnan(value) else repr(float(value))
+
+
+def load_json(path: Path, text: str) -> Any:
+    def no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        # json.loads would silently keep the last of duplicated keys (e.g. landmark names).
+        check_unique(path, [key for key, _ in pairs], "JSON keys")
+        return dict(pairs)
+
+    try:
+        return json.loads(text, object_pairs_hook=no_duplicate_keys)
+    except json.JSONDecodeError as exc:
+        raise InputError(f"{path}: invalid JSON ({one_line(exc)})") from None
