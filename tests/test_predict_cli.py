@@ -10,6 +10,7 @@ from __future__ import annotations
 import csv
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 import nibabel as nib
@@ -68,11 +69,43 @@ def scan(seed: int, affine: np.ndarray) -> Volume:
     return Volume(np.round(400 * gaussian_filter(noise, 2.0)).astype(np.float32), affine)
 
 
+def _command(args: Sequence[str | Path]) -> list[str]:
+    return [sys.executable, "-m", "heatmap3d.cli", "predict", "--device", "cpu", *map(str, args)]
+
+
 def predict(*args: str | Path) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "heatmap3d.cli", "predict", "--device", "cpu", *map(str, args)]
     return subprocess.run(
-        cmd, capture_output=True, text=True, encoding="utf-8", errors="replace", timeout=300
+        _command(args),
+        capture_output=True,
+        text=True,
+        encoding="utf-8",
+        errors="replace",
+        timeout=300,
     )
+
+
+def predict_all(*commands: Sequence[str | Path]) -> list[subprocess.CompletedProcess]:
+    """Several ``predict`` commands at once, results in order.
+
+    Each refusal is mostly the start-up (importing torch, ~3 s of one core): started
+    together they share the cores instead of waiting in line.
+    """
+    procs = [
+        subprocess.Popen(
+            _command(args),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            encoding="utf-8",
+            errors="replace",
+        )
+        for args in commands
+    ]
+    done = []
+    for proc in procs:
+        out, err = proc.communicate(timeout=300)
+        done.append(subprocess.CompletedProcess(proc.args, proc.returncode, out, err))
+    return done
 
 
 def points(csv_path: Path) -> np.ndarray:
@@ -160,10 +193,10 @@ def test_refusals_are_one_line(models, tmp_path):
         (["--checkpoint", models["coarse"], one, "--out", tmp_path / "file" / "x"], "is a file"),
         (["--checkpoint", models["coarse"], tmp_path / "nothing"], "nothing"),
     ]
-    for args, says in cases:
-        if "--out" not in args:
-            args = [*args, "--out", tmp_path / "out"]
-        proc = predict(*args)
+    commands = [
+        args if "--out" in args else [*args, "--out", tmp_path / "out"] for args, _ in cases
+    ]
+    for (args, says), proc in zip(cases, predict_all(*commands)):
         err = proc.stderr.strip()
         assert proc.returncode == 2, (args, err)
         assert err.startswith("error: ") and "\n" not in err and says in err, (args, err)
@@ -199,8 +232,15 @@ def _bad_scans(tmp_path: Path) -> dict[str, Path]:
 
 @pytest.mark.slow
 def test_unreadable_scans_are_one_line_naming_them(models, tmp_path):
-    for problem, path in _bad_scans(tmp_path).items():
-        proc = predict("--checkpoint", models["coarse"], path, "--out", tmp_path / "out")
+    bad = _bad_scans(tmp_path)
+    outs = [tmp_path / f"out{n}" for n in range(len(bad))]  # one each: they run at once
+    procs = predict_all(
+        *(
+            ("--checkpoint", models["coarse"], path, "--out", out)
+            for path, out in zip(bad.values(), outs)
+        )
+    )
+    for (problem, path), proc in zip(bad.items(), procs):
         err = proc.stderr.strip().splitlines()[-1]  # after the progress bar, if any
         assert proc.returncode == 2, (problem, err)
         assert err.startswith("error: ") and str(path) in err, (problem, err)
