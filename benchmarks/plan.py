@@ -102,6 +102,14 @@ def main() -> None:
     p.add_argument(
         "--ct-cases", type=int, nargs=3, default=[16, 4, 6], metavar=("TRAIN", "VAL", "TEST")
     )
+    p.add_argument(
+        "--set",
+        nargs="*",
+        default=[],
+        metavar="KEY=VALUE",
+        help="overrides for every stage, after the plan's (e.g. augment.rotation_deg=10): "
+        "to measure one of the plan's choices against another",
+    )
     args = p.parse_args()
     work = args.work.resolve() / args.dataset
     if work.exists():
@@ -117,7 +125,7 @@ def main() -> None:
     start = time.perf_counter()
     sh(sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=1",
        "train_ddp.py", "--data", data, f"train.budget_minutes={args.budget}",
-       f"train.out_dir={work / 'runs'}")  # fmt: skip
+       f"train.out_dir={work / 'runs'}", *args.set)  # fmt: skip
     minutes = (time.perf_counter() - start) / 60
     model = work / "runs" / data.name
     t0 = time.perf_counter()
