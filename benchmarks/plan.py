@@ -39,6 +39,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def add_overrides(parser: argparse.ArgumentParser) -> None:
+    """``--set KEY=VALUE ...``: passed to training after the plan's choices."""
+    parser.add_argument(
+        "--set",
+        nargs="*",
+        default=[],
+        metavar="KEY=VALUE",
+        help="overrides for every stage, after the plan's (e.g. augment.rotation_deg=10): "
+        "to measure one of the plan's choices against another",
+    )
+
+
 def sh(*args: str | Path) -> str:
     """Run one of the README's commands from the repository root; its output (it must pass)."""
     cmd = [str(a) for a in args]
@@ -102,14 +114,7 @@ def main() -> None:
     p.add_argument(
         "--ct-cases", type=int, nargs=3, default=[16, 4, 6], metavar=("TRAIN", "VAL", "TEST")
     )
-    p.add_argument(
-        "--set",
-        nargs="*",
-        default=[],
-        metavar="KEY=VALUE",
-        help="overrides for every stage, after the plan's (e.g. augment.rotation_deg=10): "
-        "to measure one of the plan's choices against another",
-    )
+    add_overrides(p)
     args = p.parse_args()
     work = args.work.resolve() / args.dataset
     if work.exists():

@@ -36,7 +36,7 @@ import numpy as np
 from scipy.spatial.transform import Rotation
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from plan import sh  # noqa: E402  (the README's commands, run as a user would)
+from plan import add_overrides, sh  # noqa: E402  (the README's commands, run as a user would)
 
 
 def dataset(root: Path) -> Path:
@@ -212,6 +212,7 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--work", type=Path, default=Path("runs/review_bench"))
     p.add_argument("--model", type=Path, help="a trained model folder: predict only")
+    add_overrides(p)
     args = p.parse_args()
     model, minutes = args.model, None
     if model is None:
@@ -226,7 +227,7 @@ def main() -> None:
         budget, out = f"train.budget_minutes={args.budget}", f"train.out_dir={work / 'runs'}"
         log = sh(sys.executable, "-m", "torch.distributed.run", "--standalone",
                  "--nproc_per_node=1", "train_ddp.py", "--data", data, "--folds", args.folds,
-                 budget, out)  # fmt: skip
+                 budget, out, *args.set)  # fmt: skip
         minutes = (time.perf_counter() - start) / 60
         print(log[-4000:])
         model = work / "runs" / data.name
