@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from torchrun_util import TINY, torchrun
+from torchrun_util import TINY, torchrun_all
 
 from heatmap3d.data.loaders import train_loader
 from heatmap3d.distributed import DistInfo
@@ -62,31 +62,24 @@ def test_sampler_reshuffles_each_epoch_reproducibly_and_ranks_are_disjoint():
 # -- gradient equivalence ---------------------------------------------------------------------
 
 
-def _train(dataset: Path, out: Path, name: str, nproc: int, *extra: str) -> dict:
-    proc = torchrun(
-        nproc,
-        f"data.root={dataset}",
-        f"train.out_dir={out}",
-        f"train.name={name}",
-        *TINY,
-        *extra,
-    )
-    assert proc.returncode == 0, proc.output
-    return torch.load(out / name / "last.pt", weights_only=True)
-
-
 @pytest.fixture(scope="module")
 def equivalence_runs(dataset, tmp_path_factory) -> tuple[Path, dict[str, dict]]:
-    """Three ways to take 2 steps of 4 samples each, float64."""
+    """Three ways to take 2 steps of 4 samples each, float64 (the three jobs run at once)."""
     out = tmp_path_factory.mktemp("runs")
-    common = ["train.epochs=2", "train.precision=fp64", "train.lr=0.01"]
-    runs = {
-        "w1_b4": _train(dataset, out, "w1_b4", 1, *common, "train.batch_size=4"),
-        "w2_b2": _train(dataset, out, "w2_b2", 2, *common, "train.batch_size=2"),
-        "w2_b1_acc2": _train(
-            dataset, out, "w2_b1_acc2", 2, *common, "train.batch_size=1", "train.accumulate=2"
-        ),
+    common = [f"data.root={dataset}", f"train.out_dir={out}", *TINY]
+    common += ["train.epochs=2", "train.precision=fp64", "train.lr=0.01"]
+    jobs = {
+        "w1_b4": (1, ["train.batch_size=4"]),
+        "w2_b2": (2, ["train.batch_size=2"]),
+        "w2_b1_acc2": (2, ["train.batch_size=1", "train.accumulate=2"]),
     }
+    procs = torchrun_all(
+        *((nproc, [*common, f"train.name={name}", *args]) for name, (nproc, args) in jobs.items())
+    )
+    runs = {}
+    for name, proc in zip(jobs, procs):
+        assert proc.returncode == 0, proc.output
+        runs[name] = torch.load(out / name / "last.pt", weights_only=True)
     return out, runs
 
 
@@ -142,25 +135,16 @@ def test_validation_counts_each_scan_once_for_any_world_size(dataset, equivalenc
     """
     out, _ = equivalence_runs
     trained = out / "w1_b4" / "last.pt"
+    common = [f"data.root={dataset}", f"train.out_dir={out}", *TINY]
+    common += ["train.epochs=1", "train.lr=0", "train.weight_decay=0", "--init-from", str(trained)]
+    sizes = (1, 2, 3)
+    procs = torchrun_all(*((n, [*common, f"train.name=val_w{n}"]) for n in sizes))
     tables, logged = {}, {}
-    for nproc in (1, 2, 3):
-        name = f"val_w{nproc}"
-        proc = torchrun(
-            nproc,
-            f"data.root={dataset}",
-            f"train.out_dir={out}",
-            f"train.name={name}",
-            *TINY,
-            "train.epochs=1",
-            "train.lr=0",
-            "train.weight_decay=0",
-            "--init-from",
-            str(trained),
-        )
+    for nproc, proc in zip(sizes, procs):
         assert proc.returncode == 0, proc.output
-        evaluation = out / name / "evaluation"
+        evaluation = out / f"val_w{nproc}" / "evaluation"
         tables[nproc] = (_rows(evaluation / "metrics.csv"), _rows(evaluation / "errors.csv"))
-        logged[nproc] = _validation_scalars(out / name)
+        logged[nproc] = _validation_scalars(out / f"val_w{nproc}")
     metrics, errors = tables[1]
     assert set(logged[1]) >= {"val/mre_mm", "val/sdr_2mm", "val/sdr_4mm"}
     assert [r["landmark"] for r in metrics][-1] == "all" and metrics[-1]["n"] == str(3 * 6)

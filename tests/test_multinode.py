@@ -120,13 +120,22 @@ def test_only_global_rank_0_writes_and_two_nodes_equal_one_node(dataset, tmp_pat
     # reads the checkpoints it wrote and sends their contents to the other ranks (resume,
     # final report), so node 2 needs no copy of them.
     job = Job(tmp_path, lambda i: _args(dataset, "runs", "train.epochs=2"))
+    # The same job on one node (two processes), to compare with: started alongside, as the
+    # tiny jobs are mostly start-up and share the cores well.
+    one = Launcher(
+        torchrun_args(2, *_args(dataset, tmp_path / "one", "train.epochs=2")),
+        ROOT,
+        tmp_path / "one.log",
+    )
     try:
         node1, node2 = job.start(1), job.start(2)
-        _wait([node1, node2])
+        _wait([node1, node2, one])
     finally:
         job.kill_all()
+        one.kill()
     assert node1.proc.returncode == 0, node1.output + node2.output
     assert node2.proc.returncode == 0, node1.output + node2.output
+    assert one.proc.returncode == 0, one.output
 
     # Node 2 (its local rank 0 is global rank 1) wrote nothing: no run folder at all (no
     # checkpoint, no TensorBoard events, no predictions, no evaluation).
@@ -146,17 +155,7 @@ def test_only_global_rank_0_writes_and_two_nodes_equal_one_node(dataset, tmp_pat
     assert "validation scans predicted with" in node1.output
     assert "validation scans predicted with" not in node2.output
 
-    # The same job on one node (two processes) ends with the same weights and MRE.
-    one = Launcher(
-        torchrun_args(2, *_args(dataset, tmp_path / "one", "train.epochs=2")),
-        ROOT,
-        tmp_path / "one.log",
-    )
-    try:
-        _wait([one])
-    finally:
-        one.kill()
-    assert one.proc.returncode == 0, one.output
+    # The one-node job ended with the same weights and MRE.
     one_node = torch.load(tmp_path / "one" / RUN / "last.pt", weights_only=True)
     # Not bitwise: a process takes cpu_count // local_world_size intra-op threads (2 on
     # each simulated node, 1 on the one node), which changes the summation order inside the

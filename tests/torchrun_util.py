@@ -69,6 +69,42 @@ def torchrun(nproc: int, *args: str, timeout: int = 300, **extra_env: str):
     return run(torchrun_args(nproc, *args), timeout=timeout, **extra_env)
 
 
+def torchrun_all(
+    *jobs: tuple[int, list[str]], timeout: int = 300
+) -> list[subprocess.CompletedProcess]:
+    """Several torchrun jobs ``(nproc, args)`` at once, results in order.
+
+    A tiny job is mostly start-up and rendezvous (importing torch in the agent, then in each
+    worker, one core at a time): started together, the jobs share the cores instead of
+    waiting in line. ``--standalone`` gives each job its own free port.
+    """
+    procs = [
+        subprocess.Popen(
+            torchrun_args(nproc, *args),
+            cwd=ROOT,
+            env=env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            encoding="utf-8",
+            errors="replace",
+        )
+        for nproc, args in jobs
+    ]
+    done = []
+    try:
+        for proc in procs:
+            out, _ = proc.communicate(timeout=timeout)
+            result = subprocess.CompletedProcess(proc.args, proc.returncode, out, "")
+            result.output = out
+            done.append(result)
+    finally:  # a timeout or an interrupt leaves no job behind
+        for proc in procs:
+            if proc.poll() is None:
+                kill_tree(proc)
+    return done
+
+
 # --------------------------------------------------------------------------------------
 # Several "nodes" on one machine: one torchrun launcher per node, c10d rendezvous.
 # --------------------------------------------------------------------------------------
@@ -117,6 +153,18 @@ def descendants(pid: int) -> list[int]:
     return [q for c in children for q in (c, *descendants(c))]
 
 
+def kill_tree(proc: subprocess.Popen) -> None:
+    """SIGKILL a running ``proc`` and every process below it, then reap it."""
+    import contextlib
+    import signal
+
+    proc.send_signal(signal.SIGSTOP)  # frozen, it starts no new worker meanwhile
+    for pid in [*descendants(proc.pid), proc.pid]:
+        with contextlib.suppress(ProcessLookupError):  # ended meanwhile
+            os.kill(pid, signal.SIGKILL)
+    proc.wait()
+
+
 class Launcher:
     """A process started in ``cwd`` with :func:`env`, its stdout + stderr going to ``log``.
 
@@ -144,13 +192,5 @@ class Launcher:
         return self.proc.poll() is None
 
     def kill(self) -> None:
-        import contextlib
-        import signal
-
-        if self.proc.poll() is not None:  # ended (and reaped: its PID may be reused)
-            return
-        self.proc.send_signal(signal.SIGSTOP)  # frozen, it starts no new worker meanwhile
-        for pid in [*descendants(self.proc.pid), self.proc.pid]:
-            with contextlib.suppress(ProcessLookupError):  # ended meanwhile
-                os.kill(pid, signal.SIGKILL)
-        self.proc.wait()
+        if self.proc.poll() is None:  # not ended (once reaped, its PID may be reused)
+            kill_tree(self.proc)
