@@ -40,6 +40,7 @@ from scipy.ndimage import gaussian_filter
 from scipy.spatial.transform import Rotation
 from tqdm import tqdm
 
+from heatmap3d.data.painter import Painter
 from heatmap3d.data.synthetic import finish_dataset, start_dataset, write_case_landmarks
 from heatmap3d.geometry import Volume, world_to_voxel
 from heatmap3d.io.landmarks import Landmarks
@@ -187,79 +188,18 @@ def draw_ct_case(rng: np.random.Generator, inplane_mm: tuple[float, float] = (0.
     return CTCase(anatomy, rotation, scale, translation, affine, shape, lm, cut)
 
 
-class _Painter:
-    """Paints structures into an HU array, each in its bounding box of voxels only."""
-
-    def __init__(self, case: CTCase) -> None:
-        self.shape = case.shape
-        self.image = np.full(case.shape, AIR, dtype=np.float32)
-        # template = M @ voxel + c
-        lin = (case.rotation.T @ case.affine[:3, :3]) / case.scale[:, None]
-        self.m = lin
-        self.c = case.rotation.T @ (case.affine[:3, 3] - case.translation) / case.scale
-        self.inv = np.linalg.inv(lin)
-
-    def block(self, lo, hi):
-        """Voxel slices covering template box [lo, hi] and template coords x, y, z there."""
-        corners = np.array(np.meshgrid(*zip(lo, hi), indexing="ij")).reshape(3, -1).T
-        vox = (corners - self.c) @ self.inv.T
-        a = np.clip(np.floor(vox.min(0)).astype(int) - 1, 0, self.shape)
-        b = np.clip(np.ceil(vox.max(0)).astype(int) + 2, 0, self.shape)
-        sl = tuple(slice(int(p), int(q)) for p, q in zip(a, b))
-        r = [np.arange(p, q, dtype=np.float32) for p, q in zip(a, b)]
-        m = self.m.astype(np.float32)
-        xyz = [
-            m[d, 0] * r[0][:, None, None]
-            + m[d, 1] * r[1][None, :, None]
-            + m[d, 2] * r[2][None, None, :]
-            + np.float32(self.c[d])
-            for d in range(3)
-        ]
-        return sl, xyz
-
-    def paint(self, sl, mask, value) -> None:
-        view = self.image[sl]
-        view[mask] = value
-
-    def ellipsoid(self, centre, radii, value, shell=0.0, shell_value=None) -> None:
-        centre, radii = np.asarray(centre, float), np.asarray(radii, float)
-        sl, (x, y, z) = self.block(centre - radii, centre + radii)
-        if x.size == 0 or min(x.shape[0], y.shape[1], z.shape[2]) == 0:
-            return
-        r2 = ((x - centre[0]) / radii[0]) ** 2
-        r2 = r2 + ((y - centre[1]) / radii[1]) ** 2 + ((z - centre[2]) / radii[2]) ** 2
-        self.paint(sl, r2 <= 1.0, shell_value if shell else value)
-        if shell:
-            inner = (1.0 - shell / radii.min()) ** 2
-            self.paint(sl, r2 <= inner, value)
-
-    def cylinder_z(self, cx, cy, rx, ry, z0, z1, value, shell=0.0, shell_value=None) -> None:
-        """Elliptic cylinder along template z, from z0 to z1."""
-        sl, (x, y, z) = self.block([cx - rx, cy - ry, z0], [cx + rx, cy + ry, z1])
-        if min(x.shape[0], y.shape[1], z.shape[2]) == 0:
-            return
-        r2 = ((x - cx) / rx) ** 2 + ((y - cy) / ry) ** 2
-        zin = (z >= z0) & (z <= z1)
-        self.paint(sl, (r2 <= 1.0) & zin, shell_value if shell else value)
-        if shell:
-            inner = (r2 <= (1.0 - shell / min(rx, ry)) ** 2) & (z >= z0 + shell) & (z <= z1 - shell)
-            self.paint(sl, inner, value)
-
-    def capsule(self, p, q, radius, value) -> None:
-        p, q = np.asarray(p, float), np.asarray(q, float)
-        sl, (x, y, z) = self.block(np.minimum(p, q) - radius, np.maximum(p, q) + radius)
-        if min(x.shape[0], y.shape[1], z.shape[2]) == 0:
-            return
-        d = q - p
-        t = ((x - p[0]) * d[0] + (y - p[1]) * d[1] + (z - p[2]) * d[2]) / float(d @ d)
-        t = np.clip(t, 0, 1)
-        dist2 = (x - p[0] - t * d[0]) ** 2 + (y - p[1] - t * d[1]) ** 2 + (z - p[2] - t * d[2]) ** 2
-        self.paint(sl, dist2 <= radius**2, value)
+def _painter(case: CTCase) -> Painter:
+    """An air-filled array of the scan's shape, painted in template mm."""
+    # world = R @ (scale * template) + t and world = A @ voxel + a, so
+    # template = (R^T A / scale) @ voxel + R^T (a - t) / scale.
+    m = (case.rotation.T @ case.affine[:3, :3]) / case.scale[:, None]
+    c = case.rotation.T @ (case.affine[:3, 3] - case.translation) / case.scale
+    return Painter(case.shape, m, c, AIR)
 
 
 def _paint_anatomy(case: CTCase) -> np.ndarray:
     a = case.anatomy
-    p = _Painter(case)
+    p = _painter(case)
     big = 400.0
     p.cylinder_z(0, 0, *_BODY, -big, big, SOFT, shell=_FAT_MM, shell_value=FAT)
     p.ellipsoid(*a["liver"], LIVER)
