@@ -17,7 +17,7 @@ from torch.utils.data import Dataset
 
 from heatmap3d.config import DataConfig
 from heatmap3d.data.cache import cached_volume
-from heatmap3d.data.preprocess import preprocess
+from heatmap3d.data.preprocess import outside_value, preprocess
 from heatmap3d.geometry import Volume, crop_or_pad, window_start, world_to_voxel
 from heatmap3d.io.landmarks import Landmarks, read_landmarks
 from heatmap3d.io.layout import Case
@@ -43,6 +43,7 @@ class PreprocessedCases:
     def __init__(self, cases: list[Case], names: list[str], cfg: DataConfig) -> None:
         self.cases, self.names, self.cfg = cases, names, cfg
         self._memo: dict[int, tuple[Volume, np.ndarray]] = {}
+        self._outside: dict[int, float] = {}
 
     def __len__(self) -> int:
         return len(self.cases)
@@ -60,6 +61,13 @@ class PreprocessedCases:
         if self.cfg.cache:
             self._memo[index] = item
         return item
+
+    def outside(self, index: int) -> float:
+        """The background of case ``index``'s preprocessed volume, what a crop holds beyond
+        it (:func:`~heatmap3d.data.preprocess.outside_value`); kept, as it reads every voxel."""
+        if index not in self._outside:
+            self._outside[index] = outside_value(self.volume(index)[0])
+        return self._outside[index]
 
     def _load(self, index: int) -> tuple[Volume, np.ndarray]:
         case = self.cases[index]
@@ -95,7 +103,8 @@ class LandmarkDataset(Dataset):
         """A training crop of case ``index`` (with its own affine) and the world landmarks
         ``(K, 3)`` mm. Draws from torch's RNG (seeded per loader worker)."""
         vol, world = self.volumes.volume(index)
-        return crop_or_pad(vol, self.cfg.patch_size, start=self._crop_start(vol, world)), world
+        start, fill = self._crop_start(vol, world), self.volumes.outside(index)
+        return crop_or_pad(vol, self.cfg.patch_size, start=start, fill=fill), world
 
     def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
         crop, world = self.sample(index)

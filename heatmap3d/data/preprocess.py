@@ -20,3 +20,18 @@ def preprocess(vol: Volume, cfg: DataConfig) -> Volume:
         vol.data, cfg.normalization, percentiles=cfg.percentiles, ct_window=cfg.ct_window
     )
     return Volume(data, vol.affine)
+
+
+def outside_value(vol: Volume) -> float:
+    """What a preprocessed volume holds beyond its field of view: its minimum.
+
+    Used wherever a network sees voxels outside a scan (the whole-scan pass padded to the
+    U-Net's stride, a refinement window over the border, a training crop larger than the
+    scan), so that they look like the scan's own background: after normalisation the
+    minimum *is* the background (MR: the lower clip, which a skull-stripped or zero-padded
+    scan's background reaches; CT: the window's floor, air). Zeros there would be
+    mid-grey tissue after the MR z-score, and would shift InstanceNorm's statistics over
+    the whole input: a coarse AFIDs model found Colin27 as stored 72 mm off with zero
+    padding and 5 mm off with this (benchmarks/RESULTS.md).
+    """
+    return float(vol.data.min())

@@ -19,7 +19,7 @@ import torch
 
 from heatmap3d import checkpoint
 from heatmap3d.config import Config, DataConfig
-from heatmap3d.data.preprocess import preprocess
+from heatmap3d.data.preprocess import outside_value, preprocess
 from heatmap3d.errors import InputError, first_line
 from heatmap3d.geometry import Volume, pad_to_multiple, voxel_to_world
 from heatmap3d.inference.decode import decode_heatmaps
@@ -186,13 +186,14 @@ class Predictor:
         device (:meth:`net`; their mean is the prediction's heatmap).
 
         In one pass the volume is padded at the end of each axis to the U-Net's stride
-        (voxel coordinates unchanged) and the heatmaps are cropped back; with
+        with its background (:func:`~heatmap3d.data.preprocess.outside_value`; voxel
+        coordinates unchanged) and the heatmaps are cropped back; with
         ``inference.sliding_window``, overlapping windows are blended
         (:mod:`heatmap3d.inference.sliding`).
         """
         s, net, k = self.settings, self.net(), len(self.names)
         if not s.sliding:
-            padded, shape = pad_to_multiple(vol, s.multiple)
+            padded, shape = pad_to_multiple(vol, s.multiple, fill=outside_value(vol))
             image = torch.from_numpy(np.ascontiguousarray(padded.data))[None, None]
             heat = net(image.to(self.device))[..., : shape[0], : shape[1], : shape[2]]
         else:

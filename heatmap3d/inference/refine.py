@@ -22,6 +22,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
+from heatmap3d.data.preprocess import outside_value
 from heatmap3d.errors import InputError
 from heatmap3d.geometry import Volume, crop_or_pad, voxel_to_world, window_start, world_to_voxel
 from heatmap3d.inference.decode import decode_heatmaps
@@ -55,10 +56,11 @@ def refine_landmarks(
 
     ``estimates``: ``(N, 3)`` world RAS mm (NaN rows are left NaN); ``channels``: the
     model's output channel of each row. Each row gets a window of the model's training
-    patch size centred on its estimate (voxels outside the volume are 0, as in training
-    crops); ``inference.batch`` windows go through the network at a time. The peak is
-    chosen under a Gaussian prior of sigma ``data.crop_jitter_mm`` around the window's
-    centre (:func:`search_prior`; none when it is 0), in the mean of the passes' heatmaps
+    patch size centred on its estimate (voxels outside the volume hold its background,
+    :func:`~heatmap3d.data.preprocess.outside_value`, as in training crops);
+    ``inference.batch`` windows go through the network at a time. The peak is chosen under
+    a Gaussian prior of sigma ``data.crop_jitter_mm`` around the window's centre
+    (:func:`search_prior`; none when it is 0), in the mean of the passes' heatmaps
     (ensemble members, mirroring). Returns world RAS mm ``(N, 3)``, confidences ``(N,)``
     and the passes' spread ``(N,)`` mm (:func:`pass_spread`); a row whose window holds no
     peak is NaN.
@@ -70,12 +72,14 @@ def refine_landmarks(
     voxels = np.full(centres.shape, np.nan)
     each = np.full((passes, *centres.shape), np.nan)
     confidence = np.zeros(len(centres))
-    net = fine.net()
+    net, fill = fine.net(), outside_value(vol)
     picks = torch.as_tensor(np.asarray(channels)[rows], device=device)
     prior = search_prior(s.window, vol.spacing, s.search_mm).to(device) if s.search_mm > 0 else None
     for lo in range(0, len(rows), s.batch):
         part = slice(lo, lo + s.batch)
-        crops = [crop_or_pad(vol, s.window, start=st.astype(int)).data for st in starts[part]]
+        crops = [
+            crop_or_pad(vol, s.window, start=st.astype(int), fill=fill).data for st in starts[part]
+        ]
         heat = net(torch.from_numpy(np.stack(crops))[:, None].to(device))  # (n, P*C, *window)
         heat = heat.view(len(crops), passes, -1, *heat.shape[2:])
         mine = heat[torch.arange(len(crops), device=device), :, picks[part]]  # (n, P, *window)

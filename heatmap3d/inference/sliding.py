@@ -7,9 +7,9 @@ statistics; windows of the training patch size show it inputs like those it lear
 whereas a whole scan with a different field of view shifts every normalised feature.
 
 Each window's heatmaps are weighted by a Gaussian centred on the window (sigma 1/8 of
-its size, as in nnU-Net), because predictions near a window's border see zero padding
-instead of context; the blended heatmap is sum(w * h) / sum(w) over the windows that
-cover each voxel.
+its size, as in nnU-Net), because predictions near a window's border see the
+convolutions' zero padding instead of context; the blended heatmap is sum(w * h) / sum(w)
+over the windows that cover each voxel.
 """
 
 from __future__ import annotations
@@ -73,7 +73,8 @@ def sliding_window(
 
     ``image`` ``(1, C, I, J, K)``; ``predict`` maps ``(n, C, *window)`` to
     ``(n, K, *window)``; returns ``(1, K, I, J, K)`` float32. An image smaller than the
-    window along an axis is padded at the end (with its minimum) and cropped back.
+    window along an axis is padded at the end with its minimum (its background, as
+    :func:`~heatmap3d.data.preprocess.outside_value` pads every other path) and cropped back.
     """
     shape = image.shape[2:]
     pads = [max(0, w - n) for n, w in zip(shape, window)]
