@@ -18,6 +18,7 @@ from heatmap3d.evaluation.calibration import (
     presence_scores,
     presence_threshold,
     rank_correlation,
+    scans_needed,
 )
 
 NOMINAL = 0.9
@@ -190,3 +191,33 @@ def test_from_dict_refuses_malformed(change):
         Calibration.from_dict(d)
     with pytest.raises(ValueError):
         Calibration.from_dict([1, 2])
+
+
+def test_scans_needed_for_a_bound_on_a_new_scan():
+    # 1 / (M + 1) <= 1 - nominal: a new scan above all M held-out ones is the miss.
+    assert [scans_needed(q) for q in (0.5, 0.8, 0.9, 0.95)] == [1, 4, 9, 19]
+
+
+@pytest.mark.parametrize(
+    ("n_scans", "said"),
+    [(9, None), (40, None), (8, "calibrated on 8 held-out scan(s)"), (None, "does not say")],
+)
+def test_caveat_says_when_the_held_out_scans_are_too_few(n_scans, said):
+    cal = Calibration(["AC"], 0.9, np.ones(1), 0.0, 45, n_scans)
+    if said is None:
+        assert cal.caveat() is None
+    else:
+        assert said in cal.caveat() and "not a bound" in cal.caveat()
+
+
+def test_n_scans_round_trips_and_is_optional_in_older_files():
+    ones = np.ones((10, 1))
+    cal = fit_calibration(["a"], ones, ones, ones, ones.astype(bool), n_scans=2)
+    assert (cal.n_cases, cal.n_scans) == (10, 2)
+    d = json.loads(json.dumps(cal.to_dict()))
+    assert Calibration.from_dict(d).n_scans == 2
+    del d["n_scans"]  # a calibration.json written before the count was kept
+    assert Calibration.from_dict(d).n_scans is None
+    for bad in (2.5, True, "2", 11):  # 11 > n_cases: more scans than predictions
+        with pytest.raises(ValueError, match="n_scans"):
+            Calibration.from_dict({**d, "n_scans": bad})

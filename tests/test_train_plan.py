@@ -92,6 +92,10 @@ def test_an_edited_plan_with_a_refiner_trains_a_cascade_of_folds(phantoms, copy_
     split = json.loads((data / "split.json").read_text())
     assert pooled == sorted(split["train"] + split["val"])  # each case validated once
     assert "out_of_fold" in proc.stdout or (model / "out_of_fold" / "evaluation").is_dir()
+    # 6 held-out scans (each under placements too) are too few for a 90 % bound: said.
+    assert json.loads((model / "calibration.json").read_text())["n_scans"] == 6
+    caveat = "note: error radii calibrated on 6 held-out scan(s): a 90% bound"
+    assert caveat in proc.stdout
     oof = (model / "out_of_fold" / "evaluation" / "errors.csv").read_text()
     assert all(case in oof for case in pooled)
     scan = _test_scan(data)
@@ -99,6 +103,7 @@ def test_an_edited_plan_with_a_refiner_trains_a_cascade_of_folds(phantoms, copy_
     assert pred.returncode == 0, pred.stderr[-2000:]
     rows = (data.parent / "pred" / f"{scan.name.split('.')[0]}.csv").read_text().splitlines()
     assert "radius_mm" in rows[1] and "status" in rows[1]
+    assert caveat in pred.stdout
 
 
 def test_a_plan_with_an_unknown_key_is_one_line(phantoms, copy_of, tmp_path):

@@ -35,6 +35,7 @@ __all__ = [
     "presence_scores",
     "presence_threshold",
     "rank_correlation",
+    "scans_needed",
 ]
 
 SIGNAL_FLOOR_MM = 1e-3
@@ -59,7 +60,10 @@ class Calibration:
             NaN where no validation case had that landmark (no radius can be stated).
         presence_threshold: a landmark whose confidence is below this is reported absent;
             0.0 = never.
-        n_cases: number of validation cases it was fitted on.
+        n_cases: number of predictions it was fitted on (held-out scans, each as stored and
+            under random placements).
+        n_scans: number of distinct held-out scans among them (patients, not placements);
+            None for a calibration written before it was recorded.
     """
 
     names: list[str]
@@ -67,6 +71,7 @@ class Calibration:
     scale: np.ndarray
     presence_threshold: float
     n_cases: int
+    n_scans: int | None = None
 
     def __post_init__(self) -> None:
         # frozen: fields are set through object.__setattr__; a read-only copy of scale so
@@ -88,6 +93,33 @@ class Calibration:
             raise ValueError(f"presence_threshold must be in [0, 1], got {self.presence_threshold}")
         if self.n_cases < 0:
             raise ValueError(f"n_cases must be >= 0, got {self.n_cases}")
+        if self.n_scans is not None:
+            object.__setattr__(self, "n_scans", int(self.n_scans))
+            if not 0 <= self.n_scans <= max(self.n_cases, 0):
+                raise ValueError(f"n_scans must be in [0, n_cases], got {self.n_scans}")
+
+    def caveat(self) -> str | None:
+        """Why the radii are not a ``nominal`` bound for a new patient's scan, or None.
+
+        The unit a user predicts is a new scan, so the calibration's evidence is its number
+        of distinct held-out scans (placements of one scan share its anatomy): a new scan
+        may be unlike all ``M`` of them with probability up to ``1 / (M + 1)``, so a
+        ``nominal`` bound needs ``M >= nominal / (1 - nominal)`` (:func:`scans_needed`).
+        """
+        needed = scans_needed(self.nominal)
+        if self.n_scans is None:
+            return (
+                "the error radii's calibration does not say how many held-out scans it saw "
+                "(written by an earlier heatmap3d): read radius_mm as a ranking, not a bound"
+            )
+        if self.n_scans >= needed:
+            return None
+        return (
+            f"error radii calibrated on {self.n_scans} held-out scan(s): a "
+            f"{self.nominal:.0%} bound for a new patient's scan needs at least {needed} "
+            "(more validation scans, or --folds over more cases); read radius_mm as a "
+            "ranking, not a bound"
+        )
 
     def radii(self, signals: np.ndarray) -> np.ndarray:
         """Error radii, mm. ``signals``: ``(..., K)`` mm -> ``(..., K)`` mm.
@@ -109,6 +141,7 @@ class Calibration:
             "scale": [float(v) if np.isfinite(v) else None for v in self.scale],
             "presence_threshold": self.presence_threshold,
             "n_cases": self.n_cases,
+            "n_scans": self.n_scans,
         }
 
     @classmethod
@@ -132,9 +165,25 @@ class Calibration:
         n_cases = d["n_cases"]
         if isinstance(n_cases, bool) or not isinstance(n_cases, int):
             raise ValueError(f"calibration 'n_cases' must be an integer, got {n_cases!r}")
+        n_scans = d.get("n_scans")  # absent from calibrations written before it was kept
+        if n_scans is not None and (isinstance(n_scans, bool) or not isinstance(n_scans, int)):
+            raise ValueError(f"calibration 'n_scans' must be an integer, got {n_scans!r}")
         values = [math.nan if v is None else float(v) for v in scale]
         # The constructor checks lengths and ranges (ValueError too).
-        return cls(names, float(d["nominal"]), np.array(values), d["presence_threshold"], n_cases)
+        return cls(
+            names, float(d["nominal"]), np.array(values), d["presence_threshold"], n_cases, n_scans
+        )
+
+
+def scans_needed(nominal: float) -> int:
+    """The fewest distinct held-out scans for radii that cover ``nominal`` of a new scan's
+    errors: the smallest ``M`` with ``1 / (M + 1) <= 1 - nominal`` (9 for 0.9, 19 for 0.95).
+
+    With ``M`` exchangeable scans a new one ranks above all of them with probability
+    ``1 / (M + 1)``; below that count no finite radius covers its errors at ``nominal``
+    (the subject-level form of the conformal rank ``ceil((n + 1) * nominal)``).
+    """
+    return max(1, math.ceil(nominal / (1.0 - nominal) - _RANK_TOLERANCE))
 
 
 def _is_number(value: Any) -> bool:
@@ -258,6 +307,8 @@ def fit_calibration(
     confidence: np.ndarray,
     present: np.ndarray,
     nominal: float = 0.9,
+    *,
+    n_scans: int | None = None,
 ) -> Calibration:
     """Fit radii and the presence threshold on validation cases.
 
@@ -269,6 +320,9 @@ def fit_calibration(
         confidence: ``(N, K)`` peak confidence in [0, 1].
         present: ``(N, K)`` bool, the landmark is in the truth.
         nominal: target coverage of the radii.
+        n_scans: how many distinct scans the ``N`` rows come from (placements of one scan
+            are one); recorded, so that prediction can say when it is too few
+            (:meth:`Calibration.caveat`).
 
     The threshold is chosen first; the scales are then fitted only on the landmarks that
     would be reported (confidence >= threshold), because those are the only ones that
@@ -286,7 +340,7 @@ def fit_calibration(
     threshold = presence_threshold(c, present)
     reported = np.nan_to_num(c, nan=0.0) >= threshold
     scale = conformal_scale(np.where(reported, e, np.nan), s, nominal)
-    return Calibration(list(names), nominal, scale, threshold, e.shape[0])
+    return Calibration(list(names), nominal, scale, threshold, e.shape[0], n_scans)
 
 
 # --------------------------------------------------------------------------------------

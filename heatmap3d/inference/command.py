@@ -32,6 +32,10 @@ def predict_command(args: argparse.Namespace) -> None:
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
     predictor = _load(args, torch.device(device))
+    if isinstance(predictor, Pipeline) and predictor.calibration is not None:
+        caveat = predictor.calibration.caveat()
+        if caveat:
+            print(f"note: {caveat}")
     scans = expand_scans(list(args.scans))
     output_stems(scans)  # two scans named alike: refused before anything is written
     _check_out_dir(args.out)

@@ -87,14 +87,19 @@ def placed_predictions(
 
 
 def calibrate(
-    results: dict[str, Prediction], truth: dict[str, np.ndarray], names: list[str]
+    results: dict[str, Prediction],
+    truth: dict[str, np.ndarray],
+    names: list[str],
+    n_scans: int,
 ) -> Calibration:
     """The calibration fitted on held-out ``results`` (uncalibrated: ``signal_mm`` and
-    ``presence`` set) against ``truth`` ``(K, 3)`` world mm (NaN: absent), both by key."""
+    ``presence`` set) against ``truth`` ``(K, 3)`` world mm (NaN: absent), both by key;
+    ``n_scans`` distinct scans (the rest are placements of them)."""
     ids = sorted(results)
     t = np.stack([truth[c] for c in ids])
     p = np.stack([results[c].landmarks.points for c in ids])
     signals = np.stack([results[c].signal_mm for c in ids])
     presence = np.stack([results[c].presence for c in ids])
     present = np.isfinite(t).all(-1)
-    return fit_calibration(names, radial_errors(p, t), signals, presence, present, NOMINAL)
+    errors = radial_errors(p, t)
+    return fit_calibration(names, errors, signals, presence, present, NOMINAL, n_scans=n_scans)

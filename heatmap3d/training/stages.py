@@ -182,9 +182,11 @@ def _finish(
     held = _held_out(runs, members, entries, model_dir, world, shape)
     every = {**held.results, **held.placed}
     calibration = distributed.main_then_broadcast(
-        world, lambda: calibrate(every, held.truth, names)
+        world, lambda: calibrate(every, held.truth, names, n_scans=len(held.cases))
     )
     if world.is_main:
+        if calibration.caveat():
+            print(f"note: {calibration.caveat()}")
         _write_json(model_dir / "calibration.json", calibration.to_dict())
         write_model_folder(
             model_dir,
