@@ -56,6 +56,13 @@ def test_csv_review_column(tmp_path):
     assert [r["review"] for r in rows] == ["1", "1", "1", "1"]
 
 
+def test_csv_confidence_is_written_to_four_digits(tmp_path):
+    """A float32 peak height is not written as 0.7663075923919678."""
+    conf = np.array([0.76630759, 1.0, np.nan, 0.05], dtype=np.float32)
+    paths = write_prediction(tmp_path, "case1", Landmarks(NAMES, POINTS), conf)
+    assert [r["confidence"] for r in _csv_rows(paths[0])] == ["0.7663", "1", "", "0.05"]
+
+
 def test_markups_flags_and_descriptions(tmp_path):
     doc = json.loads(_write(tmp_path)[1].read_text())
     markup = doc["markups"][0]

@@ -71,7 +71,8 @@ def _csv_text(names: list[str], points: np.ndarray, system: str, conf: np.ndarra
     writer = csv.writer(out, lineterminator="\n")
     writer.writerow(["name", "x", "y", "z"] + ([] if conf is None else ["confidence"]))
     for i, (name, xyz) in enumerate(zip(names, points, strict=True)):
-        extra = [] if conf is None else [fmt(conf[i])]
+        # A confidence is a float32 peak height: 4 digits say all it means (no 0.76630759...).
+        extra = [] if conf is None else ["" if math.isnan(conf[i]) else f"{conf[i]:.4g}"]
         writer.writerow([name, *(fmt(v) for v in xyz), *extra])
     return out.getvalue()
 
