@@ -221,3 +221,39 @@ def test_n_scans_round_trips_and_is_optional_in_older_files():
     for bad in (2.5, True, "2", 11):  # 11 > n_cases: more scans than predictions
         with pytest.raises(ValueError, match="n_scans"):
             Calibration.from_dict({**d, "n_scans": bad})
+
+
+def test_presence_threshold_from_the_chosen_rows_only():
+    """Rows left out of ``threshold_rows`` (placements) do not move the threshold, but
+    their errors still enter the radii."""
+    ones = np.ones((8, 1))
+    present = np.array([[1], [1], [0], [1], [1], [1], [0], [1]], bool)
+    confidence = np.array([[0.9], [0.95], [0.5], [0.97], [0.6], [0.98], [0.99], [0.99]])
+    errors = np.where(present, 1.0, np.nan)
+    errors[5, 0] = 7.0  # a placement's error
+    stored = np.array([True] * 4 + [False] * 4)
+    cal = fit_calibration(["a"], errors, ones, confidence, present, threshold_rows=stored)
+    assert cal.presence_threshold == pytest.approx(0.7)  # between 0.5 (absent) and 0.9
+    everything = fit_calibration(["a"], errors, ones, confidence, present)
+    assert everything.presence_threshold != cal.presence_threshold  # 0.99 absent, 0.6 present
+    assert cal.scale[0] == 7.0  # row 5 is reported (0.98 >= 0.7): its error is in the fit
+    with pytest.raises(ValueError, match="threshold_rows"):
+        fit_calibration(["a"], errors, ones, confidence, present, threshold_rows=stored[:3])
+
+
+def test_training_calibration_counts_scans_and_takes_presence_from_them_as_stored():
+    from heatmap3d.inference.predictor import Prediction
+    from heatmap3d.io.landmarks import Landmarks
+    from heatmap3d.training.heldout import calibrate
+
+    def pred(conf: float) -> Prediction:
+        p = Prediction(Landmarks(["a"], np.zeros((1, 3))), np.array([conf]), np.zeros((1, 3)))
+        p.presence, p.signal_mm = np.array([conf]), np.ones(1)
+        return p
+
+    absent = np.full((1, 3), np.nan)
+    results = {"s0": pred(0.9), "s1": pred(0.5), "s0@0": pred(0.3), "s1@0": pred(0.99)}
+    truth = {"s0": np.zeros((1, 3)), "s1": absent, "s0@0": np.zeros((1, 3)), "s1@0": absent}
+    cal = calibrate(results, truth, ["a"], stored={"s0", "s1"})
+    assert (cal.n_cases, cal.n_scans) == (4, 2)
+    assert cal.presence_threshold == pytest.approx(0.7)  # from s0 and s1 alone

@@ -83,6 +83,19 @@ def test_intensities_change_only_where_asked():
     assert tops.max() / tops.min() > 1.3  # each draw its own scale
 
 
+def test_beyond_the_scan_a_placement_holds_its_background():
+    """A CT scan's outside is air (its minimum), not 0 HU water."""
+    vol, world = blobs(np.eye(4))
+    ct = Volume(vol.data - 1000.0, vol.affine)  # air around blobs of -900 HU at most
+    placed = [
+        random_placement(ct, world, np.random.default_rng(s), Placements(intensities=False))[0]
+        for s in range(4)
+    ]
+    assert any(np.prod(p.shape) > np.prod(ct.shape) for p in placed)  # grids reach beyond
+    for p in placed:
+        assert p.data.min() >= -1000.0 - 1e-3 and p.data.max() <= -899.0
+
+
 class BlobFinder:
     """A stand-in model that finds the blobs of :func:`blobs` (heights 1 : 2 : 3, so it can
     tell them apart whatever the intensity scale) to a fraction of a voxel."""

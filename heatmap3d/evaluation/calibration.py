@@ -309,6 +309,7 @@ def fit_calibration(
     nominal: float = 0.9,
     *,
     n_scans: int | None = None,
+    threshold_rows: np.ndarray | None = None,
 ) -> Calibration:
     """Fit radii and the presence threshold on validation cases.
 
@@ -323,6 +324,9 @@ def fit_calibration(
         n_scans: how many distinct scans the ``N`` rows come from (placements of one scan
             are one); recorded, so that prediction can say when it is too few
             (:meth:`Calibration.caveat`).
+        threshold_rows: ``(N,)`` bool, the rows the presence threshold is chosen on
+            (default: all). Training passes the held-out scans as stored, not their
+            placements (:func:`heatmap3d.training.heldout.calibrate` says why).
 
     The threshold is chosen first; the scales are then fitted only on the landmarks that
     would be reported (confidence >= threshold), because those are the only ones that
@@ -337,7 +341,10 @@ def fit_calibration(
         )
     if len(names) != e.shape[1]:
         raise ValueError(f"{len(names)} names for {e.shape[1]} landmarks")
-    threshold = presence_threshold(c, present)
+    rows = np.ones(e.shape[0], bool) if threshold_rows is None else np.asarray(threshold_rows)
+    if rows.shape != (e.shape[0],) or rows.dtype != bool:
+        raise ValueError(f"threshold_rows must be ({e.shape[0]},) bool, got {rows.shape}")
+    threshold = presence_threshold(c[rows], np.asarray(present, bool)[rows])
     reported = np.nan_to_num(c, nan=0.0) >= threshold
     scale = conformal_scale(np.where(reported, e, np.nan), s, nominal)
     return Calibration(list(names), nominal, scale, threshold, e.shape[0], n_scans)

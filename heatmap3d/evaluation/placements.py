@@ -16,8 +16,10 @@ each held-out scan, drawn by :func:`random_placement`:
   only in part; not for CT (``intensities=False``), whose Hounsfield units are the same on
   every scanner.
 
-The landmarks move with the scan exactly (the same rigid motion; the regridding keeps
-world positions), so the errors on a placement are as true as on the stored scan.
+Grid voxels beyond the scan hold its minimum, its background (air for CT, where a fill
+of 0 would be water). The landmarks move with the scan exactly (the same rigid motion;
+the regridding keeps world positions), so the errors on a placement are as true as on
+the stored scan.
 """
 
 from __future__ import annotations
@@ -54,7 +56,8 @@ def random_placement(
     moved = Volume(vol.data, motion @ vol.affine)
     world = points @ motion[:3, :3].T + motion[:3, 3]
     affine, shape = _grid(moved, ranges, rng)
-    out = resample_to_grid(moved, affine, shape)
+    # Beyond the scan, its own background (CT: air, not 0 HU water), as a scanner fills it.
+    out = resample_to_grid(moved, affine, shape, fill=float(vol.data.min()))
     return Volume(_intensities(out.data, ranges, rng), out.affine), world
 
 

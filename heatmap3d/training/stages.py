@@ -182,7 +182,7 @@ def _finish(
     held = _held_out(runs, members, entries, model_dir, world, shape)
     every = {**held.results, **held.placed}
     calibration = distributed.main_then_broadcast(
-        world, lambda: calibrate(every, held.truth, names, n_scans=len(held.cases))
+        world, lambda: calibrate(every, held.truth, names, stored=set(held.results))
     )
     if world.is_main:
         if calibration.caveat():
