@@ -231,7 +231,7 @@ def main() -> None:
         minutes = (time.perf_counter() - start) / 60
         print(log[-4000:])
         model = work / "runs" / data.name
-    from heatmap3d.evaluation.calibration import coverage, rank_correlation
+    from heatmap3d.evaluation.stated import coverage, rank_correlation
 
     names, scans = views(args.views, args.seed)
     print(f"views: {[view[2] for view in scans]}")

@@ -13,13 +13,11 @@ from heatmap3d.evaluation.calibration import (
     SIGNAL_FLOOR_MM,
     Calibration,
     conformal_scale,
-    coverage,
     fit_calibration,
-    presence_scores,
     presence_threshold,
-    rank_correlation,
     scans_needed,
 )
+from heatmap3d.evaluation.stated import coverage, presence_scores, rank_correlation
 
 NOMINAL = 0.9
 # The 0.9 quantile of the half-normal |N(0, 1)|: the 0.95 quantile of N(0, 1).

@@ -23,7 +23,7 @@ def preprocess(vol: Volume, cfg: DataConfig) -> Volume:
 
 
 def outside_value(vol: Volume) -> float:
-    """What a preprocessed volume holds beyond its field of view: its minimum.
+    """What a volume holds beyond its field of view: its minimum, its background.
 
     Used wherever a network sees voxels outside a scan (the whole-scan pass padded to the
     U-Net's stride, a refinement window over the border, a training crop larger than the
@@ -31,7 +31,9 @@ def outside_value(vol: Volume) -> float:
     minimum *is* the background (MR: the lower clip, which a skull-stripped or zero-padded
     scan's background reaches; CT: the window's floor, air). Zeros there would be
     mid-grey tissue after the MR z-score, and would shift InstanceNorm's statistics over
-    the whole input: a coarse AFIDs model found Colin27 as stored 72 mm off with zero
-    padding and 5 mm off with this (benchmarks/RESULTS.md).
+    the whole input: a coarse AFIDs model found Colin27 as stored 68.5 mm off with zero
+    padding and 4.7 mm off with this (benchmarks/RESULTS.md). Random placements of a stored
+    scan (:mod:`heatmap3d.evaluation.placements`) fill their grid with it too: CT air,
+    where 0 would be water.
     """
     return float(vol.data.min())

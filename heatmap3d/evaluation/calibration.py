@@ -12,14 +12,13 @@ Both are fitted on validation cases, never on the training cases:
 * **Presence**. A landmark whose heatmap confidence is below ``presence_threshold`` is
   reported absent from the scan; the threshold maximises Youden's J on validation.
 
-And the figures that check them on a test set: :func:`coverage`, :func:`rank_correlation`,
-:func:`presence_scores`. Pure numpy (and scipy.stats); imports no torch.
+The figures that check them on a test set are in :mod:`heatmap3d.evaluation.stated`.
+Pure numpy; imports no torch.
 """
 
 from __future__ import annotations
 
 import math
-import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -30,11 +29,8 @@ __all__ = [
     "SIGNAL_FLOOR_MM",
     "Calibration",
     "conformal_scale",
-    "coverage",
     "fit_calibration",
-    "presence_scores",
     "presence_threshold",
-    "rank_correlation",
     "scans_needed",
 ]
 
@@ -348,62 +344,3 @@ def fit_calibration(
     reported = np.nan_to_num(c, nan=0.0) >= threshold
     scale = conformal_scale(np.where(reported, e, np.nan), s, nominal)
     return Calibration(list(names), nominal, scale, threshold, e.shape[0], n_scans)
-
-
-# --------------------------------------------------------------------------------------
-# Checking on a test set
-# --------------------------------------------------------------------------------------
-
-
-def _finite_pairs(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    a = np.asarray(a, dtype=np.float64)
-    b = np.asarray(b, dtype=np.float64)
-    if a.shape != b.shape:
-        raise ValueError(f"shapes differ: {a.shape} and {b.shape}")
-    ok = np.isfinite(a) & np.isfinite(b)
-    return a[ok], b[ok]
-
-
-def coverage(errors: np.ndarray, radii: np.ndarray) -> float:
-    """Share of the finite (error, radius) pairs with error <= radius; NaN for none.
-
-    ``errors``, ``radii``: same shape, mm. Misses (inf errors) and landmarks without a
-    radius (NaN) are left out: no radius was stated for them.
-    """
-    e, r = _finite_pairs(errors, radii)
-    return float(np.mean(e <= r)) if e.size else math.nan
-
-
-def rank_correlation(radii: np.ndarray, errors: np.ndarray) -> float:
-    """Spearman's rank correlation of stated radius and true error over finite pairs.
-
-    ``radii``, ``errors``: same shape, mm. NaN for fewer than 3 pairs or a constant side
-    (a rank correlation is not defined there).
-    """
-    from scipy.stats import spearmanr
-
-    r, e = _finite_pairs(radii, errors)
-    if r.size < 3 or np.all(r == r[0]) or np.all(e == e[0]):
-        return math.nan
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # constant input is handled above; nothing to say
-        rho = spearmanr(r, e)[0]
-    return float(rho)
-
-
-def presence_scores(predicted: np.ndarray, present: np.ndarray) -> tuple[float, float]:
-    """(precision, recall) of "predicted present" against "in the truth".
-
-    ``predicted``, ``present``: same shape, bool. Precision = share of the landmarks
-    predicted present that are in the truth; recall = share of the landmarks in the truth
-    that were predicted present. NaN when its denominator is 0.
-    """
-    pred = np.asarray(predicted, dtype=bool)
-    true = np.asarray(present, dtype=bool)
-    if pred.shape != true.shape:
-        raise ValueError(f"shapes differ: {pred.shape} and {true.shape}")
-    hits = int(np.sum(pred & true))
-    n_pred, n_true = int(pred.sum()), int(true.sum())
-    precision = hits / n_pred if n_pred else math.nan
-    recall = hits / n_true if n_true else math.nan
-    return precision, recall

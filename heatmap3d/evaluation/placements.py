@@ -29,6 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.spatial.transform import Rotation
 
+from heatmap3d.data.preprocess import outside_value
 from heatmap3d.geometry import Volume, resample_to_grid, voxel_to_world
 
 MAX_GROWTH = 2.0  # a placement's grid has at most this many times the scan's voxels
@@ -56,8 +57,7 @@ def random_placement(
     moved = Volume(vol.data, motion @ vol.affine)
     world = points @ motion[:3, :3].T + motion[:3, 3]
     affine, shape = _grid(moved, ranges, rng)
-    # Beyond the scan, its own background (CT: air, not 0 HU water), as a scanner fills it.
-    out = resample_to_grid(moved, affine, shape, fill=float(vol.data.min()))
+    out = resample_to_grid(moved, affine, shape, fill=outside_value(vol))
     return Volume(_intensities(out.data, ranges, rng), out.affine), world
 
 

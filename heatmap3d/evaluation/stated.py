@@ -7,13 +7,14 @@ after its table only: ``metrics.csv`` stays as other tools read it.
 from __future__ import annotations
 
 import csv
+import math
+import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
 
 from heatmap3d.errors import InputError, one_line
-from heatmap3d.evaluation.calibration import coverage, presence_scores, rank_correlation
 from heatmap3d.evaluation.evaluate import is_evaluation_output
 from heatmap3d.io.landmarks import Landmarks, read_landmarks
 
@@ -28,6 +29,60 @@ _SAME_POINT_MM = 1e-6
 
 def _pct(value: float) -> str:
     return "n/a" if np.isnan(value) else f"{100 * value:.1f}%"
+
+
+def _finite_pairs(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    a = np.asarray(a, dtype=np.float64)
+    b = np.asarray(b, dtype=np.float64)
+    if a.shape != b.shape:
+        raise ValueError(f"shapes differ: {a.shape} and {b.shape}")
+    ok = np.isfinite(a) & np.isfinite(b)
+    return a[ok], b[ok]
+
+
+def coverage(errors: np.ndarray, radii: np.ndarray) -> float:
+    """Share of the finite (error, radius) pairs with error <= radius; NaN for none.
+
+    ``errors``, ``radii``: same shape, mm. Misses (inf errors) and landmarks without a
+    radius (NaN) are left out: no radius was stated for them.
+    """
+    e, r = _finite_pairs(errors, radii)
+    return float(np.mean(e <= r)) if e.size else math.nan
+
+
+def rank_correlation(radii: np.ndarray, errors: np.ndarray) -> float:
+    """Spearman's rank correlation of stated radius and true error over finite pairs.
+
+    ``radii``, ``errors``: same shape, mm. NaN for fewer than 3 pairs or a constant side
+    (a rank correlation is not defined there).
+    """
+    from scipy.stats import spearmanr
+
+    r, e = _finite_pairs(radii, errors)
+    if r.size < 3 or np.all(r == r[0]) or np.all(e == e[0]):
+        return math.nan
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # constant input is handled above; nothing to say
+        rho = spearmanr(r, e)[0]
+    return float(rho)
+
+
+def presence_scores(predicted: np.ndarray, present: np.ndarray) -> tuple[float, float]:
+    """(precision, recall) of "predicted present" against "in the truth".
+
+    ``predicted``, ``present``: same shape, bool. Precision = share of the landmarks
+    predicted present that are in the truth; recall = share of the landmarks in the truth
+    that were predicted present. NaN when its denominator is 0.
+    """
+    pred = np.asarray(predicted, dtype=bool)
+    true = np.asarray(present, dtype=bool)
+    if pred.shape != true.shape:
+        raise ValueError(f"shapes differ: {pred.shape} and {true.shape}")
+    hits = int(np.sum(pred & true))
+    n_pred, n_true = int(pred.sum()), int(true.sum())
+    precision = hits / n_pred if n_pred else math.nan
+    recall = hits / n_true if n_true else math.nan
+    return precision, recall
 
 
 def radius_line(errors: np.ndarray, radii: np.ndarray) -> str:
