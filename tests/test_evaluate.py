@@ -15,12 +15,8 @@ import numpy as np
 import pytest
 from assertions import raises_naming
 
-from heatmap3d.evaluation.evaluate import (
-    evaluate_dirs,
-    is_evaluation_output,
-    read_dir,
-    write_report,
-)
+from heatmap3d.evaluation.evaluate import evaluate_dirs, write_report
+from heatmap3d.evaluation.records import is_evaluation_output, read_dir
 from heatmap3d.io.landmarks import Landmarks, write_landmarks
 
 NAMES = ["a", "b", "c"]

@@ -4,10 +4,11 @@ Used by ``heatmap3d evaluate --pred DIR --truth DIR`` and by the end of training
 (:mod:`heatmap3d.training.validation`). Imports no torch.
 
 Outputs and inputs are kept apart: ``metrics.csv`` (per landmark) and ``errors.csv``
-(per case) go to an output folder (default ``PRED/evaluation``, which :func:`read_dir`
-does not descend into). An output folder that *is* the prediction or truth folder is
-refused, since the next run would read the CSVs among the landmark files; CSVs that an
-earlier run left among the predictions are recognised and skipped. Both CSVs end with a
+(per case) go to an output folder (default ``PRED/evaluation``, which
+:func:`~heatmap3d.evaluation.records.read_dir` does not descend into). An output folder
+that *is* the prediction or truth folder is refused, since the next run would read the
+CSVs among the landmark files; CSVs that an earlier run left among the predictions are
+recognised and skipped. Both CSVs end with a
 ``written_by`` column (``heatmap3d <version>``, as prediction files do); an existing
 ``metrics.csv``/``errors.csv`` that heatmap3d did not write is never replaced unless
 ``overwrite=True``.
@@ -36,17 +37,15 @@ from heatmap3d.evaluation.metrics import (
     stats_to_rows,
     summarize,
 )
+from heatmap3d.evaluation.records import is_evaluation_output, landmark_files
+from heatmap3d.evaluation.stated import presence_line, radius_line, stated_radii
 from heatmap3d.io.atomic import atomic_write_bytes
 from heatmap3d.io.landmarks import Landmarks, read_landmarks
-from heatmap3d.io.layout import find_landmark_file, landmark_candidates, landmark_case_id
+from heatmap3d.io.layout import find_landmark_file
 
 N_WORST = 10
-OUTPUTS = ("metrics.csv", "errors.csv")
-"""The files :func:`write_report` writes into its folder."""
 MARKER = f"heatmap3d {__version__}"
 """The ``written_by`` value on every row of the CSVs written here."""
-# Leading columns of metrics.csv as written before the written_by column existed.
-_METRICS_HEAD = ["landmark", "n", "missed", "mre_mm", "median_mm"]
 
 
 def evaluate(
@@ -129,42 +128,6 @@ def _errors_csv(errors: np.ndarray, ids: Sequence[str], names: Sequence[str]) ->
     return out.getvalue()
 
 
-def is_evaluation_output(path: Path) -> bool:
-    """Whether ``path`` is a metrics.csv or errors.csv that heatmap3d evaluation wrote.
-
-    Ours: a ``written_by`` last column with the marker on every row; or, as written
-    before that column, metrics.csv with the header ``landmark,n,missed,mre_mm,median_mm,
-    sdr_...`` or errors.csv with ``case,<names>`` and numbers (``nan``/``inf`` included)
-    in every other cell. A landmark file (which starts with a coordinate system line) is
-    never ours.
-    """
-    path = Path(path)
-    if path.name not in OUTPUTS or not path.is_file():
-        return False
-    try:
-        rows = list(csv.reader(path.read_text(encoding="utf-8").splitlines()))
-    except (OSError, UnicodeDecodeError, csv.Error):
-        return False
-    if not rows:
-        return False
-    head, body = rows[0], rows[1:]
-    if head and head[-1] == "written_by":
-        return all(row and row[-1].startswith("heatmap3d ") for row in body)
-    if path.name == "metrics.csv":
-        return head[: len(_METRICS_HEAD)] == _METRICS_HEAD
-    return head[:1] == ["case"] and all(_numbers(row[1:]) for row in body)
-
-
-def _numbers(cells: Sequence[str]) -> bool:
-    """Whether every cell reads as a float (``nan`` and ``inf`` included, ``""`` not)."""
-    try:
-        for cell in cells:
-            float(cell)
-    except ValueError:
-        return False
-    return True
-
-
 def _check_target(path: Path, overwrite: bool) -> None:
     """Refuse to replace a folder, or a file heatmap3d did not write (unless overwrite)."""
     if path.is_dir():
@@ -187,31 +150,6 @@ def _make_folder(out_dir: Path) -> None:
         ) from None
     except OSError as exc:
         raise InputError(f"{out_dir}: cannot create the output folder ({one_line(exc)})") from exc
-
-
-# --------------------------------------------------------------------------------------
-# Folders of landmark files
-# --------------------------------------------------------------------------------------
-
-
-def landmark_files(directory: Path) -> dict[str, Path]:
-    """Every landmark file directly in ``directory`` by case id, sorted; the CSVs an
-    evaluation wrote there (:func:`is_evaluation_output`) are not landmark files."""
-    if not directory.is_dir():
-        raise InputError(f"{directory}: not a folder")
-    files = [p for p in directory.iterdir() if p.is_file() and not is_evaluation_output(p)]
-    stems = sorted({landmark_case_id(p) for p in files} - {None})
-    # The first suffix in find_landmark_file's order among the files kept (so that our
-    # metrics.csv never shadows a user's metrics.json).
-    kept = set(files)
-    return {
-        stem: next(p for p in landmark_candidates(directory, stem) if p in kept) for stem in stems
-    }
-
-
-def read_dir(directory: Path) -> dict[str, Landmarks]:
-    """Every landmark file in ``directory`` by case id (one file per case)."""
-    return {stem: read_landmarks(path) for stem, path in landmark_files(directory).items()}
 
 
 def _check_apart(out_dir: Path, pred_dir: Path, truth_dir: Path) -> None:
@@ -262,9 +200,6 @@ def evaluate_dirs(
     _check_predicted_names(paths, pred, names)
     stats, errors, ids = evaluate(pred, truth, names)
     text = write_report(out, stats, errors, ids, names, overwrite=overwrite)
-    # Imported here: the stated-radius module reads prediction folders with this one's rules.
-    from heatmap3d.evaluation.stated import presence_line, radius_line, stated_radii
-
     radii = stated_radii(pred_dir, pred, names, ids)
     # A model without a calibration writes the column empty: no line about nothing stated.
     stated = radii is not None and bool(np.isfinite(radii).any())

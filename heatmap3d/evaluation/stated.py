@@ -6,7 +6,6 @@ after its table only: ``metrics.csv`` stays as other tools read it.
 
 from __future__ import annotations
 
-import csv
 import math
 import warnings
 from collections.abc import Mapping, Sequence
@@ -14,13 +13,9 @@ from pathlib import Path
 
 import numpy as np
 
-from heatmap3d.errors import InputError, one_line
-from heatmap3d.evaluation.evaluate import is_evaluation_output
+from heatmap3d.evaluation.records import is_evaluation_output, read_radius_column
 from heatmap3d.io.landmarks import Landmarks, read_landmarks
 
-RADIUS_COLUMN = "radius_mm"
-"""The column of heatmap3d's prediction CSV with each landmark's expected error radius, mm
-(coverage as calibrated for the model; empty where no radius is stated)."""
 # A landmark's position in the file evaluated and in the CSV that states its radius count
 # as the same within this (mm): the .mrk.json holds the CSV's RAS points negated to LPS,
 # which reads back exactly; a point a reviewer moved in Slicer is far beyond it.
@@ -134,7 +129,7 @@ def stated_radii(
         path = pred_dir / f"{case}.csv"
         if not path.is_file() or is_evaluation_output(path):
             continue
-        column = _read_radius_column(path)
+        column = read_radius_column(path)
         if column is None:
             continue
         found = True
@@ -148,37 +143,3 @@ def stated_radii(
         )
         radii[i] = np.where(same, stated, np.nan)
     return radii if found else None
-
-
-def _read_radius_column(path: Path) -> dict[str, float] | None:
-    """``radius_mm`` by landmark name from a heatmap3d prediction CSV (NaN: empty cell);
-    None when the file has no such column (an older prediction, another tool's table).
-
-    The table starts after the ``#`` lines (the CSV writer puts ``# coordinate_system =
-    RAS`` first). A cell that is not a number >= 0 is an :class:`InputError` naming the
-    file and line.
-    """
-    try:
-        lines = path.read_text(encoding="utf-8-sig").splitlines()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InputError(f"{path}: cannot read ({one_line(exc)})") from exc
-    start = next((i for i, line in enumerate(lines) if not line.lstrip().startswith("#")), 0)
-    reader = csv.DictReader(lines[start:])
-    header = [c.strip() for c in (reader.fieldnames or [])]
-    if RADIUS_COLUMN not in header or "name" not in header:
-        return None
-    reader.fieldnames = header
-    out: dict[str, float] = {}
-    for row in reader:
-        cell = (row.get(RADIUS_COLUMN) or "").strip()
-        try:
-            value = float(cell) if cell else float("nan")
-        except ValueError:
-            value = -1.0  # reported below, with the other bad values
-        if value < 0 or value == float("inf"):
-            raise InputError(
-                f"{path}: line {start + reader.line_num}: {RADIUS_COLUMN} {cell!r} is not "
-                "a radius in mm (a number >= 0, or empty)"
-            )
-        out[(row.get("name") or "").strip()] = value
-    return out

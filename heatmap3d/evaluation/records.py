@@ -1,0 +1,216 @@
+"""The prediction records the evaluation stage reads: one home for what ``evaluate``,
+``stated`` and the HTML report share.
+
+* a prediction folder's landmark files by case id (:func:`landmark_files`, :func:`read_dir`),
+  minus the ``metrics.csv``/``errors.csv`` an evaluation wrote there
+  (:func:`is_evaluation_output`);
+* the columns heatmap3d's prediction CSV adds to the landmark table (``confidence``,
+  ``radius_mm``, ``status``, ``review``, ``written_by``; written by
+  :func:`heatmap3d.io.predictions.write_prediction`): :func:`read_prediction_table` and
+  the stated radii alone, :func:`read_radius_column`.
+
+Imports nothing from the other evaluation modules, so the stage reads top-down:
+``records`` <- ``stated`` <- ``evaluate`` <- ``report``.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from heatmap3d.errors import InputError, one_line
+from heatmap3d.io.landmarks import Landmarks, read_landmarks
+from heatmap3d.io.layout import landmark_candidates, landmark_case_id
+
+OUTPUTS = ("metrics.csv", "errors.csv")
+"""The files ``heatmap3d evaluate`` writes into its output folder."""
+RADIUS_COLUMN = "radius_mm"
+"""The column of heatmap3d's prediction CSV with each landmark's expected error radius, mm
+(coverage as calibrated for the model; empty where no radius is stated)."""
+STATUSES = ("ok", "review", "moved", "absent", "missing")
+"""The ``status`` values of a prediction CSV (see :mod:`heatmap3d.io.predictions`)."""
+# Leading columns of metrics.csv as written before the written_by column existed.
+_METRICS_HEAD = ["landmark", "n", "missed", "mre_mm", "median_mm"]
+
+
+# --------------------------------------------------------------------------------------
+# Evaluation outputs among the predictions
+# --------------------------------------------------------------------------------------
+
+
+def is_evaluation_output(path: Path) -> bool:
+    """Whether ``path`` is a metrics.csv or errors.csv that heatmap3d evaluation wrote.
+
+    Ours: a ``written_by`` last column with the marker on every row; or, as written
+    before that column, metrics.csv with the header ``landmark,n,missed,mre_mm,median_mm,
+    sdr_...`` or errors.csv with ``case,<names>`` and numbers (``nan``/``inf`` included)
+    in every other cell. A landmark file (which starts with a coordinate system line) is
+    never ours.
+    """
+    path = Path(path)
+    if path.name not in OUTPUTS or not path.is_file():
+        return False
+    try:
+        rows = list(csv.reader(path.read_text(encoding="utf-8").splitlines()))
+    except (OSError, UnicodeDecodeError, csv.Error):
+        return False
+    if not rows:
+        return False
+    head, body = rows[0], rows[1:]
+    if head and head[-1] == "written_by":
+        return all(row and row[-1].startswith("heatmap3d ") for row in body)
+    if path.name == "metrics.csv":
+        return head[: len(_METRICS_HEAD)] == _METRICS_HEAD
+    return head[:1] == ["case"] and all(_numbers(row[1:]) for row in body)
+
+
+def _numbers(cells: Sequence[str]) -> bool:
+    """Whether every cell reads as a float (``nan`` and ``inf`` included, ``""`` not)."""
+    try:
+        for cell in cells:
+            float(cell)
+    except ValueError:
+        return False
+    return True
+
+
+# --------------------------------------------------------------------------------------
+# Folders of landmark files
+# --------------------------------------------------------------------------------------
+
+
+def landmark_files(directory: Path) -> dict[str, Path]:
+    """Every landmark file directly in ``directory`` by case id, sorted; the CSVs an
+    evaluation wrote there (:func:`is_evaluation_output`) are not landmark files."""
+    if not directory.is_dir():
+        raise InputError(f"{directory}: not a folder")
+    files = [p for p in directory.iterdir() if p.is_file() and not is_evaluation_output(p)]
+    stems = sorted({landmark_case_id(p) for p in files} - {None})
+    # The first suffix in find_landmark_file's order among the files kept (so that our
+    # metrics.csv never shadows a user's metrics.json).
+    kept = set(files)
+    return {
+        stem: next(p for p in landmark_candidates(directory, stem) if p in kept) for stem in stems
+    }
+
+
+def read_dir(directory: Path) -> dict[str, Landmarks]:
+    """Every landmark file in ``directory`` by case id (one file per case)."""
+    return {stem: read_landmarks(path) for stem, path in landmark_files(directory).items()}
+
+
+# --------------------------------------------------------------------------------------
+# heatmap3d's prediction CSV
+# --------------------------------------------------------------------------------------
+
+
+@dataclass
+class PredictionTable:
+    """One ``<scan>.csv`` written by ``heatmap3d predict``, row by row.
+
+    Attributes:
+        landmarks: names and ``(N, 3)`` world RAS mm (NaN rows: no position).
+        confidence: ``(N,)`` peak heights in [0, 1] (NaN where the file has none).
+        radius_mm: ``(N,)`` stated error radius, mm (NaN: none stated).
+        status: ``N`` of :data:`STATUSES`.
+        review: ``(N,)`` bool, the file's ``review`` flags.
+        written_by: the ``written_by`` cells, once each (``heatmap3d <version>``).
+    """
+
+    landmarks: Landmarks
+    confidence: np.ndarray
+    radius_mm: np.ndarray
+    status: list[str]
+    review: np.ndarray
+    written_by: list[str]
+
+
+def _table_rows(path: Path) -> tuple[list[str], list[dict[str, str]], int]:
+    """Header, rows and the line number of the header of the CSV table after the ``#``
+    lines (the CSV writer puts ``# coordinate_system = RAS`` first)."""
+    try:
+        lines = path.read_text(encoding="utf-8-sig").splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InputError(f"{path}: cannot read ({one_line(exc)})") from exc
+    start = next((i for i, line in enumerate(lines) if not line.lstrip().startswith("#")), 0)
+    reader = csv.DictReader(lines[start:])
+    header = [c.strip() for c in (reader.fieldnames or [])]
+    reader.fieldnames = header
+    try:
+        rows = list(reader)
+    except csv.Error as exc:
+        raise InputError(f"{path}: not a readable CSV ({one_line(exc)})") from exc
+    return header, rows, start
+
+
+def _radius(path: Path, line: int, cell: str) -> float:
+    """A ``radius_mm`` cell: a number >= 0 or empty (NaN); else one line naming the line."""
+    try:
+        value = float(cell) if cell else math.nan
+    except ValueError:
+        value = -1.0  # reported below, with the other bad values
+    if value < 0 or value == math.inf:
+        raise InputError(
+            f"{path}: line {line}: {RADIUS_COLUMN} {cell!r} is not a radius in mm "
+            "(a number >= 0, or empty)"
+        )
+    return value
+
+
+def read_radius_column(path: Path) -> dict[str, float] | None:
+    """``radius_mm`` by landmark name from a heatmap3d prediction CSV (NaN: empty cell);
+    None when the file has no such column (an older prediction, another tool's table).
+
+    A cell that is not a number >= 0 is an :class:`InputError` naming the file and line.
+    """
+    header, rows, start = _table_rows(Path(path))
+    if RADIUS_COLUMN not in header or "name" not in header:
+        return None
+    return {
+        (row.get("name") or "").strip(): _radius(
+            path, start + 2 + n, (row.get(RADIUS_COLUMN) or "").strip()
+        )
+        for n, row in enumerate(rows)
+    }
+
+
+def read_prediction_table(path: Path) -> PredictionTable:
+    """Read ``<scan>.csv`` as ``heatmap3d predict`` wrote it (see :class:`PredictionTable`).
+
+    Positions go through :func:`heatmap3d.io.landmarks.read_landmarks` (the one CSV
+    reader); the extra columns are read here. A file without the ``status`` column is not
+    a heatmap3d prediction: :class:`InputError` naming it. A missing ``review`` column
+    (older files) is derived from the status.
+    """
+    path = Path(path)
+    header, rows, start = _table_rows(path)
+    if "status" not in header or "name" not in header:
+        raise InputError(f"{path}: not a heatmap3d prediction (no name/status columns)")
+    landmarks = read_landmarks(path)
+    n = len(landmarks.names)
+    if len(rows) != n:
+        raise InputError(f"{path}: {len(rows)} table rows but {n} landmarks read")
+    conf = np.full(n, np.nan)
+    radius = np.full(n, np.nan)
+    status, review = [], np.zeros(n, bool)
+    for i, row in enumerate(rows):
+        line = start + 2 + i
+        cell = (row.get("confidence") or "").strip()
+        try:
+            conf[i] = float(cell) if cell else math.nan
+        except ValueError:
+            raise InputError(f"{path}: line {line}: confidence {cell!r} is not a number") from None
+        radius[i] = _radius(path, line, (row.get(RADIUS_COLUMN) or "").strip())
+        st = (row.get("status") or "").strip()
+        if st not in STATUSES:
+            raise InputError(f"{path}: line {line}: status {st!r} is not one of {STATUSES}")
+        status.append(st)
+        flag = (row.get("review") or "").strip()
+        review[i] = flag == "1" if flag else st != "ok"
+    marks = list(dict.fromkeys((row.get("written_by") or "").strip() for row in rows))
+    return PredictionTable(landmarks, conf, radius, status, review, [m for m in marks if m])
