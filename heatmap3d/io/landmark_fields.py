@@ -6,7 +6,6 @@ Every problem raises :class:`InputError` with a message that starts with the fil
 
 from __future__ import annotations
 
-import json
 import math
 from collections import Counter
 from collections.abc import Sequence
@@ -15,7 +14,8 @@ from typing import Any
 
 import numpy as np
 
-from heatmap3d.errors import InputError, one_line
+from heatmap3d.errors import InputError
+from heatmap3d.io.json_file import parse_json
 
 Parsed = tuple[list[str], Any, str]  # names, (N, 3) points, coordinate system
 
@@ -76,12 +76,6 @@ def fmt(value: float) -> str:
 
 
 def load_json(path: Path, text: str) -> Any:
-    def no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-        # json.loads would silently keep the last of duplicated keys (e.g. landmark names).
-        check_unique(path, [key for key, _ in pairs], "JSON keys")
-        return dict(pairs)
-
-    try:
-        return json.loads(text, object_pairs_hook=no_duplicate_keys)
-    except json.JSONDecodeError as exc:
-        raise InputError(f"{path}: invalid JSON ({one_line(exc)})") from None
+    """The JSON of a landmark file's text: NaN literals are kept (a coordinate NaN means
+    missing, as Python's json writes it); :func:`parse_xyz` checks every number."""
+    return parse_json(text, path, what="landmark file", nan_ok=True)

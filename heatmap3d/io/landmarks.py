@@ -48,6 +48,7 @@ from typing import Any
 import numpy as np
 
 from heatmap3d.errors import InputError, one_line
+from heatmap3d.io.json_file import read_text
 from heatmap3d.io.landmark_fields import LPS_FLIP, check_unique, parse_system, to_ras
 from heatmap3d.io.landmark_formats import READERS, WRITERS
 
@@ -140,12 +141,7 @@ def read_landmarks(path: str | Path) -> Landmarks:
     """
     path = Path(path)
     suffix = _suffix_of(path)
-    try:
-        text = path.read_text(encoding="utf-8-sig")  # -sig: tolerate a BOM from Excel
-    except FileNotFoundError:
-        raise InputError(f"{path}: landmark file not found") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InputError(f"{path}: cannot read landmark file ({one_line(exc)})") from exc
+    text = read_text(path, what="landmark file")  # a BOM from Excel is dropped
     return _finish(path, *READERS[suffix](path, text))
 
 

@@ -3,18 +3,29 @@
 ``heatmap3d check DATA --manifest OUT.json`` writes it when the dataset has no errors
 (:func:`write_manifest`); training reads it instead of ``split.json`` when
 ``data.manifest`` is set (:func:`read_manifest`).
+
+The manifest is written like every output of the tool: atomically, and never over a file
+heatmap3d did not write unless ``overwrite`` (``--overwrite``). A manifest carries
+``"written_by": "heatmap3d <version>"`` and the SHA-256 of its own content (without that
+field): one whose content still matches is ours and may be replaced; one edited by hand,
+or any other file (``split.json``, an image, a landmark file), is not
+(:func:`check_manifest_target`).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from heatmap3d import __version__
 from heatmap3d.errors import InputError
 from heatmap3d.io.atomic import atomic_write_bytes
+from heatmap3d.io.case_ids import checked_case_ids
+from heatmap3d.io.json_file import load_json
 from heatmap3d.io.layout import Case
 
 MANIFEST_FORMAT = 1
@@ -25,8 +36,45 @@ def _absolute(path: Path) -> str:
     return os.path.abspath(path)
 
 
+def _content_hash(doc: dict[str, Any]) -> str:
+    """SHA-256 of ``doc`` without its ``sha256`` field (key order and spacing ignored)."""
+    body = {k: v for k, v in doc.items() if k != "sha256"}
+    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+
+
+def is_our_manifest(path: str | Path) -> bool:
+    """True when ``path`` is a manifest heatmap3d wrote and nobody has changed since."""
+    try:
+        doc = load_json(path, what="manifest")
+    except InputError:
+        return False
+    return (
+        isinstance(doc, dict)
+        and str(doc.get("written_by", "")).startswith("heatmap3d ")
+        and doc.get("sha256") == _content_hash(doc)
+    )
+
+
+def check_manifest_target(path: str | Path, overwrite: bool = False) -> None:
+    """Raise :class:`InputError` when writing a manifest to ``path`` would replace a file
+    heatmap3d did not write (or a manifest edited since); a folder is always refused."""
+    path = Path(path)
+    if path.is_dir():
+        raise InputError(f"{path}: is a folder; the manifest is a file")
+    if (path.exists() or path.is_symlink()) and not overwrite and not is_our_manifest(path):
+        raise InputError(
+            f"{path}: exists and is not a manifest heatmap3d wrote (or was edited since); "
+            "refusing to replace it (choose another --manifest, or use --overwrite)"
+        )
+
+
 def write_manifest(
-    path: str | Path, *, root: Path, names: list[str], splits: dict[str, list[Case]]
+    path: str | Path,
+    *,
+    root: Path,
+    names: list[str],
+    splits: dict[str, list[Case]],
+    overwrite: bool = False,
 ) -> None:
     """Write a checked dataset as JSON: absolute paths, landmark names, check time.
 
@@ -39,9 +87,13 @@ def write_manifest(
                     "val": [...], ...},
          "checked": "2026-01-01T12:00:00+00:00"}
 
-    Raises :class:`InputError` when the file cannot be written. Written atomically.
+    plus ``written_by`` and ``sha256`` (see the module doc).
+
+    Raises :class:`InputError` when the file cannot be written, or when ``path`` holds a
+    file that is not our manifest and ``overwrite`` is False. Written atomically.
     """
     path = Path(path)
+    check_manifest_target(path, overwrite)
     entries = {
         name: [
             {"id": c.case_id, "image": _absolute(c.image), "landmarks": _absolute(c.landmarks)}
@@ -55,7 +107,9 @@ def write_manifest(
         "landmarks": list(names),
         "splits": entries,
         "checked": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "written_by": f"heatmap3d {__version__}",
     }
+    doc["sha256"] = _content_hash(doc)
     try:
         atomic_write_bytes(path, (json.dumps(doc, indent=2) + "\n").encode())
     except OSError as err:
@@ -66,11 +120,11 @@ def read_manifest(path: str | Path) -> tuple[list[str], dict[str, list[Case]]]:
     """Landmark names and split name -> cases of a manifest from :func:`write_manifest`.
 
     Raises :class:`InputError` naming the file when it is missing, not JSON, or not a
-    format-1 manifest.
+    format-1 manifest, or when a case id is not one file name.
     """
     path = Path(path)
     try:
-        doc = json.loads(path.read_text())
+        doc = load_json(path, what="manifest", hint="write it with heatmap3d check")
     except FileNotFoundError:
         raise InputError(f"{path}: manifest not found (write it with heatmap3d check)") from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
@@ -94,4 +148,5 @@ def _manifest_cases(path: Path, split: str, entries: Any) -> list[Case]:
         isinstance(e, dict) and all(isinstance(e.get(k), str) for k in keys) for e in entries
     ):
         raise InputError(f"{path}: split {split!r}: expected a list of {{id, image, landmarks}}")
-    return [Case(e["id"], Path(e["image"]), Path(e["landmarks"])) for e in entries]
+    ids = checked_case_ids(path, split, [e["id"] for e in entries])
+    return [Case(i, Path(e["image"]), Path(e["landmarks"])) for i, e in zip(ids, entries)]

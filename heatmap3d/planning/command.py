@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 from heatmap3d.errors import InputError, first_line
+from heatmap3d.io.json_file import load_json
 from heatmap3d.planning.fingerprint import fingerprint_dataset
 from heatmap3d.planning.plan import make_plan
 from heatmap3d.planning.plan_file import plan_text, write_plan
@@ -53,7 +53,7 @@ def _read_labels(path: Path | None) -> dict[str, str] | None:
     if path is None:
         return None
     try:
-        labels = json.loads(path.read_text(encoding="utf-8"))
+        labels = load_json(path, what="labels file")
     except FileNotFoundError:
         raise InputError(f"{path}: labels file not found") from None
     except (OSError, ValueError) as err:
