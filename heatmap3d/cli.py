@@ -131,6 +131,11 @@ def _add_predict(sub: argparse._SubParsersAction) -> None:
         help="also write <scan>.png: slices through each landmark",
     )
     p.add_argument(
+        "--report",
+        action="store_true",
+        help="also write OUT/report.html: the cohort overview and the landmarks to review",
+    )
+    p.add_argument(
         "--overwrite",
         action="store_true",
         help="replace existing output files even if heatmap3d did not write them",
@@ -143,9 +148,39 @@ def _add_evaluate(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--truth", type=Path, required=True, help="folder of true landmark files")
     p.add_argument("--out", type=Path, help="where to write the CSVs (default PRED/evaluation)")
     p.add_argument(
+        "--report",
+        action="store_true",
+        help="also write PRED/report.html with the error plots (tiles need --scans)",
+    )
+    p.add_argument(
+        "--scans",
+        type=Path,
+        nargs="+",
+        help="with --report: the scans predicted (files or folders), for its pictures",
+    )
+    p.add_argument(
         "--overwrite",
         action="store_true",
         help="replace metrics.csv/errors.csv in --out even if heatmap3d did not write them",
+    )
+
+
+def _add_report(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("report", help="write PRED/report.html: an HTML page for a reviewer")
+    p.add_argument("pred", type=Path, help="a prediction folder (of heatmap3d predict)")
+    p.add_argument(
+        "--scans",
+        type=Path,
+        nargs="+",
+        help="the scans predicted (files or folders), for thumbnails and tiles; without "
+        "them the report shows the tables and the snapshots",
+    )
+    p.add_argument("--evaluation", type=Path, help="folder of errors.csv (default PRED/evaluation)")
+    p.add_argument("--truth", type=Path, help="folder of true landmarks, marked on the tiles")
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace report.html even if heatmap3d did not write it",
     )
 
 
@@ -182,6 +217,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+    adders += (_add_report,)
 def _run(args: argparse.Namespace) -> None:
     if args.command == "synth":
         _synth(args)
@@ -200,6 +236,10 @@ def _run(args: argparse.Namespace) -> None:
 
         status = run_check(args.data, args.split_file, args.landmarks, args.manifest)
         if status:  # 1: the data has problems (main's 2 stays for mistakes in the command)
+        if args.report:
+            _report(args, args.out if args.out is not None else args.pred / "evaluation")
+    elif args.command == "report":
+        _report(args, args.evaluation)
             raise SystemExit(status)
     elif args.command == "plan":
         from heatmap3d.planning.command import plan_command
@@ -218,6 +258,20 @@ def _synth(args: argparse.Namespace) -> None:
         from heatmap3d.data.synthetic import generate_dataset as generate
     generate(args.out, n_train=args.n_train, n_val=args.n_val, n_test=args.n_test, seed=args.seed)
     print(f"wrote {args.out}")
+def _report(args: argparse.Namespace, evaluation: Path | None) -> None:
+    """``report``, or ``evaluate --report``: PRED/report.html (see evaluation.report)."""
+    from heatmap3d.evaluation.report import write_report
+
+    path = write_report(
+        args.pred,
+        scans=args.scans,
+        evaluation=evaluation,
+        truth=args.truth,
+        overwrite=args.overwrite,
+    )
+    print(f"wrote {path}")
+
+
 
 
 def _train(args: argparse.Namespace) -> None:

@@ -40,6 +40,7 @@ __all__ = [
 
 PRED_COLOUR = (0, 255, 255)  # predicted: cyan x (stands out on grey and on the heat colours)
 TRUE_COLOUR = (0, 220, 0)  # truth: green +
+RADIUS_COLOUR = (255, 200, 0)  # the stated error radius: a yellow circle
 BACKGROUND = (24, 24, 24)
 TEXT_COLOUR = (255, 255, 255)
 LETTER_COLOUR = (150, 150, 150)
@@ -145,12 +146,14 @@ def _draw_tile(
     truth: np.ndarray | None,
     heat: np.ndarray | None,
     near_mm: float,
+    radius_mm: float = math.nan,
 ) -> None:
     """Draw one landmark's tile with its top-left corner at ``origin`` (row, col).
 
     ``pred``, ``truth``: world RAS mm ``(3,)`` (NaN = missing). The views go through the
     prediction, or through the truth when nothing was predicted; the truth is marked on
-    a view when it lies within ``near_mm`` of that slice.
+    a view when it lies within ``near_mm`` of that slice. A finite ``radius_mm`` is drawn
+    around the prediction to scale (:func:`_radius_circle`).
     """
     top, left = origin
     size, draw = scene.size_px, ImageDraw.Draw(canvas)
@@ -186,6 +189,33 @@ def _draw_tile(
             inside = 0 <= row <= size - 1 and 0 <= col <= size - 1
             if inside and abs(off_mm) <= near_mm:
                 _marker(draw, x0 + col, y0 + row, colour, shape)
+            if shape == "x" and np.isfinite(radius_mm):
+                _radius_circle(canvas, (x0, y0), (row, col), off_mm, radius_mm, scene)
+
+
+def _radius_circle(
+    canvas: Image.Image,
+    corner: tuple[int, int],
+    at: tuple[float, float],
+    off_mm: float,
+    radius_mm: float,
+    scene: _Scene,
+) -> None:
+    """The sphere of ``radius_mm`` around the prediction cut by the view's slice, to scale:
+    a circle of ``sqrt(r^2 - off^2)`` mm (``off_mm``: the slice's distance from the point,
+    under half a voxel for the views through it) centred at ``at`` (row, col) of the view
+    whose top-left pixel on ``canvas`` is ``corner`` (x, y)."""
+    cut = radius_mm**2 - off_mm**2
+    r_px = math.sqrt(max(cut, 0.0)) / scene.pixel_mm
+    if cut <= 0 or r_px > 2 * scene.size_px:  # no cut, or nothing of it inside the view
+        return
+    (row, col), size = at, scene.size_px
+    # Drawn on a layer of the view's size and pasted through its alpha: the circle is
+    # clipped to its own view instead of running into the next one.
+    layer = Image.new("RGBA", (size, size), (0, 0, 0, 0))
+    box = [col - r_px, row - r_px, col + r_px, row + r_px]
+    ImageDraw.Draw(layer).ellipse(box, outline=(*RADIUS_COLOUR, 255))
+    canvas.paste(layer, corner, layer)
 
 
 def landmark_views(
@@ -203,6 +233,7 @@ def landmark_views(
     size_px: int = 121,
     near_mm: float = 5.0,
     columns: int | None = None,
+    radii_mm: Sequence[float] | np.ndarray | None = None,
 ) -> np.ndarray:
     """One tile per landmark: its axial, coronal and sagittal slices, marked and labelled.
 
@@ -224,6 +255,8 @@ def landmark_views(
             ``pixel_mm`` mm, centred on the landmark.
         near_mm: how far (mm) off a slice the truth may lie and still be marked on it.
         columns: tiles per row (default ``min(4, number of tiles)``).
+        radii_mm: ``N`` stated error radii, mm (NaN: none): each drawn to scale as a
+            yellow circle around the prediction on its views.
 
     The prediction is marked ``x`` in cyan at the centre of its views. A landmark not
     found is shown through its truth when given, with "not found" in the label; without
@@ -242,6 +275,7 @@ def landmark_views(
     chosen = list(range(n)) if which is None else [int(i) for i in which]
     flags = np.zeros(n, bool) if flagged is None else np.asarray(flagged, bool).reshape(n)
     texts = [""] * n if notes is None else [str(t) for t in notes]
+    radii = np.full(n, np.nan) if radii_mm is None else np.asarray(radii_mm, float).reshape(n)
     cols = max(1, min(4, len(chosen)) if columns is None else int(columns))
     rows = max(1, math.ceil(len(chosen) / cols))
     height, width = _tile_size(size_px)
@@ -258,9 +292,8 @@ def landmark_views(
         caption = _caption(names[i], texts[i], found, bool(flags[i]))
         tile_truth = None if truth is None else truth[i]
         origin = (top - LABEL_PX, left)
-        _draw_tile(
-            scene, canvas, origin, caption, bool(flags[i]), points[i], tile_truth, heat, near_mm
-        )
+        flag, point = bool(flags[i]), points[i]
+        _draw_tile(scene, canvas, origin, caption, flag, point, tile_truth, heat, near_mm, radii[i])
     return np.asarray(canvas, dtype=np.uint8).copy()
 
 

@@ -1,0 +1,220 @@
+"""``heatmap3d report P``: an HTML page a reviewer opens from a file path.
+
+``P/report.html`` with its pictures in ``P/report_files/`` (PNGs, each marked as
+heatmap3d's), built only from the files the tool wrote into ``P``
+(:mod:`heatmap3d.evaluation.report_data`), so it can be rebuilt without the model:
+
+1. the header: this tool's version, the model, the date, and first of all whatever is
+   odd about the folder (half-written, several models, unreadable files);
+2. the cohort overview: a row per scan (found, absent, to review, largest stated radius,
+   lowest confidence, a thumbnail), sortable, with a "needs review" filter;
+3. with ground truth (``evaluate --report``, or ``P/evaluation/errors.csv``): the error
+   per landmark, the SDR curve, stated radius against true error, the worst cases;
+4. per scan: a tile (axial, coronal, sagittal) per landmark to review, the others as a
+   table, links to ``<scan>.mrk.json`` (3D Slicer) and ``<scan>.csv``.
+
+Tiles and thumbnails need the scans, which the prediction folder does not hold: see
+:mod:`heatmap3d.evaluation.report_pictures` for how they are found. ``report.html`` that
+heatmap3d did not write is never replaced unless ``overwrite``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from datetime import datetime, timezone
+from pathlib import Path
+
+import numpy as np
+
+from heatmap3d import __version__
+from heatmap3d.errors import InputError, one_line
+from heatmap3d.evaluation import report_pictures as pictures
+from heatmap3d.evaluation import report_plots as plots
+from heatmap3d.evaluation.evaluate import worst_cases
+from heatmap3d.evaluation.pictures import write_png
+from heatmap3d.evaluation.report_data import Cohort, ScanRecord, read_cohort
+from heatmap3d.evaluation.report_html import GENERATOR, Page, render
+from heatmap3d.io.atomic import atomic_write_bytes
+from heatmap3d.io.landmarks import Landmarks, read_landmarks
+from heatmap3d.io.layout import find_landmark_file
+from heatmap3d.io.predictions import is_ours
+from heatmap3d.io.volumes import load_volume
+
+REPORT = "report.html"
+FILES = "report_files"
+"""The folder beside the report that holds its pictures."""
+N_WORST = 20
+
+
+def write_report(
+    folder: Path,
+    *,
+    scans: Sequence[Path] | None = None,
+    evaluation: Path | None = None,
+    truth: Path | None = None,
+    out: Path | None = None,
+    model: str | None = None,
+    overwrite: bool = False,
+) -> Path:
+    """Write the report of the prediction folder ``folder``; return its path.
+
+    Args:
+        folder: the prediction folder (``<scan>.csv`` and ``<scan>.mrk.json`` files).
+        scans: the scans predicted (files or folders of scans, as ``heatmap3d predict``
+            takes them), for thumbnails and tiles; without them the page says so.
+        evaluation: the folder of ``errors.csv`` (default ``folder/evaluation`` if there).
+        truth: the folder of true landmark files, marked ``+`` on the tiles.
+        out: the page (default ``folder/report.html``); pictures go to ``report_files/``
+            beside it.
+        model: what to call the model in the header when the prediction files do not
+            name it (e.g. the ``--model`` folder).
+        overwrite: replace a ``report.html`` (or picture) heatmap3d did not write.
+
+    InputError (one line) for a folder without predictions, a target that is not ours.
+    """
+    folder = Path(folder)
+    out = Path(out) if out is not None else folder / REPORT
+    check_target(out, overwrite)
+    cohort = read_cohort(folder, evaluation)
+    found = pictures.scan_paths(scans)
+    page = Page(
+        cohort,
+        __version__,
+        _model_text(cohort, model),
+        datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        files=_relative(folder, out.parent),
+    )
+    files = out.parent / FILES
+    written = _draw(page, found, files, truth, overwrite)
+    if not found:
+        page.notes.append(
+            "Scans not given: no tiles (thumbnails are the snapshots, where predict wrote "
+            f"them). Rebuild with: heatmap3d report {folder} --scans SCANS_FOLDER"
+        )
+    try:
+        atomic_write_bytes(out, render(page).encode("utf-8"))
+    except OSError as exc:
+        raise InputError(f"{out}: cannot write ({one_line(exc)})") from exc
+    _remove_stale(files, written)
+    return out
+
+
+def check_target(out: Path, overwrite: bool) -> None:
+    """Refuse a folder in the way, or a ``report.html`` heatmap3d did not write."""
+    if out.is_dir():
+        raise InputError(f"{out}: is a folder; cannot write the report there")
+    if (out.exists() or out.is_symlink()) and not overwrite and not is_report(out):
+        raise InputError(
+            f"{out}: exists and was not written by heatmap3d; refusing to overwrite it "
+            "(use --overwrite)"
+        )
+    if (out.parent / FILES).exists() and not (out.parent / FILES).is_dir():
+        raise InputError(f"{out.parent / FILES}: is a file; the report's pictures go there")
+
+
+def is_report(path: Path) -> bool:
+    """Whether ``path`` is a page this module wrote (its generator meta tag)."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            head = f.read(4096)
+    except OSError:
+        return False
+    return f'<meta name="generator" content="{GENERATOR} ' in head
+
+
+def _model_text(cohort: Cohort, model: str | None) -> str:
+    if cohort.models:
+        return ", ".join(cohort.models)
+    if model:
+        return f"{model} (as given; the prediction files do not name their model)"
+    return "not recorded in the prediction files"
+
+
+def _relative(folder: Path, base: Path) -> str:
+    """``folder`` as a link prefix from ``base`` (``""`` when they are the same)."""
+    rel = os.path.relpath(folder.resolve(), base.resolve())
+    return "" if rel == "." else rel.replace(os.sep, "/") + "/"
+
+
+def _draw(
+    page: Page, found: dict[str, Path], files: Path, truth: Path | None, overwrite: bool
+) -> set[Path]:
+    """Thumbnails, tiles and plots into ``files``, their links into ``page``."""
+    cohort, written = page.cohort, set()
+
+    def save(name: str, rgb: np.ndarray) -> str:
+        written.add(write_png(files / name, rgb, overwrite=overwrite))
+        return f"{FILES}/{name}"
+
+    if cohort.evaluation is not None:
+        ev = cohort.evaluation
+        page.worst = worst_cases(ev.errors, ev.ids, ev.names, N_WORST)
+        radii = _radii(cohort, ev.ids, ev.names)
+        figures = {
+            "error per landmark": plots.error_distributions(ev.errors, ev.names),
+            "success detection rate": plots.sdr_curve(ev.errors),
+            "stated radius vs true error": plots.radius_against_error(radii, ev.errors),
+        }
+        page.plots = [(t, save(f"plot{k}.png", rgb)) for k, (t, rgb) in enumerate(figures.items())]
+    for n, scan in enumerate(cohort.scans):
+        which = scan.to_review + [
+            scan.names.index(name)
+            for stem, name, _ in page.worst
+            if stem == scan.stem and name in scan.names
+        ]
+        thumb, tiles = _scan_pictures(cohort, scan, found.get(scan.stem), truth, which)
+        if thumb is not None:
+            page.thumbs[scan.stem] = save(f"s{n}.png", thumb)
+        for i, rgb in tiles.items():
+            page.tiles[(scan.stem, i)] = save(f"s{n}-l{i}.png", rgb)
+    return written
+
+
+def _scan_pictures(
+    cohort: Cohort, scan: ScanRecord, path: Path | None, truth: Path | None, which: list[int]
+) -> tuple[np.ndarray | None, dict[int, np.ndarray]]:
+    """A scan's thumbnail and tiles; from its snapshot (no tiles) without the scan."""
+    if path is None:
+        thumb = None if scan.snapshot is None else pictures.snapshot_thumbnail(scan.snapshot)
+        return thumb, {}
+    try:
+        vol = load_volume(path)
+    except InputError as err:
+        cohort.problems.append(f"scan {scan.stem}: not drawn ({err})")
+        return None, {}
+    points = _truth_points(truth, scan) if truth is not None else None
+    tiles = pictures.tiles(vol, scan, list(dict.fromkeys(which)), points)
+    return pictures.thumbnail(vol, scan), tiles
+
+
+def _truth_points(truth: Path, scan: ScanRecord) -> np.ndarray | None:
+    """The scan's true landmarks ``(N, 3)`` RAS mm in its prediction's order, if any."""
+    try:
+        lm = read_landmarks(find_landmark_file(truth, scan.stem))
+        keep = [k for k, name in enumerate(lm.names) if name in set(scan.names)]
+        kept = Landmarks([lm.names[k] for k in keep], lm.points[keep])
+        return kept.select(scan.names, source=str(truth)).points
+    except InputError:
+        return None
+
+
+def _radii(cohort: Cohort, ids: list[str], names: list[str]) -> np.ndarray:
+    """``(N, K)`` stated radii, mm, of the evaluated cases (NaN: none stated)."""
+    by_stem = {s.stem: s for s in cohort.scans}
+    radii = np.full((len(ids), len(names)), np.nan)
+    for i, case in enumerate(ids):
+        scan = by_stem.get(case)
+        for j, name in enumerate(names):
+            if scan is not None and name in scan.names:
+                radii[i, j] = scan.table.radius_mm[scan.names.index(name)]
+    return radii
+
+
+def _remove_stale(files: Path, written: set[Path]) -> None:
+    """Pictures an earlier report of this folder left that this one does not use."""
+    if not files.is_dir():
+        return
+    for path in files.glob("*.png"):
+        if path not in written and is_ours(path):
+            path.unlink(missing_ok=True)

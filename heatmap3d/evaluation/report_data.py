@@ -1,0 +1,244 @@
+"""What the HTML report shows, read from the files the tool wrote (never from the model).
+
+A prediction folder ``P`` holds, per scan, ``<scan>.csv`` and ``<scan>.mrk.json``
+(:mod:`heatmap3d.io.predictions`), maybe ``<scan>.png``, maybe the cohort tables
+``landmarks.csv``/``review.csv`` and an ``evaluation/`` folder (``metrics.csv``,
+``errors.csv``). :func:`read_cohort` reads them into a :class:`Cohort`; what is odd about
+the folder (a scan whose two files are not both there, an unreadable file, temporary files
+of an interrupted write, predictions from different models or landmark sets) becomes a
+line of :attr:`Cohort.problems`, which the report shows on its first screen. A folder with
+no prediction at all is an :class:`InputError`.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from heatmap3d.errors import InputError, one_line
+from heatmap3d.evaluation.records import (
+    OUTPUTS,
+    PredictionTable,
+    is_evaluation_output,
+    read_prediction_table,
+)
+
+COHORT_TABLES = ("landmarks.csv", "review.csv")
+"""The cohort tables ``heatmap3d predict`` writes beside the per-scan files."""
+# Keys of the .mrk.json "heatmap3d" object that may name the model that wrote it.
+_MODEL_KEYS = ("model", "model_id", "model_identity", "model_sha256", "checkpoint")
+
+
+@dataclass
+class ScanRecord:
+    """One scan's prediction files and its table (see :class:`PredictionTable`)."""
+
+    stem: str
+    csv: Path
+    table: PredictionTable
+    markups: Path | None
+    snapshot: Path | None
+    model: str | None
+
+    @property
+    def names(self) -> list[str]:
+        return self.table.landmarks.names
+
+    @property
+    def found(self) -> int:
+        """Landmarks with a position."""
+        return int(np.isfinite(self.table.landmarks.points).all(axis=1).sum())
+
+    @property
+    def absent(self) -> int:
+        """Landmarks declared not in the scan."""
+        return sum(st == "absent" for st in self.table.status)
+
+    @property
+    def to_review(self) -> list[int]:
+        """Indices of the landmarks flagged for review, lowest confidence first."""
+        flagged = np.flatnonzero(self.table.review)
+        conf = np.nan_to_num(self.table.confidence[flagged], nan=-1.0)
+        return [int(i) for i in flagged[np.argsort(conf, kind="stable")]]
+
+    @property
+    def max_radius(self) -> float:
+        """The largest stated radius, mm (NaN: none stated)."""
+        r = self.table.radius_mm
+        return float(np.nanmax(r)) if np.isfinite(r).any() else float("nan")
+
+    @property
+    def min_confidence(self) -> float:
+        c = self.table.confidence
+        return float(np.nanmin(c)) if np.isfinite(c).any() else float("nan")
+
+
+@dataclass
+class Evaluation:
+    """``errors.csv`` of ``heatmap3d evaluate``: ``errors`` ``(N, K)`` mm (inf: missed,
+    NaN: no truth) for case ``ids`` and landmark ``names``; ``folder`` holds the CSVs."""
+
+    folder: Path
+    ids: list[str]
+    names: list[str]
+    errors: np.ndarray
+
+
+@dataclass
+class Cohort:
+    """Everything the report shows, by scan (sorted by name)."""
+
+    folder: Path
+    scans: list[ScanRecord]
+    names: list[str]
+    problems: list[str] = field(default_factory=list)
+    versions: list[str] = field(default_factory=list)
+    models: list[str] = field(default_factory=list)
+    tables: list[Path] = field(default_factory=list)
+    evaluation: Evaluation | None = None
+
+
+def read_cohort(folder: Path, evaluation: Path | None = None) -> Cohort:
+    """Read the prediction folder ``folder`` (see the module docstring).
+
+    ``evaluation``: the folder of ``errors.csv`` (default ``folder/evaluation`` when it
+    has one). InputError (one line) when ``folder`` is not a folder or holds no
+    prediction, or when a given ``evaluation`` has no readable ``errors.csv``.
+    """
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise InputError(f"{folder}: not a folder")
+    problems: list[str] = []
+    scans = _read_scans(folder, problems)
+    if not scans:
+        raise InputError(
+            f"{folder}: no heatmap3d predictions (<scan>.csv with status columns) found"
+            + (f"; {problems[0]}" if problems else "")
+        )
+    names = list(dict.fromkeys(n for s in scans for n in s.names))
+    cohort = Cohort(folder, scans, names, problems)
+    # "heatmap3d 0.1.0" of "heatmap3d 0.1.0 sha256=...": what follows is per file.
+    cohort.versions = sorted({" ".join(w.split()[:2]) for s in scans for w in s.table.written_by})
+    cohort.tables = [folder / t for t in COHORT_TABLES if (folder / t).is_file()]
+    _check_sameness(cohort)
+    _check_cohort_table(cohort)
+    default = folder / "evaluation"
+    if evaluation is not None or (default / "errors.csv").is_file():
+        cohort.evaluation = read_evaluation(Path(evaluation or default))
+    return cohort
+
+
+def _read_scans(folder: Path, problems: list[str]) -> list[ScanRecord]:
+    """Every ``<scan>.csv`` heatmap3d predicted in ``folder``; the oddities to ``problems``."""
+    skip = set(COHORT_TABLES) | set(OUTPUTS)
+    scans, half = [], []
+    for path in sorted(folder.glob("*.csv")):
+        if path.name in skip or is_evaluation_output(path):
+            continue
+        stem = path.name[: -len(".csv")]
+        try:
+            table = read_prediction_table(path)
+        except InputError as err:
+            problems.append(f"{path.name}: unreadable, left out ({err})")
+            continue
+        markups, png = folder / f"{stem}.mrk.json", folder / f"{stem}.png"
+        if not markups.is_file():
+            half.append(stem)
+        scans.append(
+            ScanRecord(
+                stem,
+                path,
+                table,
+                markups if markups.is_file() else None,
+                png if png.is_file() else None,
+                _model_of(markups) if markups.is_file() else None,
+            )
+        )
+    lone = sorted(
+        p.name[: -len(".mrk.json")]
+        for p in folder.glob("*.mrk.json")
+        if not (folder / (p.name[: -len(".mrk.json")] + ".csv")).is_file()
+    )
+    if half or lone:
+        problems.append(
+            f"half-written folder: {_listed(half)} without .mrk.json, {_listed(lone)} "
+            "without .csv (an interrupted run? rerun the same predict command)"
+        )
+    stale = sorted(p.name for p in folder.glob(".*.tmp"))
+    if stale:
+        problems.append(f"temporary files of an interrupted write: {_listed(stale)}")
+    return scans
+
+
+def _listed(items: list[str], most: int = 5) -> str:
+    """``a, b, c`` (``and N more``), or ``none``."""
+    if not items:
+        return "none"
+    more = f" and {len(items) - most} more" if len(items) > most else ""
+    return ", ".join(items[:most]) + more
+
+
+def _model_of(markups: Path) -> str | None:
+    """The model named in the ``.mrk.json``'s ``heatmap3d`` object, if it names one."""
+    try:
+        doc = json.loads(markups.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):
+        return None
+    tag = doc.get("heatmap3d") if isinstance(doc, dict) else None
+    if not isinstance(tag, dict):
+        return None
+    value = next((tag[k] for k in _MODEL_KEYS if tag.get(k)), None)
+    return None if value is None else str(value)
+
+
+def _check_sameness(cohort: Cohort) -> None:
+    """Problems: predictions from several models, tool versions or landmark sets."""
+    models = Counter(s.model for s in cohort.scans if s.model is not None)
+    cohort.models = sorted(models)
+    if len(models) > 1:
+        counts = ", ".join(f"{m} ({n} scans)" for m, n in models.most_common())
+        cohort.problems.append(f"predictions from {len(models)} different models: {counts}")
+    if len(cohort.versions) > 1:
+        cohort.problems.append(f"written by different versions: {', '.join(cohort.versions)}")
+    sets = Counter(tuple(s.names) for s in cohort.scans)
+    if len(sets) > 1:
+        odd = [s.stem for s in cohort.scans if tuple(s.names) != sets.most_common(1)[0][0]]
+        cohort.problems.append(
+            f"{len(sets)} different landmark sets; unlike the most common: {_listed(odd)}"
+        )
+
+
+def _check_cohort_table(cohort: Cohort) -> None:
+    """Problems: scans named in ``landmarks.csv`` with no per-scan files here."""
+    path = cohort.folder / COHORT_TABLES[0]
+    if not path.is_file():
+        return
+    try:
+        with path.open(encoding="utf-8-sig", newline="") as f:
+            listed = {row.get("scan", "") for row in csv.DictReader(f)}
+    except (OSError, UnicodeDecodeError, csv.Error) as exc:
+        cohort.problems.append(f"{path.name}: unreadable ({one_line(exc)})")
+        return
+    gone = sorted(listed - {s.stem for s in cohort.scans} - {""})
+    if gone:
+        cohort.problems.append(f"{path.name} lists scans with no files here: {_listed(gone)}")
+
+
+def read_evaluation(folder: Path) -> Evaluation:
+    """``folder/errors.csv`` as ``heatmap3d evaluate`` wrote it (``case``, one column per
+    landmark in mm, ``written_by``). InputError naming the file when it is missing or not
+    ours, or a cell is not a number."""
+    path = Path(folder) / "errors.csv"
+    if not is_evaluation_output(path):
+        raise InputError(f"{path}: no errors.csv written by heatmap3d evaluate")
+    rows = list(csv.reader(path.read_text(encoding="utf-8").splitlines()))
+    head = rows[0][1:-1] if rows[0][-1] == "written_by" else rows[0][1:]
+    errors = np.array([[float(c) for c in row[1 : 1 + len(head)]] for row in rows[1:]])
+    return Evaluation(
+        Path(folder), [row[0] for row in rows[1:]], head, errors.reshape(-1, len(head))
+    )
