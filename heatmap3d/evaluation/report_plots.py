@@ -8,6 +8,7 @@ the truth), and returns the figure as uint8 ``(H, W, 3)`` for
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Sequence
 
 import matplotlib
@@ -21,6 +22,12 @@ from matplotlib.figure import Figure  # noqa: E402
 from heatmap3d.evaluation.stated import coverage  # noqa: E402
 
 DPI = 90
+# Horizontal boxes: "orientation" since matplotlib 3.10, "vert" (deprecated there) before.
+_HORIZONTAL = (
+    {"orientation": "horizontal"}
+    if "orientation" in inspect.signature(plt.Axes.boxplot).parameters
+    else {"vert": False}
+)
 
 
 def _pixels(fig: Figure) -> np.ndarray:
@@ -38,7 +45,7 @@ def error_distributions(errors: np.ndarray, names: Sequence[str]) -> np.ndarray:
     k = len(names)
     fig, ax = plt.subplots(figsize=(7.5, 1.2 + 0.24 * k), dpi=DPI)
     columns = [errors[:, j][np.isfinite(errors[:, j])] for j in range(k)]
-    ax.boxplot(columns, vert=False, showfliers=False, widths=0.6)
+    ax.boxplot(columns, showfliers=False, widths=0.6, **_HORIZONTAL)
     rng = np.random.default_rng(0)  # fixed jitter: the same folder gives the same picture
     for j, col in enumerate(columns):
         ax.plot(col, j + 1 + rng.uniform(-0.2, 0.2, col.size), ".", ms=3, alpha=0.5, c="C0")

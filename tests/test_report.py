@@ -1,0 +1,190 @@
+"""``heatmap3d report``, ``evaluate --report``: the page's content, the folder's oddities
+said on its first screen, one-line refusals, and the never-replace-a-foreign-file rule.
+The page in a real browser: tests/test_report_browser.py."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+from report_folders import HOSTILE, prediction_folder
+
+from heatmap3d.cli import main
+from heatmap3d.evaluation.pictures import landmark_views
+from heatmap3d.evaluation.report import write_report
+from heatmap3d.evaluation.report_html import GENERATOR
+
+
+def run(capsys, *argv: str) -> tuple[int, str, str]:
+    code = main([str(a) for a in argv])
+    out = capsys.readouterr()
+    return code, out.out, out.err.strip()
+
+
+def first_screen(html: str) -> str:
+    """The page up to the overview table: what a reader sees first."""
+    return html[: html.index('<table id="cohort"')]
+
+
+def test_report_of_a_prediction_folder(tmp_path, capsys):
+    pred, scans, _ = prediction_folder(tmp_path)
+    code, out, err = run(capsys, "report", pred, "--scans", scans)
+    assert code == 0, err
+    page = (pred / "report.html").read_text(encoding="utf-8")
+    assert f"wrote {pred / 'report.html'}" in out
+    assert f'<meta name="generator" content="{GENERATOR} ' in page
+    head = first_screen(page)
+    assert "model: not recorded in the prediction files" in head
+    assert "3 scans need review" in head  # scans 1, 2, 3 of prediction_folder
+    assert "radiological convention" in page
+    # A thumbnail per scan; a tile per landmark to review (1 + 2 + 3), none for the rest.
+    files = sorted(p.name for p in (pred / "report_files").iterdir())
+    assert [f for f in files if "-l" not in f] == ["s0.png", "s1.png", "s2.png", "s3.png"]
+    assert len([f for f in files if "-l" in f]) == 6
+    assert 'href="case001.mrk.json"' in page
+    # Every picture is a PNG heatmap3d wrote.
+    for name in files:
+        with Image.open(pred / "report_files" / name) as img:
+            assert img.format == "PNG" and img.info["Software"].startswith("heatmap3d ")
+
+
+def test_hostile_landmark_names_are_text(tmp_path, capsys):
+    pred, _, _ = prediction_folder(tmp_path, with_scans=False)
+    assert run(capsys, "report", pred)[0] == 0
+    page = (pred / "report.html").read_text(encoding="utf-8")
+    assert HOSTILE not in page
+    assert "&lt;script&gt;alert(&quot;x&quot;)&lt;/script&gt;" in page
+    assert page.count("<script>") == 1  # the page's own sorting script only
+
+
+def test_without_scans_the_page_says_so_and_uses_the_snapshots(tmp_path, capsys):
+    pred, _, _ = prediction_folder(tmp_path, with_scans=False)
+    Image.new("RGB", (300, 150), (90, 90, 90)).save(pred / "case002.png")
+    assert run(capsys, "report", pred)[0] == 0
+    page = (pred / "report.html").read_text(encoding="utf-8")
+    assert "Scans not given: no tiles" in first_screen(page)
+    assert "have no tiles (scan not available)" in page
+    assert sorted(p.name for p in (pred / "report_files").iterdir()) == ["s2.png"]
+    assert 'href="case002.png"' in page
+
+
+def test_evaluate_report_draws_the_plots(tmp_path, capsys):
+    pred, scans, truth = prediction_folder(tmp_path, truth=True)
+    code, out, err = run(
+        capsys, "evaluate", "--pred", pred, "--truth", truth, "--report", "--scans", scans
+    )
+    assert code == 0, err
+    page = (pred / "report.html").read_text(encoding="utf-8")
+    assert 'id="evaluation"' in page and "Worst cases" in page
+    for n in range(3):
+        with Image.open(pred / "report_files" / f"plot{n}.png") as img:
+            assert img.width > 200 and img.height > 200
+            assert np.asarray(img.convert("L")).std() > 5  # drawn, not blank
+    # The worst case links to its tile, which shows the truth: drawn for it.
+    assert '<a href="#s' in page.split('id="worst"')[1]
+
+
+def test_rebuild_finds_the_evaluation(tmp_path, capsys):
+    pred, _, truth = prediction_folder(tmp_path, truth=True, with_scans=False)
+    assert run(capsys, "evaluate", "--pred", pred, "--truth", truth)[0] == 0
+    assert run(capsys, "report", pred)[0] == 0
+    assert 'id="evaluation"' in (pred / "report.html").read_text(encoding="utf-8")
+
+
+# --------------------------------------------------------------------------------------
+# Bad input
+# --------------------------------------------------------------------------------------
+
+
+def test_folder_without_predictions(tmp_path, capsys):
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "empty" / "notes.csv").write_text("a,b\n1,2\n")
+    code, _, err = run(capsys, "report", tmp_path / "empty")
+    assert code == 2
+    assert err.startswith("error: ") and "\n" not in err
+    assert f"{tmp_path / 'empty'}: no heatmap3d predictions" in err
+    assert not (tmp_path / "empty" / "report.html").exists()
+
+
+def test_not_a_folder(tmp_path, capsys):
+    code, _, err = run(capsys, "report", tmp_path / "nowhere")
+    assert code == 2 and f"{tmp_path / 'nowhere'}: not a folder" in err
+
+
+def test_half_written_folder_is_said_first(tmp_path, capsys):
+    pred, _, _ = prediction_folder(tmp_path, with_scans=False)
+    (pred / "case001.mrk.json").unlink()
+    (pred / "case002.csv").unlink()
+    (pred / ".case003.csv.abc123.tmp").write_text("half")
+    assert run(capsys, "report", pred)[0] == 0
+    head = first_screen((pred / "report.html").read_text(encoding="utf-8"))
+    assert "half-written folder: case001 without .mrk.json, case002 without .csv" in head
+    assert "temporary files of an interrupted write: .case003.csv.abc123.tmp" in head
+
+
+def test_unreadable_prediction_is_said_first(tmp_path, capsys):
+    pred, _, _ = prediction_folder(tmp_path, with_scans=False)
+    text = (pred / "case001.csv").read_text().replace(",review,1,", ",bogus,1,", 1)
+    (pred / "case001.csv").write_text(text)
+    assert run(capsys, "report", pred)[0] == 0
+    head = first_screen((pred / "report.html").read_text(encoding="utf-8"))
+    assert "case001.csv: unreadable, left out" in head and "bogus" in head
+
+
+def _name_model(path: Path, model: str) -> None:
+    doc = json.loads(path.read_text())
+    doc["heatmap3d"]["model"] = model
+    path.write_text(json.dumps(doc))
+
+
+def test_predictions_of_two_models_are_said_first(tmp_path, capsys):
+    pred, _, _ = prediction_folder(tmp_path, with_scans=False)
+    for n in range(4):
+        _name_model(pred / f"case{n:03d}.mrk.json", "runs/a" if n < 3 else "runs/<b>")
+    assert run(capsys, "report", pred)[0] == 0
+    head = first_screen((pred / "report.html").read_text(encoding="utf-8"))
+    assert "predictions from 2 different models: runs/a (3 scans), runs/&lt;b&gt; (1 scans)" in head
+
+
+def test_foreign_report_is_not_replaced(tmp_path, capsys):
+    pred, _, _ = prediction_folder(tmp_path, with_scans=False)
+    (pred / "report.html").write_text("<html>my own notes</html>")
+    code, _, err = run(capsys, "report", pred)
+    assert code == 2
+    assert f"{pred / 'report.html'}: exists and was not written by heatmap3d" in err
+    assert (pred / "report.html").read_text() == "<html>my own notes</html>"
+    assert run(capsys, "report", pred, "--overwrite")[0] == 0
+    assert run(capsys, "report", pred)[0] == 0  # ours now: replaced without asking
+
+
+def test_evaluation_folder_without_errors_csv(tmp_path, capsys):
+    pred, _, _ = prediction_folder(tmp_path, with_scans=False)
+    (tmp_path / "ev").mkdir()
+    code, _, err = run(capsys, "report", pred, "--evaluation", tmp_path / "ev")
+    assert code == 2 and f"{tmp_path / 'ev' / 'errors.csv'}: no errors.csv" in err
+
+
+def test_stale_pictures_of_an_earlier_report_go(tmp_path):
+    pred, scans, _ = prediction_folder(tmp_path)
+    write_report(pred, scans=[scans])
+    assert (pred / "report_files" / "s3-l2.png").is_file()
+    write_report(pred)  # rebuilt without the scans: no tiles any more
+    assert not list((pred / "report_files").glob("*.png"))
+
+
+@pytest.mark.parametrize("radius", [3.0, 9.0])
+def test_radius_circle_is_drawn_to_scale(radius):
+    """The yellow circle crosses the row through the point at +-radius/pixel_mm pixels."""
+    from report_folders import scan_volume
+
+    vol = scan_volume(np.random.default_rng(0))
+    sheet = landmark_views(
+        vol, np.zeros((1, 3)), ["a"], pixel_mm=0.5, size_px=81, radii_mm=[radius], columns=1
+    )
+    row = sheet[14 + 40, :81]  # the axial view's middle row (under the 14-pixel label)
+    yellow = np.flatnonzero((row[:, 0] > 200) & (row[:, 1] > 150) & (row[:, 2] < 80))
+    assert yellow.size >= 2
+    assert abs((yellow.max() - yellow.min()) / 2 - radius / 0.5) <= 1.5
