@@ -21,7 +21,7 @@ heatmap3d did not write is never replaced unless ``overwrite``.
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -50,9 +50,9 @@ N_WORST = 20
 def write_report(
     folder: Path,
     *,
-    scans: Sequence[Path] | None = None,
+    scans: Sequence[Path] | Mapping[str, Path] | None = None,
     evaluation: Path | None = None,
-    truth: Path | None = None,
+    truth: Path | Mapping[str, Path] | None = None,
     out: Path | None = None,
     model: str | None = None,
     overwrite: bool = False,
@@ -62,9 +62,11 @@ def write_report(
     Args:
         folder: the prediction folder (``<scan>.csv`` and ``<scan>.mrk.json`` files).
         scans: the scans predicted (files or folders of scans, as ``heatmap3d predict``
-            takes them), for thumbnails and tiles; without them the page says so.
+            takes them, or scan by prediction name), for thumbnails and tiles; without
+            them the page says so.
         evaluation: the folder of ``errors.csv`` (default ``folder/evaluation`` if there).
-        truth: the folder of true landmark files, marked ``+`` on the tiles.
+        truth: the folder of true landmark files (or a file by prediction name), marked
+            ``+`` on the tiles.
         out: the page (default ``folder/report.html``); pictures go to ``report_files/``
             beside it.
         model: what to call the model in the header when the prediction files do not
@@ -138,7 +140,11 @@ def _relative(folder: Path, base: Path) -> str:
 
 
 def _draw(
-    page: Page, found: dict[str, Path], files: Path, truth: Path | None, overwrite: bool
+    page: Page,
+    found: dict[str, Path],
+    files: Path,
+    truth: Path | Mapping[str, Path] | None,
+    overwrite: bool,
 ) -> set[Path]:
     """Thumbnails, tiles and plots into ``files``, their links into ``page``."""
     cohort, written = page.cohort, set()
@@ -172,7 +178,11 @@ def _draw(
 
 
 def _scan_pictures(
-    cohort: Cohort, scan: ScanRecord, path: Path | None, truth: Path | None, which: list[int]
+    cohort: Cohort,
+    scan: ScanRecord,
+    path: Path | None,
+    truth: Path | Mapping[str, Path] | None,
+    which: list[int],
 ) -> tuple[np.ndarray | None, dict[int, np.ndarray]]:
     """A scan's thumbnail and tiles; from its snapshot (no tiles) without the scan."""
     if path is None:
@@ -188,10 +198,15 @@ def _scan_pictures(
     return pictures.thumbnail(vol, scan), tiles
 
 
-def _truth_points(truth: Path, scan: ScanRecord) -> np.ndarray | None:
+def _truth_points(truth: Path | Mapping[str, Path], scan: ScanRecord) -> np.ndarray | None:
     """The scan's true landmarks ``(N, 3)`` RAS mm in its prediction's order, if any."""
     try:
-        lm = read_landmarks(find_landmark_file(truth, scan.stem))
+        if isinstance(truth, Mapping):
+            if scan.stem not in truth:
+                return None
+            lm = read_landmarks(truth[scan.stem])
+        else:
+            lm = read_landmarks(find_landmark_file(truth, scan.stem))
         keep = [k for k, name in enumerate(lm.names) if name in set(scan.names)]
         kept = Landmarks([lm.names[k] for k in keep], lm.points[keep])
         return kept.select(scan.names, source=str(truth)).points

@@ -13,7 +13,7 @@ names them for a rebuild (matched to the predictions by output name, ``case001.n
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -37,9 +37,12 @@ TILE_PX = 160  # each view of a tile: this many pixels of TILE_MM mm (96 mm acro
 TILE_MM = 0.6
 
 
-def scan_paths(paths: Sequence[Path] | None) -> dict[str, Path]:
+def scan_paths(paths: Sequence[Path] | Mapping[str, Path] | None) -> dict[str, Path]:
     """Scans by output name (``case001.nii.gz`` -> ``case001``) from files and folders of
-    scans, as ``heatmap3d predict`` takes them. Two scans with one name: InputError."""
+    scans, as ``heatmap3d predict`` takes them, or as given by name (a mapping, e.g. case
+    ids to images in training). Two scans with one name: InputError."""
+    if isinstance(paths, Mapping):
+        return {str(stem): Path(path) for stem, path in paths.items()}
     found: dict[str, Path] = {}
     for scan in expand_scans([Path(p) for p in paths or []]):
         stem = scan_stem(scan)

@@ -22,6 +22,7 @@ from heatmap3d import distributed
 from heatmap3d.config import Config
 from heatmap3d.data.dataset import PreprocessedCases
 from heatmap3d.distributed import DistInfo
+from heatmap3d.errors import InputError
 from heatmap3d.evaluation.evaluate import evaluate, write_report
 from heatmap3d.evaluation.metrics import LandmarkStats, radial_errors, summarize
 from heatmap3d.evaluation.pictures import landmark_views
@@ -182,4 +183,30 @@ def write_results(
     stats, errors, ids = evaluate(points, truth, names)
     print(f"\nvalidation scans predicted with {label}:\n")
     print(write_report(out_dir / "evaluation", stats, errors, ids, names))
+    _write_page(results, cases, label, out_dir)
     return stats
+
+
+def _write_page(
+    results: dict[str, Prediction], cases: list[Case], label: str, out_dir: Path
+) -> None:
+    """Rank 0: ``out_dir/report.html`` of the predictions just written, for a reviewer. A
+    page that cannot be written (a foreign report.html there) is said, not fatal: the
+    model is trained."""
+    # Imported here: the page's plots bring matplotlib, which training needs only now.
+    from heatmap3d.evaluation.report import write_report as write_page
+
+    ours = [c for c in cases if c.case_id in results]
+    try:
+        path = write_page(
+            out_dir / "predictions",
+            scans={c.case_id: c.image for c in ours},
+            evaluation=out_dir / "evaluation",
+            truth={c.case_id: c.landmarks for c in ours},
+            out=out_dir / "report.html",
+            model=label,
+        )
+    except InputError as err:
+        print(f"note: no report written: {err}")
+        return
+    print(f"report of these predictions: {path}")
