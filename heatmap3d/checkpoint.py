@@ -83,6 +83,7 @@ class Checkpoint:
                 f"{source}: checkpoint schema version {version!r} is not one this heatmap3d "
                 f"reads (1 or {SCHEMA_VERSION}); update heatmap3d"
             )
+        _check_types(raw, source)
         config = dict(raw["config"] or {})
         role = raw.get("role") if version == SCHEMA_VERSION else _legacy_role(config)
         config["model"] = {**config.get("model", {}), "role": role or "whole_scan"}
@@ -90,6 +91,8 @@ class Checkpoint:
         skip = ("model", "config", "role", "version")
         kept = {k: v for k, v in raw.items() if k in known and k not in skip}
         names = raw.get("landmarks", config.get("data", {}).get("landmarks", []))
+        if not _is_names(names):
+            raise InputError(f"{source}: checkpoint 'landmarks' must be a list of names (strings)")
         kept["landmarks"] = list(names)
         return cls(
             **kept,
@@ -103,9 +106,47 @@ class Checkpoint:
         return from_dict(self.config, source=f"{source} (stored config)")
 
 
+# The type each entry of a payload must have when present (None: absent or null is fine).
+_ENTRY_TYPES: dict[str, tuple[type, ...]] = {
+    "model": (dict,),
+    "config": (dict, type(None)),
+    "role": (str, type(None)),
+    "epoch": (int,),
+    "best_mre": (int, float),
+    "train_seconds": (int, float),
+    "optimizer": (dict, type(None)),
+    "scheduler": (dict, type(None)),
+    "scaler": (dict,),
+    "written_by": (dict,),
+}
+
+
+def _check_types(raw: dict[str, Any], source: str) -> None:
+    """InputError naming ``source`` and the key for an entry of the wrong type: a
+    shared checkpoint is user input, and a wrong type would surface as a traceback."""
+    for key, types in _ENTRY_TYPES.items():
+        value = raw.get(key)
+        if key in raw and (isinstance(value, bool) or not isinstance(value, types)):
+            expected = " or ".join("null" if t is type(None) else t.__name__ for t in types)
+            raise InputError(
+                f"{source}: checkpoint '{key}' must be {expected}, got {type(value).__name__}"
+            )
+    if not all(isinstance(k, str) and torch.is_tensor(v) for k, v in raw["model"].items()):
+        raise InputError(f"{source}: checkpoint 'model' must map parameter names to tensors")
+    config = raw.get("config") or {}
+    for section in ("model", "data"):
+        if not isinstance(config.get(section, {}), dict):
+            raise InputError(f"{source}: checkpoint config '{section}' must be a mapping")
+
+
+def _is_names(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(n, str) and n for n in value)
+
+
 def _legacy_role(config: dict[str, Any]) -> str:
     """The role format-1 checkpoints implied: a refiner trained on landmark crops only."""
-    return "refiner" if config.get("data", {}).get("landmark_crops", 0.0) >= 1 else "whole_scan"
+    crops = config.get("data", {}).get("landmark_crops", 0.0)
+    return "refiner" if isinstance(crops, (int, float)) and crops >= 1 else "whole_scan"
 
 
 def save(path: str | Path, ckpt: Checkpoint) -> None:

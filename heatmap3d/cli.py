@@ -16,6 +16,34 @@ from typing import NoReturn
 from heatmap3d.errors import InputError, Interrupted, NonFiniteLossError
 
 
+def _finite(text: str) -> float:
+    """argparse type: a finite number (float("nan") and "inf" parse, and NaN passes
+    every comparison a later check would make)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if value != value or value in (float("inf"), float("-inf")):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a finite number")
+    return value
+
+
+def _confidence(text: str) -> float:
+    """argparse type: a confidence threshold, a finite number in [0, 1]."""
+    value = _finite(text)
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a confidence between 0 and 1")
+    return value
+
+
+def _radius_mm(text: str) -> float:
+    """argparse type: a radius, a finite number of mm > 0."""
+    value = _finite(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a radius in mm (a number > 0)")
+    return value
+
+
 def _add_synth(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("synth", help="generate a synthetic dataset (phantoms, or CT-like)")
     p.add_argument("out", type=Path, help="dataset folder to create")
@@ -102,14 +130,14 @@ def _add_predict(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--series", help="DICOM SeriesInstanceUID, for folders with several series")
     p.add_argument(
         "--review-below",
-        type=float,
+        type=_confidence,
         default=0.5,
         metavar="CONF",
         help="flag landmarks whose confidence is below this for review (default 0.5)",
     )
     p.add_argument(
         "--review-radius",
-        type=float,
+        type=_radius_mm,
         default=5.0,
         metavar="MM",
         help="with a --model that has a calibration: flag landmarks whose stated error radius "

@@ -10,7 +10,6 @@ but the checkpoint.
 from __future__ import annotations
 
 import dataclasses
-import math
 import types
 import typing
 from collections.abc import Sequence
@@ -20,10 +19,9 @@ from typing import Any
 
 import yaml
 
+from heatmap3d.config_checks import PRECISIONS, ROLES, validate  # noqa: F401 (re-exported)
 from heatmap3d.errors import InputError, first_line
-
-PRECISIONS = ("auto", "bf16", "fp16", "fp32", "fp64")
-ROLES = ("whole_scan", "refiner")
+from heatmap3d.io.json_file import read_text
 
 
 @dataclass
@@ -172,82 +170,6 @@ class Config:
         validate(self)
 
 
-def validate(cfg: Config) -> None:
-    """Check values that a type alone cannot; raise :class:`InputError` naming the key."""
-    checks = [
-        (len(cfg.data.spacing) == 3 and min(cfg.data.spacing) > 0, "data.spacing: 3 values > 0"),
-        (len(cfg.data.patch_size) == 3, "data.patch_size: 3 integers"),
-        (
-            all(p % 2**cfg.model.depth == 0 for p in cfg.data.patch_size),
-            f"data.patch_size: each must be a multiple of 2**model.depth = {2**cfg.model.depth}",
-        ),
-        (cfg.data.normalization in ("mr", "ct", "none"), "data.normalization: mr, ct or none"),
-        (0 <= cfg.data.landmark_crops <= 1, "data.landmark_crops: between 0 and 1"),
-        (cfg.data.crop_jitter_mm >= 0, "data.crop_jitter_mm: >= 0 (mm)"),
-        (len(set(cfg.data.landmarks)) == len(cfg.data.landmarks), "data.landmarks: duplicated"),
-        (cfg.model.norm in ("instance", "group"), "model.norm: instance or group"),
-        (cfg.model.role in ROLES, f"model.role: one of {', '.join(ROLES)}"),
-        (
-            cfg.model.role != "refiner" or cfg.data.landmark_crops == 1,
-            "model.role=refiner: a refiner trains on landmark-centred crops, set "
-            "data.landmark_crops=1",
-        ),
-        (cfg.model.depth >= 1 and cfg.model.channels >= 1, "model.depth, model.channels: >= 1"),
-        (cfg.heatmap.sigma > 0, "heatmap.sigma: > 0 (mm)"),
-        (cfg.heatmap.foreground_weight >= 0, "heatmap.foreground_weight: >= 0"),
-        (cfg.train.epochs >= 1 and cfg.train.batch_size >= 1, "train.epochs, batch_size: >= 1"),
-        (cfg.train.budget_minutes >= 0, "train.budget_minutes: >= 0 (0 = train.epochs decides)"),
-        (cfg.train.val_every >= 1, "train.val_every: >= 1"),
-        (cfg.train.device in ("auto", "cuda", "cpu"), "train.device: auto, cuda or cpu"),
-        (cfg.train.precision in PRECISIONS, f"train.precision: one of {', '.join(PRECISIONS)}"),
-        (cfg.train.accumulate >= 1, "train.accumulate: >= 1"),
-        (cfg.train.nonfinite in ("stop", "skip"), "train.nonfinite: stop or skip"),
-        (cfg.train.timeout_min > 0, "train.timeout_min: > 0 (minutes)"),
-        *_value_checks(cfg),
-    ]
-    for ok, message in checks:
-        if not ok:
-            raise InputError(f"invalid config value: {message}")
-
-
-def _value_checks(cfg: Config) -> list[tuple[bool, str]]:
-    """Numbers the types allow but no run can use: each would fail later, far from the
-    config (a reversed percentile range normalises every image to a constant, a zero CT
-    window divides by zero, a negative learning rate climbs the loss)."""
-    d, a, t, i, s = cfg.data, cfg.augment, cfg.train, cfg.inference, cfg.synthetic
-    return [
-        (_is_range(d.percentiles, 0, 100), "data.percentiles: 2 values, 0 <= low < high <= 100"),
-        (_is_range(d.ct_window), "data.ct_window: 2 values, low < high (HU)"),
-        (d.prefetch_factor >= 1, "data.prefetch_factor: >= 1"),
-        (t.lr >= 0, "train.lr: >= 0 (0 keeps the weights: evaluation runs)"),
-        (t.weight_decay >= 0, "train.weight_decay: >= 0"),
-        (t.grad_clip >= 0, "train.grad_clip: >= 0 (0 disables clipping)"),
-        (t.calibration_views >= 0, "train.calibration_views: >= 0"),
-        (0 <= i.overlap < 1, "inference.overlap: 0 <= overlap < 1"),
-        (i.batch >= 1, "inference.batch: >= 1"),
-        (_is_factor_range(a.scale), "augment.scale: 2 values, 0 < low <= high"),
-        (_is_factor_range(a.gamma), "augment.gamma: 2 values, 0 < low <= high"),
-        (_is_factor_range(a.contrast), "augment.contrast: 2 values, 0 < low <= high"),
-        (-1 <= a.mirror_axis <= 2, "augment.mirror_axis: -1 (off), 0, 1 or 2"),
-        (a.thick_slices_mm >= 0, "augment.thick_slices_mm: >= 0 (0 = off)"),
-        (min(s.n_train, s.n_val, s.n_test) >= 0, "synthetic.n_train, n_val, n_test: >= 0"),
-    ]
-
-
-def _is_range(values: list[float], lo: float = -math.inf, hi: float = math.inf) -> bool:
-    """Two finite values ``[low, high]`` with ``lo <= low < high <= hi``."""
-    return (
-        len(values) == 2
-        and all(math.isfinite(v) for v in values)
-        and lo <= values[0] < values[1] <= hi
-    )
-
-
-def _is_factor_range(values: list[float]) -> bool:
-    """Two finite factors ``[low, high]`` with ``0 < low <= high`` (equal: a fixed factor)."""
-    return len(values) == 2 and all(math.isfinite(v) for v in values) and 0 < values[0] <= values[1]
-
-
 def mirror_permutation(names: Sequence[str], pairs: Sequence[Sequence[str]]) -> list[int]:
     """Channel order after mirroring: each name of a pair takes the other's channel."""
     index = {n: i for i, n in enumerate(names)}
@@ -290,12 +212,14 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     source = "defaults"
     if path is not None:
         source = str(path)
+        # read_text: a folder, FIFO, binary or non-UTF-8 file is one line naming it.
+        text = read_text(path, what="config file")
         try:
-            raw = yaml.safe_load(Path(path).read_text()) or {}
-        except FileNotFoundError:
-            raise InputError(f"{path}: config file not found") from None
+            raw = yaml.safe_load(text) or {}
         except yaml.YAMLError as err:
             raise InputError(f"{path}: not valid YAML ({first_line(err)})") from None
+        except RecursionError:
+            raise InputError(f"{path}: config file is nested too deeply to be read") from None
         if not isinstance(raw, dict):
             raise InputError(f"{path}: a config must be a mapping of sections")
     for item in overrides or []:
@@ -313,7 +237,7 @@ def _apply_override(raw: dict[str, Any], item: str) -> None:
         raise InputError(f"override {item!r}: {parts[0]} is not a section")
     try:
         section[parts[1]] = yaml.safe_load(value)
-    except yaml.YAMLError:
+    except (yaml.YAMLError, RecursionError):
         raise InputError(f"override {item!r}: cannot parse the value") from None
 
 
@@ -322,9 +246,9 @@ def _build(cls: type, raw: Any, source: str, prefix: str) -> Any:
         raise InputError(f"{source}: {prefix.rstrip('.') or 'config'} must be a mapping")
     hints = typing.get_type_hints(cls)
     names = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(raw) - names)
+    unknown = sorted(map(str, set(raw) - names))
     if unknown:
-        keys = ", ".join(prefix + k for k in unknown)
+        keys = ", ".join(prefix + k for k in unknown)  # str: YAML keys may be numbers
         raise InputError(f"{source}: unknown config key(s) {keys}; known: {sorted(names)}")
     kwargs = {}
     for name, value in raw.items():
@@ -345,7 +269,10 @@ def _coerce(value: Any, hint: Any, key: str, source: str) -> Any:
             raise InputError(f"{source}: {key} must be a list, got {value!r}")
         return [_coerce(v, inner, key, source) for v in value]
     if hint is float and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
+        try:
+            return float(value)
+        except OverflowError:  # an integer of 400 digits
+            raise InputError(f"{source}: {key} must be a finite number, got {value}") from None
     if hint is str and isinstance(value, (int, float)) and not isinstance(value, bool):
         return str(value)
     if not isinstance(value, hint) or (hint is not bool and isinstance(value, bool)):

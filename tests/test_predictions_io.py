@@ -51,7 +51,7 @@ def test_csv_review_column(tmp_path):
     assert [r["review"] for r in rows] == ["0", "1", "1", "0"]
     assert [r["x"] for r in rows][2] == ""
     assert float(rows[1]["confidence"]) == 0.31
-    assert all(r["written_by"] == MARKER for r in rows)
+    assert all(r["written_by"].startswith(f"{MARKER} sha256=") for r in rows)  # sealed
     rows = _csv_rows(_write(tmp_path, review_below=0.9)[0])
     assert [r["review"] for r in rows] == ["1", "1", "1", "1"]
 
@@ -78,7 +78,7 @@ def test_markups_flags_and_descriptions(tmp_path):
     # LPS in the file: x and y negated
     assert cps["RE"]["position"] == [30.0, -40.0, 5.5]
     assert markup["display"]["color"] != markup["display"]["selectedColor"]
-    assert doc["heatmap3d"]["written_by"] == MARKER
+    assert doc["heatmap3d"]["written_by"].startswith(f"{MARKER} sha256=")
 
 
 def test_refuses_a_foreign_file_and_leaves_it_untouched(tmp_path):

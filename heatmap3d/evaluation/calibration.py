@@ -154,7 +154,7 @@ class Calibration:
         if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
             raise ValueError("calibration 'names' must be a list of strings")
         if not isinstance(scale, list) or not all(_is_number(v) or v is None for v in scale):
-            raise ValueError("calibration 'scale' must be a list of numbers (null: none)")
+            raise ValueError("calibration 'scale' must be a list of finite numbers (null: none)")
         for key in ("nominal", "presence_threshold"):
             if not _is_number(d[key]):
                 raise ValueError(f"calibration '{key}' must be a number, got {d[key]!r}")
@@ -183,7 +183,14 @@ def scans_needed(nominal: float) -> int:
 
 
 def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
+    """A finite number: bool is none, and NaN, infinity or an integer beyond float range
+    (``1e999`` reads as inf) state no radius or threshold."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    try:
+        return math.isfinite(float(value))
+    except OverflowError:
+        return False
 
 
 def _floored(signals: np.ndarray) -> np.ndarray:

@@ -40,8 +40,10 @@ from heatmap3d.evaluation.metrics import (
 from heatmap3d.evaluation.records import is_evaluation_output, landmark_files
 from heatmap3d.evaluation.stated import presence_line, radius_line, stated_radii
 from heatmap3d.io.atomic import atomic_write_bytes
+from heatmap3d.io.landmark_fields import spreadsheet_safe
 from heatmap3d.io.landmarks import Landmarks, read_landmarks
 from heatmap3d.io.layout import find_landmark_file
+from heatmap3d.io.seal import seal, seal_state
 
 N_WORST = 10
 MARKER = f"heatmap3d {__version__}"
@@ -102,8 +104,8 @@ def write_report(out_dir: Path, stats, errors, ids, names, *, overwrite: bool = 
         _check_target(out_dir / name, overwrite)
     _make_folder(out_dir)
     for name, text in tables.items():
-        try:
-            atomic_write_bytes(out_dir / name, text.encode("utf-8"))
+        try:  # sealed: a table edited by hand since is the user's (heatmap3d.io.seal)
+            atomic_write_bytes(out_dir / name, seal(text, MARKER).encode("utf-8"))
         except OSError as exc:
             raise InputError(f"{out_dir / name}: cannot write ({one_line(exc)})") from exc
     worst = "\n".join(f"  {c}  {n}  {e:.2f} mm" for c, n, e in worst_cases(errors, ids, names))
@@ -115,28 +117,40 @@ def _metrics_csv(stats: Sequence[LandmarkStats]) -> str:
     out = io.StringIO()
     writer = csv.DictWriter(out, fieldnames=[*rows[0], "written_by"], lineterminator="\n")
     writer.writeheader()
-    writer.writerows({**row, "written_by": MARKER} for row in rows)
+    # Names are text cells: one like =HYPERLINK(...) must not become a formula.
+    safe = ({**row, "landmark": spreadsheet_safe(str(row["landmark"]))} for row in rows)
+    writer.writerows({**row, "written_by": MARKER} for row in safe)
     return out.getvalue()
 
 
 def _errors_csv(errors: np.ndarray, ids: Sequence[str], names: Sequence[str]) -> str:
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
-    writer.writerow(["case", *names, "written_by"])
+    writer.writerow(["case", *map(spreadsheet_safe, names), "written_by"])
     for case, row in zip(ids, errors):
-        writer.writerow([case, *(f"{e:.4f}" for e in row), MARKER])
+        writer.writerow([spreadsheet_safe(case), *(f"{e:.4f}" for e in row), MARKER])
     return out.getvalue()
 
 
 def _check_target(path: Path, overwrite: bool) -> None:
-    """Refuse to replace a folder, or a file heatmap3d did not write (unless overwrite)."""
+    """Refuse to replace a folder, or a file heatmap3d did not write or that was edited
+    since (its seal no longer matches), unless overwrite."""
     if path.is_dir():
         raise InputError(f"{path}: is a folder; cannot write the evaluation there")
-    if path.exists() and not overwrite and not is_evaluation_output(path):
+    if path.exists() and not overwrite and not (is_evaluation_output(path) and _unedited(path)):
         raise InputError(
             f"{path}: exists and was not written by heatmap3d evaluate; refusing to "
             "overwrite it (choose another --out, or move the file away)"
         )
+
+
+def _unedited(path: Path) -> bool:
+    """False when ``path``'s seal says it was changed since evaluate wrote it (a table
+    from before seals counts as unedited)."""
+    try:
+        return seal_state(path.read_text(encoding="utf-8")) is not False
+    except (OSError, UnicodeDecodeError):
+        return False
 
 
 def _make_folder(out_dir: Path) -> None:
@@ -154,12 +168,28 @@ def _make_folder(out_dir: Path) -> None:
 
 def _check_apart(out_dir: Path, pred_dir: Path, truth_dir: Path) -> None:
     """``--out`` must not be a folder evaluate reads: the next run would read its CSVs."""
+    if pred_dir.resolve() == truth_dir.resolve():
+        raise InputError(
+            f"--pred {pred_dir} and --truth {truth_dir}: are the same folder; the predictions "
+            "would be scored against themselves (0 mm)"
+        )
     for flag, folder in (("--pred", pred_dir), ("--truth", truth_dir)):
         if out_dir.resolve() == folder.resolve():
             raise InputError(
                 f"--out {out_dir}: is the {flag} folder; metrics.csv and errors.csv would be "
                 "written among the landmark files it reads: choose another folder (the "
                 "default is PRED/evaluation)"
+            )
+
+
+def _check_not_themselves(pred: Mapping[str, Path], truth: Mapping[str, Path]) -> None:
+    """A prediction file that is its own truth file (a link, or the same file by another
+    path) would score 0 mm: refused, naming it."""
+    for case_id, path in pred.items():
+        if path.resolve() == truth[case_id].resolve() or path.samefile(truth[case_id]):
+            raise InputError(
+                f"{path}: is also the truth file of case {case_id!r} ({truth[case_id]}); "
+                "the prediction would be scored against itself"
             )
 
 
@@ -195,7 +225,9 @@ def evaluate_dirs(
     if not paths:
         raise InputError(f"{pred_dir}: no landmark files found")
     pred = {c: read_landmarks(p) for c, p in paths.items()}
-    truth = {c: read_landmarks(find_landmark_file(truth_dir, c)) for c in pred}
+    truth_paths = {c: find_landmark_file(truth_dir, c) for c in pred}
+    _check_not_themselves(paths, truth_paths)
+    truth = {c: read_landmarks(p) for c, p in truth_paths.items()}
     names = union_names(truth.values())
     _check_predicted_names(paths, pred, names)
     stats, errors, ids = evaluate(pred, truth, names)

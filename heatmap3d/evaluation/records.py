@@ -24,8 +24,10 @@ from pathlib import Path
 import numpy as np
 
 from heatmap3d.errors import InputError, one_line
+from heatmap3d.io.landmark_fields import from_spreadsheet_safe
 from heatmap3d.io.landmarks import Landmarks, read_landmarks
 from heatmap3d.io.layout import landmark_candidates, landmark_case_id
+from heatmap3d.io.seal import without_seal
 
 OUTPUTS = ("metrics.csv", "errors.csv")
 """The files ``heatmap3d evaluate`` writes into its output folder."""
@@ -172,7 +174,7 @@ def read_radius_column(path: Path) -> dict[str, float] | None:
     if RADIUS_COLUMN not in header or "name" not in header:
         return None
     return {
-        (row.get("name") or "").strip(): _radius(
+        from_spreadsheet_safe((row.get("name") or "").strip()): _radius(
             path, start + 2 + n, (row.get(RADIUS_COLUMN) or "").strip()
         )
         for n, row in enumerate(rows)
@@ -212,5 +214,5 @@ def read_prediction_table(path: Path) -> PredictionTable:
         status.append(st)
         flag = (row.get("review") or "").strip()
         review[i] = flag == "1" if flag else st != "ok"
-    marks = list(dict.fromkeys((row.get("written_by") or "").strip() for row in rows))
+    marks = list(dict.fromkeys(without_seal((row.get("written_by") or "").strip()) for row in rows))
     return PredictionTable(landmarks, conf, radius, status, review, [m for m in marks if m])

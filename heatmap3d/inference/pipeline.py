@@ -23,7 +23,6 @@ test-time mirroring, and reviews each scan's landmarks:
 from __future__ import annotations
 
 import dataclasses
-import json
 from pathlib import Path
 
 import numpy as np
@@ -36,6 +35,7 @@ from heatmap3d.inference.decode import decode_heatmaps
 from heatmap3d.inference.predictor import Prediction, Predictor
 from heatmap3d.inference.refine import Cascade, refine_landmarks
 from heatmap3d.inference.shape import ShapeModel
+from heatmap3d.io.json_file import load_json
 from heatmap3d.io.model_folder import read_model_folder
 
 DEFAULT_REVIEW_RADIUS_MM = 5.0
@@ -160,10 +160,17 @@ def declare_absent(pred: Prediction, calibration: Calibration | None) -> None:
 
 def state_radii(pred: Prediction, calibration: Calibration | None, review_radius_mm: float) -> None:
     """``pred.radius_mm`` from ``pred.signal_mm`` (NaN without a calibration), and status
-    ``review`` for an ``ok`` landmark whose radius is above ``review_radius_mm`` (in place)."""
+    ``review`` for an ``ok`` landmark whose radius is not a finite number within
+    ``review_radius_mm`` (in place).
+
+    ``ok`` is a claim that the model states how far off the landmark may be: a landmark
+    without a stated radius (no calibration, a calibration without a scale for it, a NaN
+    signal) is never ``ok`` (``radius > limit`` alone would let NaN through as ``ok``).
+    """
     k = len(pred.status)
     pred.radius_mm = calibration.radii(pred.signal_mm) if calibration else np.full(k, np.nan)
-    pred.status[(pred.status == "ok") & (pred.radius_mm > review_radius_mm)] = "review"
+    stated = np.isfinite(pred.radius_mm) & (pred.radius_mm <= review_radius_mm)
+    pred.status[(pred.status == "ok") & ~stated] = "review"
 
 
 def _gaussian_around(shape, spacing, centre: np.ndarray, sigma_mm: float) -> torch.Tensor:
@@ -194,11 +201,18 @@ def load_pipeline(
         raise InputError(f"{folder}: {len(stages)} stages; prediction runs one or two")
     model = stages[0] if len(stages) == 1 else Cascade(stages[0], stages[1])
     shape = calibration = None
-    try:
-        if found.shape is not None:
-            shape = ShapeModel.from_dict(json.loads(found.shape.read_text()))
-        if found.calibration is not None:
-            calibration = Calibration.from_dict(json.loads(found.calibration.read_text()))
-    except (OSError, ValueError) as err:
-        raise InputError(f"{folder}: cannot read its shape model or calibration ({err})") from None
+    if found.shape is not None:
+        doc = load_json(found.shape, what="shape model")
+        shape = _from_doc(ShapeModel.from_dict, doc, found.shape)
+    if found.calibration is not None:
+        doc = load_json(found.calibration, what="calibration")
+        calibration = _from_doc(Calibration.from_dict, doc, found.calibration)
     return Pipeline(model, shape, calibration, review_radius_mm=review_radius_mm)
+
+
+def _from_doc(build, doc, path: Path):
+    """``build(doc)`` (a ``from_dict``), its ValueError one line naming ``path``."""
+    try:
+        return build(doc)
+    except (ValueError, np.linalg.LinAlgError) as err:
+        raise InputError(f"{path}: {' '.join(str(err).split())}") from None

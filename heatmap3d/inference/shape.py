@@ -18,6 +18,8 @@ import numpy as np
 _PRIOR_SHAPES = 5.0  # pseudo-cases of the pooled RMS in scale_mm (shrinkage for small N)
 _FIT_ITERATIONS = 5  # alternating transform / mode-coefficient fits in reconstruct
 _GPA_ITERATIONS = 20
+_MAX_MM = 1e6  # 1 km: no anatomy; a read shape model beyond it is malformed
+_MIN_MM2 = 1e-6  # the smallest noise_mm2 a read shape model may hold
 
 
 def _similarity(src: np.ndarray, dst: np.ndarray) -> tuple[float, np.ndarray, np.ndarray]:
@@ -275,20 +277,47 @@ class ShapeModel:
 
     @classmethod
     def from_dict(cls, d: dict) -> ShapeModel:
-        """Inverse of :meth:`to_dict`; ValueError on missing keys, wrong shapes, bad values."""
+        """Inverse of :meth:`to_dict`; ValueError on missing keys, wrong shapes, bad values,
+        and for a model that cannot reconstruct its own mean shape (what prediction asks
+        of it for every scan: better refused once, naming the file, than failing each scan
+        with a numpy error)."""
+        if not isinstance(d, dict):
+            raise ValueError(f"malformed shape model: an object expected, got {type(d).__name__}")
+        names = d.get("names")
+        if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+            raise ValueError("malformed shape model: 'names' must be a list of strings")
         try:
-            names = [str(n) for n in d["names"]]
             k = len(names)
             mean = np.asarray(d["mean"], dtype=float).reshape(k, 3)
             variances = np.asarray(d["variances"], dtype=float).reshape(-1)
             modes = np.asarray(d["modes"], dtype=float).reshape(len(variances), k * 3)
             scale = np.asarray(d["scale_mm"], dtype=float).reshape(k)
             floor, noise = float(d["floor_mm"]), float(d.get("noise_mm2", 1.0))
-        except (KeyError, TypeError, ValueError) as e:
+        except (KeyError, TypeError, ValueError, OverflowError) as e:
             raise ValueError(f"malformed shape model: {e!r}") from e
         arrays = (mean, modes, variances, scale, np.array([floor, noise]))
         if not all(np.isfinite(a).all() for a in arrays):
             raise ValueError("malformed shape model: non-finite values")
         if (variances <= 0).any() or (scale < 0).any() or floor < 0 or noise <= 0:
             raise ValueError("malformed shape model: negative variances, scales or floor")
-        return cls(names, mean, modes, variances, scale, floor, noise)
+        # Anatomy in mm: beyond these no fit stays finite in float64 (squares of 1e150 overflow).
+        if max(np.abs(mean).max(initial=0), scale.max(initial=0), floor) > _MAX_MM:
+            raise ValueError(f"malformed shape model: a position or scale beyond {_MAX_MM:g} mm")
+        if not _MIN_MM2 <= noise <= _MAX_MM**2 or (variances > _MAX_MM**2).any():
+            raise ValueError("malformed shape model: 'variances' or 'noise_mm2' out of range")
+        model = cls(names, mean, modes, variances, scale, floor, noise)
+        model._check_fit()
+        return model
+
+    def _check_fit(self) -> None:
+        """ValueError unless every landmark of the mean shape is reconstructed finitely
+        (when it has the 5 landmarks a reconstruction needs: 4 others)."""
+        if len(self.names) < 5:
+            return
+        try:
+            with np.errstate(all="ignore"):
+                ok = np.isfinite(self.residuals(self.mean)).all()
+        except np.linalg.LinAlgError as e:
+            raise ValueError(f"malformed shape model: its fit fails ({e})") from None
+        if not ok:
+            raise ValueError("malformed shape model: its fit of the mean shape is not finite")

@@ -7,6 +7,7 @@ Every problem raises :class:`InputError` with a message that starts with the fil
 from __future__ import annotations
 
 import math
+import re
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
@@ -68,6 +69,24 @@ def parse_xyz(path: Path, where: str, values: Sequence[Any]) -> list[float]:
     if 0 < n_missing < 3:
         raise InputError(f"{path}: {where}: only some coordinates given {list(values)!r}")
     return out
+
+
+# A cell starting with one of these is a formula to a spreadsheet (OWASP CSV injection);
+# cells of the form '*<one of these>... get one more leading quote, so that the mapping is
+# one-to-one and from_spreadsheet_safe gives back exactly what was written.
+_FORMULA = re.compile(r"'*[=+\-@\t\r]")
+
+
+def spreadsheet_safe(cell: str) -> str:
+    """``cell`` as a spreadsheet shows it as text: ``'`` before a leading ``=``, ``+``,
+    ``-``, ``@``, tab or CR (and before quotes that precede one). For text cells (names,
+    case ids), never numbers: ``-12.5`` stays a number."""
+    return f"'{cell}" if _FORMULA.match(cell) else cell
+
+
+def from_spreadsheet_safe(cell: str) -> str:
+    """The inverse of :func:`spreadsheet_safe` (one leading ``'`` dropped where it added one)."""
+    return cell[1:] if cell.startswith("'") and _FORMULA.match(cell[1:]) else cell
 
 
 def fmt(value: float) -> str:

@@ -26,7 +26,14 @@ from typing import Any
 import numpy as np
 
 from heatmap3d.errors import InputError
-from heatmap3d.io.landmark_fields import Parsed, fmt, load_json, parse_xyz
+from heatmap3d.io.landmark_fields import (
+    Parsed,
+    fmt,
+    from_spreadsheet_safe,
+    load_json,
+    parse_xyz,
+    spreadsheet_safe,
+)
 from heatmap3d.io.slicer_markups import (
     is_markups_doc,
     markups_from_doc,
@@ -60,7 +67,7 @@ def _read_csv(path: Path, text: str) -> Parsed:
         number = reader.line_num + 1  # +1: the coordinate_system line
         if None in row.values() or None in row:
             raise InputError(f"{path}: line {number}: wrong number of columns")
-        names.append(row["name"].strip())
+        names.append(from_spreadsheet_safe(row["name"].strip()))
         points.append(parse_xyz(path, f"line {number}", [row["x"], row["y"], row["z"]]))
     return names, points, match.group(1)
 
@@ -73,7 +80,7 @@ def _csv_text(names: list[str], points: np.ndarray, system: str, conf: np.ndarra
     for i, (name, xyz) in enumerate(zip(names, points, strict=True)):
         # A confidence is a float32 peak height: 4 digits say all it means (no 0.76630759...).
         extra = [] if conf is None else ["" if math.isnan(conf[i]) else f"{conf[i]:.4g}"]
-        writer.writerow([name, *(fmt(v) for v in xyz), *extra])
+        writer.writerow([spreadsheet_safe(name), *(fmt(v) for v in xyz), *extra])
     return out.getvalue()
 
 

@@ -26,6 +26,7 @@ from pathlib import Path
 
 from heatmap3d.errors import InputError
 from heatmap3d.io.atomic import atomic_write_bytes
+from heatmap3d.io.json_file import load_json
 
 MODEL_FILE = "model.json"
 FORMAT = 2
@@ -74,8 +75,10 @@ def write_model_folder(
 def read_model_folder(folder: Path) -> ModelFolder:
     """The stages of a model folder with their checkpoints' full paths, in order.
 
-    Raises :class:`InputError` naming the folder when it holds no (valid) ``model.json``
-    or a file it lists is missing.
+    Raises :class:`InputError` naming the folder when it holds no (valid) ``model.json``,
+    naming ``model.json`` and the key when a value is malformed or a path it lists leaves
+    the folder (absolute, ``..``, or a symlink out: a model folder is self-contained, it
+    never uses someone else's weights), and naming the file when one it lists is missing.
     """
     folder = Path(folder)
     path = folder / MODEL_FILE
@@ -83,16 +86,15 @@ def read_model_folder(folder: Path) -> ModelFolder:
         raise InputError(
             f"{folder}: not a model folder (no {MODEL_FILE}; heatmap3d train DATA writes one)"
         )
-    try:
-        doc = json.loads(path.read_text())
-        stages = _stages(doc)
-    except (OSError, ValueError, KeyError, TypeError) as err:
-        raise InputError(f"{path}: not a readable model file ({err})") from None
+    doc = load_json(path, what="model file")
+    if not isinstance(doc, dict):
+        raise InputError(f"{path}: expected a JSON object, got {type(doc).__name__}")
+    stages = _stages(path, doc)
     if not stages:
         raise InputError(f"{path}: lists no stages (or is not format 1 or {FORMAT})")
     found = []
     for stage in stages:
-        paths = [folder / c for c in stage.checkpoints]
+        paths = [_inside(folder, c, f"stage {stage.name!r}") for c in stage.checkpoints]
         for checkpoint in paths:
             if not checkpoint.is_file():
                 raise InputError(f"{checkpoint}: checkpoint of stage {stage.name!r} not found")
@@ -101,22 +103,59 @@ def read_model_folder(folder: Path) -> ModelFolder:
     return ModelFolder(folder, found, **extras)
 
 
-def _stages(doc: dict) -> list[StageEntry]:
-    if doc.get("format") == 1:  # one checkpoint per stage
-        return [StageEntry(s["name"], s["role"], (s["checkpoint"],)) for s in doc["stages"]]
-    if doc.get("format") != FORMAT:
+def _stages(path: Path, doc: dict) -> list[StageEntry]:
+    """The stages ``doc`` lists (empty for an unknown format); InputError naming ``path``
+    and the key for a malformed one."""
+    version = doc.get("format")
+    if version not in (1, FORMAT) or isinstance(version, bool):
         return []
-    stages = [StageEntry(s["name"], s["role"], tuple(s["checkpoints"])) for s in doc["stages"]]
-    if any(not s.checkpoints or not all(isinstance(c, str) for c in s.checkpoints) for s in stages):
-        raise ValueError("a stage lists no checkpoints")
+    entries = doc.get("stages")
+    if not isinstance(entries, list):
+        raise InputError(f"{path}: 'stages' must be a list of stages")
+    stages = []
+    for i, entry in enumerate(entries):
+        where = f"{path}: stages[{i}]"
+        if not isinstance(entry, dict):
+            raise InputError(f"{where}: expected an object with name, role and checkpoints")
+        name, role = entry.get("name"), entry.get("role")
+        if not isinstance(name, str) or not isinstance(role, str):
+            raise InputError(f"{where}: 'name' and 'role' must be strings")
+        found = [entry.get("checkpoint")] if version == 1 else entry.get("checkpoints")
+        if not isinstance(found, list) or not found or not all(_is_name(c) for c in found):
+            key = "checkpoint" if version == 1 else "checkpoints"
+            raise InputError(f"{where}: '{key}' must name checkpoint files (non-empty strings)")
+        stages.append(StageEntry(name, role, tuple(found)))
     return stages
+
+
+def _is_name(value: object) -> bool:
+    return isinstance(value, str) and bool(value.strip()) and "\x00" not in value
+
+
+def _inside(folder: Path, name: str, key: str) -> Path:
+    """``folder / name``, refused (naming model.json, the key and the path) when it leaves
+    the folder: an absolute path, ``..``, or a symlink whose target is outside."""
+    path = folder / name
+    root = folder.resolve()
+    try:
+        outside = Path(name).is_absolute() or not path.resolve().is_relative_to(root)
+    except (OSError, RuntimeError):  # a symlink loop
+        outside = True
+    if outside:
+        raise InputError(
+            f"{folder / MODEL_FILE}: {key}: {name!r} is outside the model folder "
+            "(a model folder is self-contained: paths are relative, inside it)"
+        )
+    return path
 
 
 def _optional(folder: Path, name: object, key: str) -> Path | None:
     """The full path of an optional file the model lists (None when it lists none)."""
     if name is None:
         return None
-    path = folder / str(name)
+    if not _is_name(name):
+        raise InputError(f"{folder / MODEL_FILE}: '{key}' must be a file name or null")
+    path = _inside(folder, str(name), f"'{key}'")
     if not path.is_file():
         raise InputError(f"{path}: the {key} file that {folder / MODEL_FILE} lists is missing")
     return path

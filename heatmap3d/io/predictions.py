@@ -47,8 +47,19 @@ without one is never replaced unless ``overwrite=True`` (``--overwrite``):
 * NIfTI: the header's ``descrip`` field, ``heatmap3d heatmaps``.
 * PNG: the ``Software`` text chunk, ``heatmap3d <version>``.
 
-A file with the marker may be replaced (predicting again refreshes the outputs). Writes
-are atomic (:mod:`heatmap3d.io.atomic`): a reader sees the old file or the new one.
+A file with the marker may be replaced (predicting again refreshes the outputs), unless
+a person has edited it since: the CSV's and the markups file's markers are sealed with a
+hash of the file's content (:mod:`heatmap3d.io.seal`; ``heatmap3d 0.1.0 sha256=...``), and
+a file whose content no longer matches its seal is the user's, refused like any foreign
+file. Files written before seals (no hash) are still taken as ours. Writes are atomic
+(:mod:`heatmap3d.io.atomic`): a reader sees the old file or the new one.
+
+Landmark names are written as spreadsheet-safe cells (a name such as ``=HYPERLINK(...)``
+gets a leading ``'``: :func:`~heatmap3d.io.landmark_fields.spreadsheet_safe`); the
+project's CSV reader gives back the original name.
+
+:func:`is_ours` is the one test of "may this file be replaced without ``--overwrite``"
+(resumable prediction relies on it): its name and meaning stay as documented.
 """
 
 from __future__ import annotations
@@ -68,9 +79,11 @@ from heatmap3d import __version__
 from heatmap3d.errors import InputError, one_line
 from heatmap3d.geometry import Volume, resample_to_grid
 from heatmap3d.io.atomic import atomic_write, atomic_write_bytes
+from heatmap3d.io.json_file import read_text
 from heatmap3d.io.landmark_fields import LPS_FLIP
 from heatmap3d.io.landmark_formats import WRITERS
 from heatmap3d.io.landmarks import Landmarks
+from heatmap3d.io.seal import seal, seal_state
 
 __all__ = [
     "MARKER",
@@ -97,10 +110,14 @@ REVIEW_COLOUR = [1.0, 0.55, 0.0]  # Slicer color: points to review (unselected),
 
 
 def is_ours(path: str | Path) -> bool:
-    """True when ``path`` is a file that heatmap3d wrote (it carries the marker).
+    """True when ``path`` is a regular file that heatmap3d wrote and nobody changed since.
 
-    A missing, unreadable or unparseable file, or a type heatmap3d does not write, is not
-    ours.
+    Ours: it carries the marker (CSV ``written_by`` column, markups ``heatmap3d`` object,
+    NIfTI ``descrip``, PNG ``Software``) and, for the CSV and markups files, its content
+    still matches the seal beside the marker (:func:`heatmap3d.io.seal.seal_state`; a
+    file without a seal, from an earlier heatmap3d, counts as ours). A missing,
+    unreadable or unparseable file, one edited since it was written, or a type heatmap3d
+    does not write, is not ours. Never raises.
     """
     path = Path(path)
     if not path.is_file():
@@ -125,13 +142,19 @@ def is_ours(path: str | Path) -> bool:
 
 
 def _json_is_ours(path: Path) -> bool:
-    doc = json.loads(path.read_text(encoding="utf-8"))
+    text = read_text(path, what="markups file")
+    if seal_state(text) is False:  # edited since we wrote it: the user's now
+        return False
+    doc = json.loads(text)
     tag = doc.get("heatmap3d") if isinstance(doc, dict) else None
     return isinstance(tag, dict) and str(tag.get("written_by", "")).startswith("heatmap3d ")
 
 
 def _csv_is_ours(path: Path) -> bool:
-    lines = path.read_text(encoding="utf-8-sig").splitlines()
+    text = read_text(path, what="CSV file")
+    if seal_state(text) is False:  # edited since we wrote it: the user's now
+        return False
+    lines = text.splitlines()
     reader = csv.DictReader(lines[1:])
     if "written_by" not in (reader.fieldnames or []):
         return False
@@ -155,8 +178,9 @@ def check_overwrite(path: str | Path, overwrite: bool = False) -> None:
 
 
 def _write_text(path: Path, text: str) -> None:
+    """Write ``text`` with its markers sealed (see the module docstring), atomically."""
     try:
-        atomic_write_bytes(path, text.encode("utf-8"))
+        atomic_write_bytes(path, seal(text, MARKER).encode("utf-8"))
     except OSError as exc:
         raise InputError(f"{path}: cannot write ({one_line(exc)})") from exc
 
@@ -222,10 +246,17 @@ def write_prediction(
         ("absent" if st == "absent" else "missing") if m else str(st)
         for st, m in zip(status, missing, strict=True)
     ]
+    if not 0.0 <= review_below <= 1.0:  # NaN too: the markups file could not store it
+        raise InputError(f"review_below: {review_below!r} is not a confidence between 0 and 1")
     review = review_flags(landmarks, conf, review_below, status)
+    # Both texts are made before either file is written: a failure leaves neither half done.
+    texts = [
+        _csv_text(landmarks, conf, radius, status, review),
+        _markups_text(landmarks, conf, radius, status, review, review_below),
+    ]
     out_dir.mkdir(parents=True, exist_ok=True)
-    _write_text(paths[0], _csv_text(landmarks, conf, radius, status, review))
-    _write_text(paths[1], _markups_text(landmarks, conf, radius, status, review, review_below))
+    for path, text in zip(paths, texts, strict=True):
+        _write_text(path, text)
     return paths
 
 

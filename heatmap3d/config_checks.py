@@ -1,0 +1,147 @@
+"""The checks of a :class:`~heatmap3d.config.Config` that its field types alone cannot
+make: every number finite and of its type, every value in the range a run can use.
+
+:func:`validate` runs on every ``Config`` built (``__post_init__``), from YAML, from
+overrides or in code; each problem is one :class:`InputError` line naming the key.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import typing
+from typing import TYPE_CHECKING, Any
+
+from heatmap3d.errors import InputError
+
+if TYPE_CHECKING:
+    from heatmap3d.config import Config
+
+PRECISIONS = ("auto", "bf16", "fp16", "fp32", "fp64")
+ROLES = ("whole_scan", "refiner")
+# Upper limits no run reaches: beyond them a value is a typo (1000 for 1.0) that would fail
+# far from the config, in an allocation.
+MAX_SPACING_MM = 100.0
+MAX_PATCH = 1024
+MAX_DEPTH = 8
+MAX_CHANNELS = 1024
+
+
+def validate(cfg: Config) -> None:
+    """Check values that a type alone cannot; raise :class:`InputError` naming the key.
+
+    First every number of every section (:func:`_check_numbers`: finite floats, ints that
+    are ints, bools that are bools; NaN passes every ``>`` and ``min`` test below, so it
+    must be caught before them), then the ranges.
+    """
+    _check_numbers(cfg)
+    checks = [
+        (
+            len(cfg.data.spacing) == 3 and all(0 < v <= MAX_SPACING_MM for v in cfg.data.spacing),
+            f"data.spacing: 3 values > 0 and <= {MAX_SPACING_MM:g} (mm)",
+        ),
+        (
+            len(cfg.data.patch_size) == 3 and all(0 < p <= MAX_PATCH for p in cfg.data.patch_size),
+            f"data.patch_size: 3 integers > 0 and <= {MAX_PATCH} (voxels)",
+        ),
+        (1 <= cfg.model.depth <= MAX_DEPTH, f"model.depth: 1 to {MAX_DEPTH}"),
+        (
+            all(p % 2**cfg.model.depth == 0 for p in cfg.data.patch_size),
+            f"data.patch_size: each must be a multiple of 2**model.depth = {2**cfg.model.depth}",
+        ),
+        (cfg.data.normalization in ("mr", "ct", "none"), "data.normalization: mr, ct or none"),
+        (0 <= cfg.data.landmark_crops <= 1, "data.landmark_crops: between 0 and 1"),
+        (cfg.data.crop_jitter_mm >= 0, "data.crop_jitter_mm: >= 0 (mm)"),
+        (len(set(cfg.data.landmarks)) == len(cfg.data.landmarks), "data.landmarks: duplicated"),
+        (cfg.model.norm in ("instance", "group"), "model.norm: instance or group"),
+        (cfg.model.role in ROLES, f"model.role: one of {', '.join(ROLES)}"),
+        (
+            cfg.model.role != "refiner" or cfg.data.landmark_crops == 1,
+            "model.role=refiner: a refiner trains on landmark-centred crops, set "
+            "data.landmark_crops=1",
+        ),
+        (1 <= cfg.model.channels <= MAX_CHANNELS, f"model.channels: 1 to {MAX_CHANNELS}"),
+        (cfg.heatmap.sigma > 0, "heatmap.sigma: > 0 (mm)"),
+        (cfg.heatmap.foreground_weight >= 0, "heatmap.foreground_weight: >= 0"),
+        (cfg.train.epochs >= 1 and cfg.train.batch_size >= 1, "train.epochs, batch_size: >= 1"),
+        (cfg.train.budget_minutes >= 0, "train.budget_minutes: >= 0 (0 = train.epochs decides)"),
+        (cfg.train.val_every >= 1, "train.val_every: >= 1"),
+        (cfg.train.device in ("auto", "cuda", "cpu"), "train.device: auto, cuda or cpu"),
+        (cfg.train.precision in PRECISIONS, f"train.precision: one of {', '.join(PRECISIONS)}"),
+        (cfg.train.accumulate >= 1, "train.accumulate: >= 1"),
+        (cfg.train.nonfinite in ("stop", "skip"), "train.nonfinite: stop or skip"),
+        (cfg.train.timeout_min > 0, "train.timeout_min: > 0 (minutes)"),
+        *_value_checks(cfg),
+    ]
+    for ok, message in checks:
+        if not ok:
+            raise InputError(f"invalid config value: {message}")
+
+
+def _value_checks(cfg: Config) -> list[tuple[bool, str]]:
+    """Numbers the types allow but no run can use: each would fail later, far from the
+    config (a reversed percentile range normalises every image to a constant, a zero CT
+    window divides by zero, a negative learning rate climbs the loss)."""
+    d, a, t, i, s = cfg.data, cfg.augment, cfg.train, cfg.inference, cfg.synthetic
+    return [
+        (_is_range(d.percentiles, 0, 100), "data.percentiles: 2 values, 0 <= low < high <= 100"),
+        (_is_range(d.ct_window), "data.ct_window: 2 values, low < high (HU)"),
+        (d.prefetch_factor >= 1, "data.prefetch_factor: >= 1"),
+        (d.num_workers >= -1, "data.num_workers: >= 0, or -1 (from the CPU count)"),
+        (0 <= t.seed < 2**31, "train.seed: 0 <= seed < 2**31"),
+        (0 <= s.seed < 2**31, "synthetic.seed: 0 <= seed < 2**31"),
+        (t.lr >= 0, "train.lr: >= 0 (0 keeps the weights: evaluation runs)"),
+        (t.weight_decay >= 0, "train.weight_decay: >= 0"),
+        (t.grad_clip >= 0, "train.grad_clip: >= 0 (0 disables clipping)"),
+        (t.calibration_views >= 0, "train.calibration_views: >= 0"),
+        (0 <= i.overlap < 1, "inference.overlap: 0 <= overlap < 1"),
+        (i.batch >= 1, "inference.batch: >= 1"),
+        (_is_factor_range(a.scale), "augment.scale: 2 values, 0 < low <= high"),
+        (_is_factor_range(a.gamma), "augment.gamma: 2 values, 0 < low <= high"),
+        (_is_factor_range(a.contrast), "augment.contrast: 2 values, 0 < low <= high"),
+        (-1 <= a.mirror_axis <= 2, "augment.mirror_axis: -1 (off), 0, 1 or 2"),
+        (a.thick_slices_mm >= 0, "augment.thick_slices_mm: >= 0 (0 = off)"),
+        (a.rotation_deg >= 0, "augment.rotation_deg: >= 0 (degrees)"),
+        (a.shear >= 0 and a.translation_mm >= 0, "augment.shear, translation_mm: >= 0"),
+        (a.elastic_mm >= 0 and a.elastic_grid >= 2, "augment.elastic_mm: >= 0, elastic_grid: >= 2"),
+        (a.noise_std >= 0 and a.bias_field >= 0, "augment.noise_std, bias_field: >= 0"),
+        (min(s.n_train, s.n_val, s.n_test) >= 0, "synthetic.n_train, n_val, n_test: >= 0"),
+    ]
+
+
+def _check_numbers(cfg: Config) -> None:
+    """InputError naming the key for any number of any section that is not finite or not of
+    its field's type (a ``Config`` built in code skips :func:`from_dict`'s type checks)."""
+    for section in dataclasses.fields(cfg):
+        values = getattr(cfg, section.name)
+        hints = typing.get_type_hints(type(values))
+        for f in dataclasses.fields(values):
+            key, value, hint = f"{section.name}.{f.name}", getattr(values, f.name), hints[f.name]
+            inner = typing.get_args(hint)[0] if typing.get_origin(hint) is list else hint
+            for v in value if isinstance(value, list) else [value]:
+                _check_number(key, v, inner)
+
+
+def _check_number(key: str, value: Any, hint: Any) -> None:
+    if hint is bool and not isinstance(value, bool):
+        raise InputError(f"invalid config value: {key}: true or false, got {value!r}")
+    if hint in (int, float) and (isinstance(value, bool) or not isinstance(value, (int, float))):
+        raise InputError(f"invalid config value: {key}: a number, got {value!r}")
+    if hint is int and not isinstance(value, int):
+        raise InputError(f"invalid config value: {key}: an integer, got {value!r}")
+    if hint is float and not math.isfinite(value):
+        raise InputError(f"invalid config value: {key}: a finite number, got {value!r}")
+
+
+def _is_range(values: list[float], lo: float = -math.inf, hi: float = math.inf) -> bool:
+    """Two finite values ``[low, high]`` with ``lo <= low < high <= hi``."""
+    return (
+        len(values) == 2
+        and all(math.isfinite(v) for v in values)
+        and lo <= values[0] < values[1] <= hi
+    )
+
+
+def _is_factor_range(values: list[float]) -> bool:
+    """Two finite factors ``[low, high]`` with ``0 < low <= high`` (equal: a fixed factor)."""
+    return len(values) == 2 and all(math.isfinite(v) for v in values) and 0 < values[0] <= values[1]

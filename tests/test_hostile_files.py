@@ -1,0 +1,383 @@
+"""Issue 25, model folders, prediction files and evaluation: hostile files through the real
+commands (``heatmap3d predict``, ``heatmap3d evaluate``), each a one-line error naming the
+file, or a correct result; nothing read from outside the model folder; no user's edit lost.
+
+The model is an untrained U-Net with a raised output bias (every landmark has a peak): what
+is tested is what the tool does with the files around it, not what it finds.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import re
+from pathlib import Path
+
+import nibabel as nib
+import numpy as np
+import pytest
+import torch
+
+from heatmap3d.cli import main
+from heatmap3d.config import Config, DataConfig, ModelConfig
+from heatmap3d.distributed import DistInfo
+from heatmap3d.evaluation.calibration import Calibration
+from heatmap3d.io.landmarks import Landmarks, read_landmarks, write_landmarks
+from heatmap3d.io.model_folder import StageEntry, write_model_folder
+from heatmap3d.io.predictions import is_ours
+from heatmap3d.training.state import TrainState
+
+CPU = torch.device("cpu")
+# Names a spreadsheet would run as formulas, and a plain one.
+NAMES = ['=HYPERLINK("http://x.example","y")', "+1", "-cmd", "@SUM(A1)", "nasion"]
+
+
+def _checkpoint(path: Path, names: list[str]) -> Path:
+    data = DataConfig(landmarks=names, spacing=[3.0] * 3, patch_size=[16] * 3)
+    cfg = Config(data=data, model=ModelConfig(channels=2, depth=2))
+    state = TrainState.build(cfg, CPU)
+    with torch.no_grad():
+        state.model.head.bias += 0.5
+    state.save(
+        path, cfg, DistInfo(rank=0, local_rank=0, world_size=1, local_world_size=1, device=CPU)
+    )
+    return path
+
+
+@pytest.fixture(scope="module")
+def weights(tmp_path_factory) -> Path:
+    return _checkpoint(tmp_path_factory.mktemp("weights") / "best.pt", NAMES)
+
+
+@pytest.fixture(scope="module")
+def scan(tmp_path_factory) -> Path:
+    from scipy.ndimage import gaussian_filter
+
+    noise = np.random.default_rng(0).normal(size=(24, 20, 18))
+    path = tmp_path_factory.mktemp("scans") / "case000.nii.gz"
+    nib.save(nib.Nifti1Image(gaussian_filter(noise, 2.0).astype(np.float32), np.eye(4)), path)
+    return path
+
+
+def model_folder(root: Path, weights: Path, *, calibration: dict | None = None) -> Path:
+    """``root/model`` with the checkpoint inside (a copy) and model.json listing it."""
+    folder = root / "model"
+    (folder / "coarse").mkdir(parents=True)
+    (folder / "coarse" / "best.pt").write_bytes(weights.read_bytes())
+    name = None
+    if calibration is not None:
+        (folder / "calibration.json").write_text(json.dumps(calibration))
+        name = "calibration.json"
+    write_model_folder(
+        folder, [StageEntry("coarse", "whole_scan", ("coarse/best.pt",))], calibration=name
+    )
+    return folder
+
+
+def predict(capsys, *args: str | Path) -> tuple[int, str]:
+    code = main(["predict", "--device", "cpu", *map(str, args)])
+    err = capsys.readouterr().err.strip()
+    return code, err
+
+
+def refused(capsys, *args: str | Path) -> str:
+    """The error line of a refused predict (a progress bar may come before it)."""
+    code, err = predict(capsys, *args)
+    assert code == 2, err
+    last = err.replace("\r", "\n").splitlines()[-1]
+    assert last.startswith("error: "), err
+    return last
+
+
+def set_model_json(folder: Path, change) -> None:
+    path = folder / "model.json"
+    doc = json.loads(path.read_text())
+    change(doc)
+    path.write_text(json.dumps(doc))
+
+
+# --------------------------------------------------------------------------------------
+# A model folder is self-contained (issue 25 section 1) and its JSON is checked (section 4)
+# --------------------------------------------------------------------------------------
+
+
+def _outside_relative(doc):
+    doc["stages"][0]["checkpoints"] = ["../elsewhere/best.pt"]
+
+
+def _outside_absolute(doc, target=None):
+    doc["stages"][0]["checkpoints"] = [str(target)]
+
+
+@pytest.mark.parametrize("how", ["relative", "absolute", "symlink"])
+def test_a_model_folder_never_uses_weights_outside_it(capsys, tmp_path, weights, scan, how):
+    folder = model_folder(tmp_path, weights)
+    outside = tmp_path / "elsewhere" / "best.pt"
+    outside.parent.mkdir()
+    outside.write_bytes(weights.read_bytes())  # a valid checkpoint: only the place is wrong
+    if how == "relative":
+        set_model_json(folder, _outside_relative)
+    elif how == "absolute":
+        set_model_json(folder, lambda d: _outside_absolute(d, outside))
+    else:
+        (folder / "coarse" / "best.pt").unlink()
+        (folder / "coarse" / "best.pt").symlink_to(outside)
+    err = refused(capsys, "--model", folder, scan, "--out", tmp_path / "out")
+    assert f"{folder / 'model.json'}" in err and "outside the model folder" in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_calibration_and_shape_paths_stay_inside_too(capsys, tmp_path, weights, scan):
+    folder = model_folder(tmp_path, weights)
+    (tmp_path / "calibration.json").write_text("{}")
+    set_model_json(folder, lambda d: d.update(calibration="../calibration.json"))
+    err = refused(capsys, "--model", folder, scan, "--out", tmp_path / "out")
+    assert "model.json" in err and "'calibration'" in err and "outside" in err
+
+
+@pytest.mark.parametrize(
+    "text, words",
+    [
+        ("[1, 2]", "expected a JSON object"),
+        ('{"format": 2, "stages": "coarse"}', "'stages' must be a list"),
+        (
+            '{"format": 2, "stages": [{"name": "c", "role": "whole_scan", "checkpoints": [7]}]}',
+            "'checkpoints' must name checkpoint files",
+        ),
+        ('{"format": 2, "stages": [3]}', "stages[0]"),
+        ('{"format": 2, "stages": []' + "}" * 0, "not valid JSON"),
+        ("[" * 50_000 + "]" * 50_000, "nested too deeply"),
+        ('{"format": NaN}', "NaN"),
+    ],
+)
+def test_malformed_model_json_is_one_line(capsys, tmp_path, weights, scan, text, words):
+    folder = model_folder(tmp_path, weights)
+    (folder / "model.json").write_text(text)
+    err = refused(capsys, "--model", folder, scan, "--out", tmp_path / "out")
+    assert f"{folder / 'model.json'}" in err and words in err
+
+
+@pytest.mark.parametrize(
+    "landmarks, words", [("abc", "'landmarks' must be a list"), ([1, 2], "'landmarks' must be")]
+)
+def test_a_checkpoint_whose_landmarks_are_not_names(
+    capsys, tmp_path, weights, scan, landmarks, words
+):
+    raw = torch.load(weights, weights_only=True)
+    raw["landmarks"] = landmarks
+    bad = tmp_path / "bad.pt"
+    torch.save(raw, bad)
+    err = refused(capsys, "--checkpoint", bad, scan, "--out", tmp_path / "out")
+    assert str(bad) in err and words in err
+
+
+def _calibration(scale) -> dict:
+    return Calibration(NAMES, 0.9, np.asarray(scale, float), 0.0, 20, 20).to_dict()
+
+
+@pytest.mark.parametrize(
+    "change, words",
+    [
+        (lambda d: d.update(nominal="high"), "'nominal' must be a number"),
+        (lambda d: d.update(scale=[1.0, "x", 1.0, 1.0, 1.0]), "'scale'"),
+        (lambda d: d.update(scale=[1e999] * 5), "'scale'"),  # json writes Infinity: refused
+        (lambda d: d.update(n_cases=2.5), "'n_cases'"),
+        (lambda d: d.update(presence_threshold=7), "presence_threshold"),
+    ],
+)
+def test_malformed_calibration_names_file_and_key(capsys, tmp_path, weights, scan, change, words):
+    doc = _calibration([1.0] * 5)
+    change(doc)
+    folder = model_folder(tmp_path, weights, calibration=doc)
+    err = refused(capsys, "--model", folder, scan, "--out", tmp_path / "out")
+    assert str(folder / "calibration.json") in err
+    assert words in err or "Infinity" in err
+
+
+def test_a_shape_model_that_cannot_fit_is_refused_once(capsys, tmp_path, weights, scan):
+    folder = model_folder(tmp_path, weights)
+    k = len(NAMES)
+    mean = np.random.default_rng(1).normal(size=(k, 3)) * 1e200  # squares overflow: no SVD
+    shape = {
+        "names": NAMES,
+        "mean": mean.tolist(),
+        "modes": [],
+        "variances": [],
+        "scale_mm": [1.0] * k,
+        "floor_mm": 3.0,
+        "noise_mm2": 1.0,
+    }
+    (folder / "shape.json").write_text(json.dumps(shape))
+    set_model_json(folder, lambda d: d.update(shape="shape.json"))
+    err = refused(capsys, "--model", folder, scan, "--out", tmp_path / "out")
+    assert str(folder / "shape.json") in err and "shape model" in err
+
+
+# --------------------------------------------------------------------------------------
+# Statuses: no stated radius, never "ok" (section 3)
+# --------------------------------------------------------------------------------------
+
+
+def statuses(csv_path: Path) -> list[str]:
+    return [r["status"] for r in csv.DictReader(csv_path.read_text().splitlines()[1:])]
+
+
+def test_a_landmark_without_a_stated_radius_is_never_ok(capsys, tmp_path, weights, scan):
+    # null scales: the calibration states no radius for any landmark (a NaN scale would
+    # be refused above; before, its NaN radius passed "radius > limit" as ok).
+    folder = model_folder(tmp_path, weights, calibration=_calibration([math.nan] * 5))
+    code, err = predict(capsys, "--model", folder, scan, "--out", tmp_path / "out")
+    assert code == 0, err
+    found = statuses(tmp_path / "out" / "case000.csv")
+    assert found and "ok" not in found
+    # The same model with finite scales does say ok for some (the test can fail).
+    folder2 = model_folder(tmp_path / "b", weights, calibration=_calibration([1e-3] * 5))
+    assert predict(capsys, "--model", folder2, scan, "--out", tmp_path / "out2")[0] == 0
+    assert "ok" in statuses(tmp_path / "out2" / "case000.csv")
+
+
+# --------------------------------------------------------------------------------------
+# Landmark names are never spreadsheet formulas (section 1), and read back the same
+# --------------------------------------------------------------------------------------
+
+
+def test_prediction_and_evaluation_csvs_hold_no_formulas(capsys, tmp_path, weights, scan):
+    out = tmp_path / "pred"
+    code, err = predict(capsys, "--checkpoint", weights, scan, "--out", out)
+    assert code == 0, err
+    lines = (out / "case000.csv").read_text().splitlines()
+    cells = [row[0] for row in csv.reader(lines[2:])]
+    assert all(not c or c[0] not in "=+-@\t\r" for c in cells), cells
+    assert read_landmarks(out / "case000.csv").names == NAMES  # the reader undoes it
+    assert read_landmarks(out / "case000.mrk.json").names == NAMES
+    points = read_landmarks(out / "case000.csv").points
+    assert np.isfinite(points).all()
+
+    truth = tmp_path / "truth"
+    truth.mkdir()
+    write_landmarks(truth / "case000.csv", Landmarks(NAMES, points - 1.0))
+    assert [r[0] for r in csv.reader((truth / "case000.csv").read_text().splitlines()[2:])][
+        0
+    ].startswith("'=")
+    scored = tmp_path / "scored"  # the prediction CSV alone (predict writes other tables too)
+    scored.mkdir()
+    (scored / "case000.csv").write_bytes((out / "case000.csv").read_bytes())
+    assert main(["evaluate", "--pred", str(scored), "--truth", str(truth)]) == 0
+    report = scored / "evaluation"
+    text = (report / "metrics.csv").read_text() + (report / "errors.csv").read_text()
+    for row in csv.reader(text.splitlines()):
+        assert all(not c or c[0] not in "=+-@\t\r" for c in row), row
+    rows = list(csv.DictReader((report / "metrics.csv").read_text().splitlines()))
+    assert float(rows[-1]["mre_mm"]) == pytest.approx(math.sqrt(3), abs=1e-3)
+
+
+def test_negative_coordinates_stay_numbers(tmp_path):
+    path = tmp_path / "case.csv"
+    write_landmarks(path, Landmarks(["-x"], [[-12.5, -0.25, 3.0]]))
+    row = path.read_text().splitlines()[2].split(",")
+    assert row == ["'-x", "-12.5", "-0.25", "3.0"]
+    assert read_landmarks(path).names == ["-x"]
+
+
+# --------------------------------------------------------------------------------------
+# A prediction corrected by hand is the user's (section 2)
+# --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("suffix", [".csv", ".mrk.json"])
+def test_an_edited_prediction_is_never_replaced(capsys, tmp_path, weights, scan, suffix):
+    out = tmp_path / "pred"
+    assert predict(capsys, "--checkpoint", weights, scan, "--out", out)[0] == 0
+    path = out / f"case000{suffix}"
+    assert is_ours(path)
+    text = path.read_text()
+    # A reviewer moves one point in a text editor; the marker (and its hash) stay.
+    digit = next(i for i, ch in enumerate(text) if ch.isdigit() and i > text.index("nasion"))
+    edited = text[:digit] + str((int(text[digit]) + 1) % 10) + text[digit + 1 :]
+    path.write_text(edited)
+    assert not is_ours(path)
+    err = refused(capsys, "--checkpoint", weights, scan, "--out", out)
+    assert str(path) in err and "not written by heatmap3d" in err
+    assert path.read_text() == edited
+    assert predict(capsys, "--checkpoint", weights, scan, "--out", out, "--overwrite")[0] == 0
+    assert is_ours(path)
+
+
+def test_files_from_before_the_hash_are_still_ours(capsys, tmp_path, weights, scan):
+    out = tmp_path / "pred"
+    assert predict(capsys, "--checkpoint", weights, scan, "--out", out)[0] == 0
+    for name in ("case000.csv", "case000.mrk.json"):
+        path = out / name
+        path.write_text(re.sub(r" sha256=[0-9a-f]{16}", "", path.read_text()))
+        assert is_ours(path)  # as an earlier heatmap3d wrote it: the marker without a hash
+    assert predict(capsys, "--checkpoint", weights, scan, "--out", out)[0] == 0
+
+
+def test_an_edited_evaluation_table_is_never_replaced(capsys, tmp_path):
+    pred, truth = tmp_path / "pred", tmp_path / "truth"
+    for folder, shift in ((pred, 1.0), (truth, 0.0)):
+        folder.mkdir()
+        write_landmarks(folder / "c1.csv", Landmarks(["a", "b"], [[0, 0, shift], [5, 5, 5]]))
+    assert main(["evaluate", "--pred", str(pred), "--truth", str(truth)]) == 0
+    metrics = pred / "evaluation" / "metrics.csv"
+    metrics.write_text(metrics.read_text().replace("1.0000", "0.5000", 1))
+    assert main(["evaluate", "--pred", str(pred), "--truth", str(truth)]) == 2
+    err = capsys.readouterr().err
+    assert str(metrics) in err and "0.5000" in metrics.read_text()
+
+
+# --------------------------------------------------------------------------------------
+# evaluate against itself (section 3)
+# --------------------------------------------------------------------------------------
+
+
+def test_evaluate_refuses_predictions_scored_against_themselves(capsys, tmp_path):
+    pred = tmp_path / "pred"
+    pred.mkdir()
+    write_landmarks(pred / "c1.csv", Landmarks(["a"], [[1.0, 2, 3]]))
+    assert main(["evaluate", "--pred", str(pred), "--truth", str(tmp_path / "." / "pred")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "same folder" in err and "\n" not in err
+    links = tmp_path / "links"
+    links.mkdir()
+    (links / "c1.csv").symlink_to(pred / "c1.csv")  # the prediction files ARE the truth files
+    assert main(["evaluate", "--pred", str(links), "--truth", str(pred)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert str(links / "c1.csv") in err and "against itself" in err
+    assert not (links / "evaluation").exists()
+
+
+# --------------------------------------------------------------------------------------
+# Options that slip past float() (section 4)
+# --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "option, value",
+    [
+        ("--review-below", "nan"),
+        ("--review-below", "1.5"),
+        ("--review-radius", "-1"),
+        ("--review-radius", "inf"),
+        ("--review-radius", "nan"),
+    ],
+)
+def test_review_options_must_be_finite_and_in_range(capsys, tmp_path, weights, scan, option, value):
+    with pytest.raises(SystemExit) as status:
+        main(
+            [
+                "predict",
+                "--checkpoint",
+                str(weights),
+                str(scan),
+                "--out",
+                str(tmp_path / "o"),
+                option,
+                value,
+            ]
+        )
+    assert status.value.code == 2
+    err = capsys.readouterr().err
+    assert option in err and repr(value) in err
+    assert not (tmp_path / "o").exists()
