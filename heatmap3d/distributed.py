@@ -80,21 +80,25 @@ def timeout_minutes(minutes: float) -> datetime.timedelta:
     return datetime.timedelta(minutes=minutes)
 
 
-def setup(device: str = "auto", timeout: datetime.timedelta = DEFAULT_TIMEOUT) -> DistInfo:
+def setup(
+    device: str = "auto",
+    timeout: datetime.timedelta = DEFAULT_TIMEOUT,
+    *,
+    option: str = "train.device",
+) -> DistInfo:
     """Initialise the process group (if launched by torchrun) and pick this rank's device.
 
-    ``device`` is "auto" (CUDA when available, else CPU), "cuda" or "cpu". The backend
-    follows the device: NCCL for CUDA, gloo for CPU.
+    ``device`` is "auto" (CUDA when available, else CPU), "cuda", "cuda:N" (one process
+    only) or "cpu" (:func:`check_device`; ``option`` names where it came from in its
+    one-line refusals). The backend follows the device: NCCL for CUDA, gloo for CPU.
     """
     rank, world = _env_int("RANK", 0), _env_int("WORLD_SIZE", 1)
     local_rank = _env_int("LOCAL_RANK", 0)
     local_world = _env_int("LOCAL_WORLD_SIZE", world)
-    use_cuda = device == "cuda" or (device == "auto" and torch.cuda.is_available())
+    use_cuda, index = check_device(device, option, world)
     if use_cuda:
-        if not torch.cuda.is_available():
-            raise RuntimeError("train.device=cuda but no CUDA GPU is visible")
-        torch.cuda.set_device(local_rank)
-        dev = torch.device("cuda", local_rank)
+        dev = torch.device("cuda", local_rank if index is None else index)
+        torch.cuda.set_device(dev)
     else:
         dev = torch.device("cpu")
         # Processes on one node share its cores; oversubscription makes every rank slower.
@@ -111,6 +115,38 @@ def setup(device: str = "auto", timeout: datetime.timedelta = DEFAULT_TIMEOUT) -
             device_id=dev if use_cuda else None,
         )
     return DistInfo(rank, local_rank, world, local_world, dev)
+
+
+def check_device(device: str, option: str, world_size: int = 1) -> tuple[bool, int | None]:
+    """``(use CUDA, GPU index or None for the local rank's)`` of a device setting.
+
+    InputError, one line naming ``option`` (``--device``, ``train.device``), for anything
+    but auto, cpu, cuda and cuda:N; for CUDA where no GPU is visible; for a GPU index
+    past the visible ones; and for an index in a job of several processes, where the
+    local rank picks each process's GPU.
+    """
+    text = str(device).strip().lower()
+    said = f"{option} {device}" if option.startswith("-") else f"{option}={device}"
+    if text in ("auto", "cpu"):
+        return text == "auto" and torch.cuda.is_available(), None
+    kind, _, index = text.partition(":")
+    if kind != "cuda" or (index and not index.isdigit()):
+        raise InputError(f"{said}: unknown device; use auto, cpu, cuda or cuda:N")
+    if not torch.cuda.is_available():
+        raise InputError(f"{said}: no CUDA GPU is visible to this process; use cpu (or auto)")
+    if not index:
+        return True, None
+    if world_size > 1:
+        raise InputError(
+            f"{said}: a job of {world_size} processes gives each the GPU of its "
+            "local rank; use cuda (choose GPUs with CUDA_VISIBLE_DEVICES)"
+        )
+    if int(index) >= torch.cuda.device_count():
+        raise InputError(
+            f"{said}: no such GPU; {torch.cuda.device_count()} visible "
+            f"(cuda:0 to cuda:{torch.cuda.device_count() - 1})"
+        )
+    return True, int(index)
 
 
 def _attempt_store(rank: int, world: int, timeout: datetime.timedelta) -> dist.Store:
@@ -257,13 +293,38 @@ def gather_by_key(mine: Mapping[str, T]) -> dict[str, T]:
     return merged
 
 
-def my_share(n: int, world: DistInfo) -> range:
+def my_share(n: int, world: DistInfo, shard: tuple[int, int] = (0, 1)) -> range:
     """This rank's items of ``n``: rank, rank + W, ... (no padding, no repeats).
 
     A DistributedSampler would pad the last round with repeated items, and metrics
     averaged over it would count those cases twice.
+
+    ``shard`` ``(I, N)``: the job does share I of N (a SLURM array task: ``predict --shard
+    I/N``), the items I, I + N, ..., exactly those rank I of a job of N processes takes;
+    this rank takes its own round-robin part of them. So the same items are done whether
+    N array tasks, one job of N ranks or N tasks of several ranks each do the work.
     """
-    return range(world.rank, n, world.world_size)
+    index, count = shard
+    return range(index + world.rank * count, n, count * world.world_size)
+
+
+def every_rank_reports(work: Callable[[], T], failed: Callable[[Exception], T]) -> list[T]:
+    """Every rank runs ``work``; every rank gets every rank's result, in rank order.
+
+    For work each rank does on its own share (predicting its scans) whose outcome the
+    job reports together. Whatever ``work`` raises (but an interrupt) is printed with its
+    traceback and turned into that rank's result by ``failed(error)``, so the rank still
+    reaches the gather: one rank's crash never leaves the others waiting in a
+    collective, and never stops them.
+    """
+    try:
+        result = work()
+    except Exception as err:  # a bug or a lost loader worker: reported, not a hang
+        import traceback
+
+        traceback.print_exc()
+        result = failed(err)
+    return all_gather_objects(result)
 
 
 def rank_prefix() -> str:

@@ -78,9 +78,15 @@ def torchrun_all(
     worker, one core at a time): started together, the jobs share the cores instead of
     waiting in line. ``--standalone`` gives each job its own free port.
     """
+    return run_all(*(torchrun_args(nproc, *args) for nproc, args in jobs), timeout=timeout)
+
+
+def run_all(*commands: list[str], timeout: int = 300) -> list[subprocess.CompletedProcess]:
+    """Several commands started together in the repository, results in order;
+    ``.output`` holds each one's stdout + stderr."""
     procs = [
         subprocess.Popen(
-            torchrun_args(nproc, *args),
+            command,
             cwd=ROOT,
             env=env(),
             stdout=subprocess.PIPE,
@@ -89,7 +95,7 @@ def torchrun_all(
             encoding="utf-8",
             errors="replace",
         )
-        for nproc, args in jobs
+        for command in commands
     ]
     done = []
     try:

@@ -1,21 +1,24 @@
 """Predicting a list of scan files: read ahead, predict, write, report.
 
-``heatmap3d predict`` hands the scans here. Reading and preprocessing the next scan
-overlaps with inference on the current one (:func:`prefetched`); one unreadable scan is
-reported by name and the others still complete (:class:`ScanFailure`).
+``heatmap3d predict`` hands the scans here (through :mod:`heatmap3d.inference.cohort`,
+which reads them in loader worker processes, :mod:`heatmap3d.inference.reading`).
+Reading and preprocessing the next scans overlaps with inference on the current one
+(by default one background thread, :func:`prefetched`); one unreadable scan is reported
+by name and the others still complete (:class:`ScanFailure`).
 """
 
 from __future__ import annotations
 
 import time
+import traceback
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from heatmap3d.errors import InputError
+from heatmap3d.errors import InputError, one_line
 from heatmap3d.geometry import Volume
 from heatmap3d.inference.predictor import Prediction
 from heatmap3d.io.layout import scan_stem
@@ -46,6 +49,18 @@ class Read:
     raw: Volume
     prepared: Any
     seconds: float  # reading + preprocessing
+    input_sha256: str = ""  # of the scan's bytes, where the reader computed it
+
+
+@dataclass(frozen=True)
+class Skipped:
+    """A scan whose outputs are already current (:mod:`heatmap3d.inference.resume`): not
+    predicted again."""
+
+    seconds: float  # checking
+
+
+Outcome = Read | Skipped | InputError
 
 
 def _read(predictor: ScanPredictor, scan: Path, series: str | None) -> Read:
@@ -112,10 +127,18 @@ def predict_files(
     series: str | None = None,
     keep_heatmaps: bool = False,
     progress: bool = True,
+    reads: Iterable[tuple[Path, Outcome]] | None = None,
+    keep_going: bool = False,
+    say: str = "",
 ) -> tuple[dict[str, Prediction], list[ScanFailure]]:
     """Predict every scan and ``write(stem, prediction, raw volume)`` its outputs.
 
     ``series``: the DICOM SeriesInstanceUID to read from folders that hold several.
+    ``reads``: the scans as read, in order (default :func:`prefetched`); a
+    :class:`Skipped` scan is passed over. ``keep_going``: an unexpected error while
+    predicting one scan (a bug, a GPU out of memory on one huge scan) is printed with its
+    traceback and listed as that scan's failure instead of ending the others. ``say``
+    starts every printed line (a rank's prefix).
 
     Returns stem -> prediction, and the scans that failed (unreadable, or their outputs
     could not be written) with one-line reasons; the others still complete. The time per
@@ -127,24 +150,32 @@ def predict_files(
     stems = output_stems(scans)
     results: dict[str, Prediction] = {}
     failures: list[ScanFailure] = []
+    caught = Exception if keep_going else InputError
     last = time.perf_counter()
     bar = tqdm(total=len(scans), desc="predict", unit="scan", disable=not progress)
-    for scan, read in prefetched(predictor, scans, series):
+    for scan, read in prefetched(predictor, scans, series) if reads is None else reads:
         start = time.perf_counter()
+        if isinstance(read, Skipped):
+            last = start
+            bar.update()
+            continue
         try:
             if isinstance(read, InputError):
                 raise read
             pred = predictor.predict_preprocessed(read.prepared, keep_heatmaps=keep_heatmaps)
             write(stems[scan], pred, read.raw)
             results[stems[scan]] = pred
-        except InputError as err:
+        except caught as err:
+            if not isinstance(err, InputError):
+                traceback.print_exc()
+                err = InputError(f"{scan}: internal error ({one_line(err)}; traceback above)")
             failures.append(ScanFailure(scan, str(err)))
-            tqdm.write(f"error: {err}")
+            tqdm.write(f"{say}error: {err}")
         now = time.perf_counter()
         if progress and stems[scan] in results:
             tqdm.write(
-                f"{scan}: {now - last:.2f} s (read+preprocess {read.seconds:.2f} s, overlapped; "
-                f"inference {now - start:.2f} s)"
+                f"{say}{scan}: {now - last:.2f} s (read+preprocess {read.seconds:.2f} s, "
+                f"overlapped; inference {now - start:.2f} s)"
             )
         last = now
         bar.update()

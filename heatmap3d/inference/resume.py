@@ -1,0 +1,179 @@
+"""What made each scan's outputs, so that a rerun does only what is missing.
+
+After a scan's outputs are written, its *record* ``P/.heatmap3d/<stem>.json`` is written
+(atomically, last): the scan's path, the SHA-256 of its bytes (every file of it: a DICOM
+folder's files, a detached header and its data file; :func:`heatmap3d.data.cache.content_hash`),
+the model's identity (:func:`model_identity`: the SHA-256 of its checkpoints', shape
+model's and calibration's bytes and of the options that change the outputs) and the
+SHA-256 of every output file written. A scan is *current* (:func:`is_current`) when its
+record says the same input and model and every output it lists is there with those
+bytes: a rerun skips it. Anything else is recomputed: a scan whose job died before the
+record was written (in flight), a scan whose input or model changed, an output deleted
+or edited since.
+
+A process killed in the middle of an atomic write leaves ``.<name>.<random>.tmp`` beside
+the target (:mod:`heatmap3d.io.atomic`); :func:`remove_stale` removes those of a scan's
+outputs before a rerun decides anything. Each scan's files are written by the one
+process whose share holds it, so removing them cannot touch a write in progress.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from heatmap3d.data.cache import content_hash
+from heatmap3d.errors import InputError, one_line
+from heatmap3d.io import atomic
+from heatmap3d.io.json_file import load_json
+from heatmap3d.io.predictions import MARKER
+
+__all__ = [
+    "RECORDS",
+    "input_identity",
+    "is_current",
+    "model_identity",
+    "output_names",
+    "read_record",
+    "record_path",
+    "remove_stale",
+    "write_record",
+]
+
+RECORDS = ".heatmap3d"
+"""The folder under ``P`` that holds one record per scan."""
+_BLOCK = 1 << 22  # 4 MiB reads when hashing
+
+
+def record_path(out: Path, stem: str) -> Path:
+    return Path(out) / RECORDS / f"{stem}.json"
+
+
+def output_names(stem: str, *, heatmaps: bool, snapshots: bool) -> list[str]:
+    """The files ``predict`` writes for a scan with these options (names inside ``P``)."""
+    names = [f"{stem}.csv", f"{stem}.mrk.json"]
+    if heatmaps:
+        names.append(f"{stem}_heatmaps.nii.gz")
+    if snapshots:
+        names.append(f"{stem}.png")
+    return names
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(_BLOCK):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def model_identity(files: Iterable[Path], options: Mapping[str, Any]) -> str:
+    """SHA-256 hex naming what turns a scan into outputs: the bytes of the model's
+    ``files`` (checkpoints in stage and member order, shape model, calibration) and the
+    ``options`` that change the outputs (review limits, mirroring, ...)."""
+    digest = hashlib.sha256()
+    for path in files:
+        digest.update(file_sha256(Path(path)).encode() + b"|")
+    digest.update(json.dumps(dict(options), sort_keys=True, default=str).encode())
+    return digest.hexdigest()
+
+
+def input_identity(scan: Path) -> str:
+    """SHA-256 hex of every byte the scan is read from (InputError when unreadable)."""
+    try:
+        return content_hash(Path(scan))
+    except OSError as err:
+        raise InputError(f"{scan}: cannot read ({one_line(err)})") from None
+
+
+def read_record(out: Path, stem: str) -> dict[str, Any] | None:
+    """The record of ``stem`` in ``out``; None when there is none or it is not ours."""
+    path = record_path(out, stem)
+    if not path.is_file():
+        return None
+    try:
+        doc = load_json(path, what="prediction record")
+    except InputError:
+        return None
+    ours = isinstance(doc, dict) and str(doc.get("written_by", "")).startswith("heatmap3d ")
+    return doc if ours and isinstance(doc.get("outputs"), dict) else None
+
+
+def is_current(out: Path, stem: str, input_sha: str, model: str, names: list[str]) -> bool:
+    """Whether ``stem``'s outputs ``names`` are complete, unchanged since written, and were
+    made by ``model`` from the input bytes ``input_sha`` (module docstring)."""
+    record = read_record(out, stem)
+    if record is None or record.get("input_sha256") != input_sha or record.get("model") != model:
+        return False
+    outputs = record["outputs"]
+    if sorted(outputs) != sorted(names):
+        return False
+    for name in names:
+        path = Path(out) / name
+        if not path.is_file() or file_sha256(path) != outputs[name]:
+            return False
+    return True
+
+
+def write_record(
+    out: Path,
+    stem: str,
+    scan: Path,
+    input_sha: str,
+    model: str,
+    names: list[str],
+    *,
+    overwrite: bool = False,
+) -> None:
+    """Record that ``names`` (written just now) were made by ``model`` from ``scan``.
+
+    A file in the record's place that is not a record of ours is refused (InputError),
+    as any foreign file, unless ``overwrite``.
+    """
+    path = record_path(out, stem)
+    if path.exists() and not overwrite and read_record(out, stem) is None:
+        raise InputError(
+            f"{path}: exists and was not written by heatmap3d; refusing to overwrite it "
+            "(use --overwrite)"
+        )
+    doc = {
+        "written_by": MARKER,
+        "scan": str(scan),
+        "input_sha256": input_sha,
+        "model": model,
+        "outputs": {name: file_sha256(Path(out) / name) for name in names},
+    }
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic.atomic_write_bytes(path, (json.dumps(doc, indent=2) + "\n").encode())
+    except OSError as err:
+        raise InputError(f"{path}: cannot write ({one_line(err)})") from None
+
+
+def remove_stale(out: Path, stem: str, names: list[str]) -> None:
+    """Remove the temporary files a killed writer of ``stem``'s outputs or record left."""
+    for name in names:
+        atomic.remove_stale(Path(out) / name)
+    atomic.remove_stale(record_path(out, stem))
+
+
+def complete_records(out: Path) -> dict[str, dict[str, Any]]:
+    """Every scan in ``out`` whose record is ours and whose outputs still match it, by
+    stem (``heatmap3d collect``)."""
+    found = {}
+    folder = Path(out) / RECORDS
+    for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
+        stem = path.name[: -len(".json")]
+        record = read_record(out, stem)
+        if record is not None and is_current(
+            out,
+            stem,
+            record.get("input_sha256", ""),
+            record.get("model", ""),
+            list(record["outputs"]),
+        ):
+            found[stem] = record
+    return found

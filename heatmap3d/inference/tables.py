@@ -1,0 +1,186 @@
+"""The cohort's two tables, built from the per-scan prediction CSVs.
+
+``P/landmarks.csv``: one row per scan and landmark, scans in name order, landmarks in the
+model's order. ``P/review.csv``: the rows flagged for review, worst first. Both have the
+columns
+
+    scan, landmark, x, y, z, confidence, radius_mm, status, review, written_by
+
+``scan`` is the name the scan's outputs carry (``case001`` for ``case001.nii.gz``: the
+``<scan>.csv`` and ``<scan>.mrk.json`` beside the tables); ``x, y, z`` are world RAS mm
+(empty for a landmark without a position); ``confidence`` is the heatmap peak (0 to 1);
+``radius_mm`` the calibrated 90 % error radius (empty without a calibration); ``status``
+``ok``, ``review``, ``moved``, ``absent`` or ``missing``; ``review`` 1 or 0; ``written_by``
+the provenance marker of every file heatmap3d writes, sealed with a hash of the table
+(:mod:`heatmap3d.io.seal`: a table edited by hand is no longer replaced without
+``--overwrite``).
+Every cell is copied from the scan's own CSV unchanged, so the tables say exactly what
+the per-scan files say, and :func:`write_tables` over the same scans gives the same
+bytes whichever job predicted them. The first line is ``# coordinate_system = RAS``, as
+in every landmark CSV the tool writes: ``pandas.read_csv(path, skiprows=1)`` reads a
+table, and a spreadsheet opens it as it is.
+
+Worst first (``review.csv``): by status (``missing``, then ``moved``, ``review``,
+``absent``, and ``ok`` landmarks flagged for a low confidence), then by confidence
+(lowest first), then by radius (largest first), then by scan and landmark.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+from heatmap3d.errors import InputError, one_line
+from heatmap3d.io.atomic import atomic_write_bytes, remove_stale
+from heatmap3d.io.predictions import MARKER, check_overwrite
+from heatmap3d.io.seal import seal
+
+__all__ = [
+    "COLUMNS",
+    "TABLES",
+    "CohortTables",
+    "check_tables",
+    "collect",
+    "is_cohort_table",
+    "worst_first",
+    "write_tables",
+]
+
+COLUMNS = ("scan", "landmark", "x", "y", "z", "confidence", "radius_mm", "status", "review")
+TABLES = ("landmarks.csv", "review.csv")
+_HEAD = "# coordinate_system = RAS"
+# The per-scan CSV's column for each table column but the first two.
+_FROM = {"landmark": "name", **{c: c for c in COLUMNS[2:]}}
+_SEVERITY = {"missing": 0, "moved": 1, "review": 2, "absent": 3}
+
+
+@dataclass(frozen=True)
+class CohortTables:
+    """What :func:`write_tables` wrote: the scans, rows and rows flagged for review."""
+
+    scans: int
+    rows: int
+    flagged: int
+
+
+def is_cohort_table(path: Path) -> bool:
+    """Whether ``path`` is one of the two tables (so not a scan's landmark file)."""
+    path = Path(path)
+    if path.name not in TABLES or not path.is_file():
+        return False
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.readline().rstrip("\n") == _HEAD and f.readline().startswith("scan,landmark,")
+    except (OSError, UnicodeDecodeError):
+        return False
+
+
+def scan_rows(out: Path, stem: str) -> list[dict[str, str]]:
+    """The table rows of ``out/<stem>.csv`` (written by ``predict``), cells as written."""
+    path = Path(out) / f"{stem}.csv"
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as err:
+        raise InputError(f"{path}: cannot read ({one_line(err)})") from None
+    body = [line for line in lines if not line.startswith("#")]
+    reader = csv.DictReader(body)
+    missing = [c for c in _FROM.values() if c not in (reader.fieldnames or [])]
+    if missing:
+        raise InputError(f"{path}: not a heatmap3d prediction (no {', '.join(missing)} column)")
+    return [{"scan": stem, **{c: row[src] for c, src in _FROM.items()}} for row in reader]
+
+
+def _number(cell: str, missing: float) -> float:
+    try:
+        value = float(cell)
+    except ValueError:
+        return missing
+    return value if math.isfinite(value) else missing
+
+
+def worst_first(rows: list[dict[str, str]]) -> list[dict[str, str]]:
+    """The rows with ``review`` 1, ordered worst first (module docstring)."""
+
+    def key(row: dict[str, str]) -> tuple:
+        return (
+            _SEVERITY.get(row["status"], 4),
+            _number(row["confidence"], -1.0),
+            -_number(row["radius_mm"], -math.inf),
+            row["scan"],
+            row["landmark"],
+        )
+
+    return sorted((r for r in rows if r["review"] == "1"), key=key)
+
+
+def _csv_text(rows: list[dict[str, str]]) -> bytes:
+    out = io.StringIO()
+    out.write(_HEAD + "\n")
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow([*COLUMNS, "written_by"])
+    for row in rows:
+        writer.writerow([*(row[c] for c in COLUMNS), MARKER])
+    # Sealed as the per-scan CSVs are: a table edited by hand is the user's from then on.
+    return seal(out.getvalue(), MARKER).encode("utf-8")
+
+
+def check_tables(out: Path, overwrite: bool = False) -> list[Path]:
+    """The two tables' paths in ``out``; InputError when one in the way is not ours."""
+    paths = [Path(out) / name for name in TABLES]
+    for path in paths:
+        check_overwrite(path, overwrite)
+    return paths
+
+
+def write_tables(out: Path, stems: list[str], *, overwrite: bool = False) -> CohortTables:
+    """Write ``out/landmarks.csv`` and ``out/review.csv`` from the scans ``stems`` (in name
+    order). A table in the way that heatmap3d did not write is refused (InputError) before
+    either is written, unless ``overwrite``."""
+    out = Path(out)
+    paths = check_tables(out, overwrite)
+    rows = [row for stem in sorted(stems) for row in scan_rows(out, stem)]
+    flagged = worst_first(rows)
+    for path, table in zip(paths, (rows, flagged), strict=True):
+        remove_stale(path)  # one writer: the job's global rank 0, or collect
+        try:
+            atomic_write_bytes(path, _csv_text(table))
+        except OSError as err:
+            raise InputError(f"{path}: cannot write ({one_line(err)})") from None
+    return CohortTables(len(stems), len(rows), len(flagged))
+
+
+def collect(out: Path, *, overwrite: bool = False) -> str:
+    """``heatmap3d collect P``: the tables of every scan predicted into ``P`` whose outputs
+    are current (by whichever jobs: the shares of a SLURM array), and a summary line.
+
+    InputError when ``P`` holds no predicted scan, or scans predicted by different
+    models (or options): one table would mix them.
+    """
+    from heatmap3d.inference.resume import RECORDS, complete_records
+
+    out = Path(out)
+    if not out.is_dir():
+        raise InputError(f"{out}: not a folder")
+    records = complete_records(out)
+    if not records:
+        raise InputError(
+            f"{out}: no predicted scans to collect (no current records in {out / RECORDS}; "
+            "run heatmap3d predict --out there first)"
+        )
+    models = sorted({r["model"] for r in records.values()})
+    if len(models) > 1:
+        counts = ", ".join(
+            f"{sum(r['model'] == m for r in records.values())} by {m[:12]}" for m in models
+        )
+        raise InputError(
+            f"{out}: its scans were predicted by {len(models)} different models or option "
+            f"sets ({counts}); predict them again with one, or into separate folders"
+        )
+    written = write_tables(out, list(records), overwrite=overwrite)
+    return (
+        f"collected {written.scans} scan(s), {written.rows} landmark row(s); "
+        f"{written.flagged} flagged for review: {out / TABLES[0]}, {out / TABLES[1]}"
+    )
