@@ -119,7 +119,24 @@ def _add_predict(sub: argparse._SubParsersAction) -> None:
         "folders of scans",
     )
     p.add_argument("--out", type=Path, required=True, help="folder for <scan>.csv/.mrk.json")
-    p.add_argument("--device", default="auto", help="auto (CUDA if available), cuda, cpu")
+    p.add_argument(
+        "--device",
+        default="auto",
+        help="auto (CUDA if available), cuda (under torchrun: the local rank's GPU), cuda:N, cpu",
+    )
+    p.add_argument(
+        "--shard",
+        metavar="I/N",
+        help="predict share I of N (0 <= I < N) of the sorted scans, the scans rank I of N "
+        "would take: one task of a SLURM array; then heatmap3d collect OUT",
+    )
+    p.add_argument(
+        "--workers",
+        type=int,
+        metavar="N",
+        help="loader processes per rank reading scans ahead (default: on a GPU the rank's "
+        "CPUs but one, at most 8; on a CPU 1); 0 reads in the main process",
+    )
     p.add_argument(
         "--refine",
         type=Path,
@@ -231,6 +248,18 @@ def _add_plan(sub: argparse._SubParsersAction) -> None:
     )
 
 
+def _add_collect(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "collect", help="the cohort tables of a folder predicted by several jobs (--shard)"
+    )
+    p.add_argument("out", type=Path, help="the --out folder of the predict jobs")
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace landmarks.csv/review.csv even if heatmap3d did not write them",
+    )
+
+
 def _add_gpus(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("gpus", help="list visible GPUs by free memory; pick the freest N")
     p.add_argument("--n", type=int, default=1, help="how many GPUs to pick (default 1)")
@@ -240,12 +269,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="heatmap3d", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     adders = (_add_synth, _add_check, _add_plan, _add_train, _add_predict, _add_evaluate, _add_gpus)
+    adders += (_add_report,)
+    adders += (_add_collect,)
     for add in adders:
         add(sub)
     return parser
 
 
-    adders += (_add_report,)
 def _run(args: argparse.Namespace) -> None:
     if args.command == "synth":
         _synth(args)
@@ -255,19 +285,23 @@ def _run(args: argparse.Namespace) -> None:
         from heatmap3d.inference.command import predict_command
 
         predict_command(args)
+    elif args.command == "collect":
+        from heatmap3d.inference.tables import collect
+
+        print(collect(args.out, overwrite=args.overwrite))
     elif args.command == "evaluate":
         from heatmap3d.evaluation.evaluate import evaluate_dirs
 
         print(evaluate_dirs(args.pred, args.truth, args.out, overwrite=args.overwrite))
+        if args.report:
+            _report(args, args.out if args.out is not None else args.pred / "evaluation")
+    elif args.command == "report":
+        _report(args, args.evaluation)
     elif args.command == "check":
         from heatmap3d.data.check import run_check
 
         status = run_check(args.data, args.split_file, args.landmarks, args.manifest)
         if status:  # 1: the data has problems (main's 2 stays for mistakes in the command)
-        if args.report:
-            _report(args, args.out if args.out is not None else args.pred / "evaluation")
-    elif args.command == "report":
-        _report(args, args.evaluation)
             raise SystemExit(status)
     elif args.command == "plan":
         from heatmap3d.planning.command import plan_command
@@ -279,13 +313,6 @@ def _run(args: argparse.Namespace) -> None:
         print(report(args.n))
 
 
-def _synth(args: argparse.Namespace) -> None:
-    if args.kind == "ct":
-        from heatmap3d.data.synthetic_ct import generate_ct_dataset as generate
-    else:
-        from heatmap3d.data.synthetic import generate_dataset as generate
-    generate(args.out, n_train=args.n_train, n_val=args.n_val, n_test=args.n_test, seed=args.seed)
-    print(f"wrote {args.out}")
 def _report(args: argparse.Namespace, evaluation: Path | None) -> None:
     """``report``, or ``evaluate --report``: PRED/report.html (see evaluation.report)."""
     from heatmap3d.evaluation.report import write_report
@@ -300,6 +327,13 @@ def _report(args: argparse.Namespace, evaluation: Path | None) -> None:
     print(f"wrote {path}")
 
 
+def _synth(args: argparse.Namespace) -> None:
+    if args.kind == "ct":
+        from heatmap3d.data.synthetic_ct import generate_ct_dataset as generate
+    else:
+        from heatmap3d.data.synthetic import generate_dataset as generate
+    generate(args.out, n_train=args.n_train, n_val=args.n_val, n_test=args.n_test, seed=args.seed)
+    print(f"wrote {args.out}")
 
 
 def _train(args: argparse.Namespace) -> None:
@@ -359,7 +393,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     prefix = ""
-    if args.command == "train":  # only training runs under torchrun (and loads torch anyway)
+    if args.command in ("train", "predict"):  # what runs under torchrun (and loads torch anyway)
         from heatmap3d.distributed import rank_prefix
 
         prefix = rank_prefix()
@@ -373,7 +407,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     except (Interrupted, KeyboardInterrupt) as err:  # Ctrl-C: one line, from rank 0 only
         if not prefix:
-            print(f"error: {err or 'interrupted'}", file=sys.stderr)
+            print(f"error: {str(err) or 'interrupted'}", file=sys.stderr)
         return 130
     return 0
 

@@ -15,9 +15,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from test_predict_cli import FRAMES, checkpoint, scan
-from torchrun_util import ROOT, Launcher, descendants, run, run_all
+from torchrun_util import ROOT, TINY, Launcher, descendants, run, run_all
 
+from heatmap3d.cli import main
 from heatmap3d.geometry import Volume
 from heatmap3d.io.volumes import save_volume
 
@@ -223,3 +225,73 @@ def test_collect_over_the_shares_of_an_array_equals_one_run(model, cohort, tmp_p
     assert "collected 10 scan(s)" in collected.output
     for table in ("landmarks.csv", "review.csv"):
         assert (shared / table).read_bytes() == (whole / table).read_bytes(), table
+
+
+@pytest.mark.slow
+def test_ctrl_c_says_what_was_written_and_leaves_no_partial_scan(model, larger, tmp_path):
+    out = tmp_path / "out"
+    # Its own session, signalled as a terminal's Ctrl-C is: the whole process group
+    # (the command and its loader workers).
+    job = Launcher(plain(*predict_args(model, larger, out)), ROOT, tmp_path / "job.log")
+    try:
+        deadline = time.monotonic() + LIMIT_S
+        while not _records(out) and job.running():
+            assert time.monotonic() < deadline, job.output
+            time.sleep(0.01)
+        os.killpg(job.proc.pid, signal.SIGINT)
+        job.proc.wait(timeout=LIMIT_S)
+    finally:
+        job.kill()
+    last = job.output.strip().splitlines()[-1]
+    assert job.proc.returncode == 130, job.output
+    done = _records(out)
+    assert 0 < len(done) < 10, job.output
+    assert last == (
+        f"error: predict interrupted: {len(done)} of 10 scan(s) done in {out} "
+        f"({len(done)} predicted now); rerun the same command to finish"
+    )
+    # Every scan is whole or absent: its two files and its record, or nothing.
+    written = {p.name.split(".")[0] for p in out.iterdir() if p.is_file()}
+    assert written == done and not temporary(out)
+    assert not (out / "landmarks.csv").exists()
+    again = run(plain(*predict_args(model, larger, out)), timeout=LIMIT_S)
+    assert again.returncode == 0, again.output
+    assert f"{10 - len(done)} predicted, {len(done)} skipped (already done)" in again.output
+
+
+@pytest.mark.parametrize(
+    ("device", "says"),
+    [
+        ("gpu", "--device gpu: unknown device; use auto, cpu, cuda or cuda:N"),
+        ("cuda:x", "--device cuda:x: unknown device"),
+        pytest.param(
+            "cuda",
+            "--device cuda: no CUDA GPU is visible to this process",
+            marks=pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is visible"),
+        ),
+        pytest.param(
+            "cuda:7",
+            "--device cuda:7: no",  # no GPU at all, or no GPU 7
+            marks=pytest.mark.skipif(
+                torch.cuda.device_count() > 7, reason="this machine has a GPU 7"
+            ),
+        ),
+    ],
+)
+def test_a_device_that_cannot_be_used_is_one_line_naming_the_option(capsys, tmp_path, device, says):
+    scans = tmp_path / "s.nii.gz"
+    code = main(
+        ["predict", "--checkpoint", str(tmp_path / "m.pt"), str(scans)]
+        + ["--out", str(tmp_path / "out"), "--device", device]
+    )
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and err.startswith(f"error: {says}") and "\n" not in err, err
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is visible")
+def test_training_on_cuda_without_a_gpu_is_one_line_naming_the_key(capsys, tmp_path):
+    code = main(["train", f"train.out_dir={tmp_path}", "train.device=cuda", *TINY])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and "\n" not in err, err
+    assert err.startswith("error: train.device=cuda: no CUDA GPU is visible to this process"), err

@@ -153,31 +153,33 @@ def predict_files(
     caught = Exception if keep_going else InputError
     last = time.perf_counter()
     bar = tqdm(total=len(scans), desc="predict", unit="scan", disable=not progress)
-    for scan, read in prefetched(predictor, scans, series) if reads is None else reads:
-        start = time.perf_counter()
-        if isinstance(read, Skipped):
-            last = start
+    try:
+        for scan, read in prefetched(predictor, scans, series) if reads is None else reads:
+            start = time.perf_counter()
+            if isinstance(read, Skipped):
+                last = start
+                bar.update()
+                continue
+            try:
+                if isinstance(read, InputError):
+                    raise read
+                pred = predictor.predict_preprocessed(read.prepared, keep_heatmaps=keep_heatmaps)
+                write(stems[scan], pred, read.raw)
+                results[stems[scan]] = pred
+            except caught as err:
+                if not isinstance(err, InputError):
+                    traceback.print_exc()
+                    err = InputError(f"{scan}: internal error ({one_line(err)}; traceback above)")
+                failures.append(ScanFailure(scan, str(err)))
+                tqdm.write(f"{say}error: {err}")
+            now = time.perf_counter()
+            if progress and stems[scan] in results:
+                tqdm.write(
+                    f"{say}{scan}: {now - last:.2f} s (read+preprocess {read.seconds:.2f} s, "
+                    f"overlapped; inference {now - start:.2f} s)"
+                )
+            last = now
             bar.update()
-            continue
-        try:
-            if isinstance(read, InputError):
-                raise read
-            pred = predictor.predict_preprocessed(read.prepared, keep_heatmaps=keep_heatmaps)
-            write(stems[scan], pred, read.raw)
-            results[stems[scan]] = pred
-        except caught as err:
-            if not isinstance(err, InputError):
-                traceback.print_exc()
-                err = InputError(f"{scan}: internal error ({one_line(err)}; traceback above)")
-            failures.append(ScanFailure(scan, str(err)))
-            tqdm.write(f"{say}error: {err}")
-        now = time.perf_counter()
-        if progress and stems[scan] in results:
-            tqdm.write(
-                f"{say}{scan}: {now - last:.2f} s (read+preprocess {read.seconds:.2f} s, "
-                f"overlapped; inference {now - start:.2f} s)"
-            )
-        last = now
-        bar.update()
-    bar.close()
+    finally:  # an interrupt too: the bar ends before the message after it
+        bar.close()
     return results, failures
