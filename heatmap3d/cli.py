@@ -238,6 +238,11 @@ def _add_check(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--split-file", default="split.json", help="relative to DATA")
     p.add_argument("--landmarks", default="", help="expected names a,b,c (default: most common)")
     p.add_argument("--manifest", type=Path, help="write this JSON manifest if there are no errors")
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="let --manifest replace a file that is not an unchanged manifest of heatmap3d",
+    )
 
 
 def _add_plan(sub: argparse._SubParsersAction) -> None:
@@ -300,7 +305,9 @@ def _run(args: argparse.Namespace) -> None:
     elif args.command == "check":
         from heatmap3d.data.check import run_check
 
-        status = run_check(args.data, args.split_file, args.landmarks, args.manifest)
+        status = run_check(
+            args.data, args.split_file, args.landmarks, args.manifest, overwrite=args.overwrite
+        )
         if status:  # 1: the data has problems (main's 2 stays for mistakes in the command)
             raise SystemExit(status)
     elif args.command == "plan":

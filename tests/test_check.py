@@ -287,7 +287,7 @@ def test_lps_file_labelled_ras_gets_the_lps_hint(data, capsys):
     path.write_text(path.read_text().replace("coordinate_system = LPS", "coordinate_system = RAS"))
     status, out = check(data, capsys)
     assert status == 1
-    (line,) = lines_about(out, path)
+    (line,) = [ln for ln in lines_about(out, path) if "outside" in ln]
     assert "landmark outside its image case000.nii.gz" in line
     assert "hint: with x and y negated all would be inside" in line
 
@@ -345,19 +345,23 @@ def test_off_centre_phantom_with_the_right_coordinate_system_has_no_findings(dat
     assert status == 0 and out.strip() == "5 cases, 0 errors, 0 warnings", out
 
 
-def test_lps_points_labelled_ras_inside_the_image_are_a_warning(data, capsys):
+def test_lps_points_labelled_ras_inside_the_image_are_flagged(data, capsys):
     vol, lm = off_centre_phantom()
     path = put_case(data, "case000", vol, lm, ".csv", "LPS")
     path.write_text(path.read_text().replace("coordinate_system = LPS", "coordinate_system = RAS"))
     status, out = check(data, capsys)
-    assert status == 0  # every point is inside the image: only the check below sees it
+    # Every point is inside the image: the foreground (a warning) and the other cases'
+    # configuration (an error: it fits them only turned 180 degrees) see it.
+    assert status == 1
+    (error,) = lines_about(out, path)
+    assert "only turned 180 degrees about the S-I axis" in error
     (line,) = lines_about(out, path, "warning")
     assert "landmarks fall on the background of case000.nii.gz as stated (0 of 6" in line
     assert "on the foreground with x and y negated (6 of 6)" in line
     assert "probably in LPS but labelled RAS (or the reverse); fix its coordinate system" in line
 
 
-def test_mrk_json_without_coordinate_system_holding_ras_points_is_a_warning(data, capsys):
+def test_mrk_json_without_coordinate_system_holding_ras_points_is_flagged(data, capsys):
     """Slicer reads a markup without coordinateSystem as LPS; these points are RAS."""
     vol, lm = off_centre_phantom(seed=5)
     path = put_case(data, "case001", vol, lm, ".mrk.json", "RAS")
@@ -365,10 +369,12 @@ def test_mrk_json_without_coordinate_system_holding_ras_points_is_a_warning(data
     del doc["markups"][0]["coordinateSystem"]
     path.write_text(json.dumps(doc))
     status, out = check(data, capsys)
-    assert status == 0
+    assert status == 1
     (line,) = lines_about(out, path, "warning")
     assert "x and y negated (6 of 6)" in line
     assert 'no "coordinateSystem", so it is read as LPS' in line
+    (error,) = lines_about(out, path)
+    assert "180 degrees" in error and 'add "coordinateSystem": "RAS"' in error
 
 
 # --------------------------------------------------------------------------------------

@@ -18,6 +18,7 @@ import SimpleITK as sitk
 from assertions import raises_naming
 from nibabel.affines import from_matvec
 
+from heatmap3d.errors import InputError
 from heatmap3d.geometry import Volume, voxel_to_world
 from heatmap3d.io.dicom import write_dicom_series
 from heatmap3d.io.itk_io import affine_from_itk, itk_from_affine, lps_ras
@@ -514,9 +515,11 @@ def dataset_images(root: Path) -> Path:
 def test_find_image_in_every_format(tmp_path: Path) -> None:
     images = dataset_images(tmp_path)
     cases = {"nifti": "nifti.nii.gz", "plain": "plain.nii", "nrrd": "nrrd.nrrd"}
-    cases |= {"meta": "meta.mha", "dicom": "dicom", "both": "both.nii.gz"}  # NIfTI first
+    cases |= {"meta": "meta.mha", "dicom": "dicom"}
     for case, name in cases.items():
         assert find_image(tmp_path, case) == images / name
+    with pytest.raises(InputError, match=r"both\.nii\.gz and both\.nrrd"):
+        find_image(tmp_path, "both")  # two scans for one case: which is meant is not guessed
     assert find_image(tmp_path, "notes") is None  # a folder, but no DICOM in it
     assert find_image(tmp_path, "list") is None
     tried = image_candidates(tmp_path, "x")

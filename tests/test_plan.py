@@ -253,6 +253,8 @@ def test_plan_file_round_trip(tmp_path):
     path = tmp_path / "plan.yaml"
     write_plan(path, plan, CT_TORSO)
     text = path.read_text()
+    stamp, _, text = text.partition("\n")  # the tool's stamp: an edited plan is never replaced
+    assert stamp.startswith("# written by heatmap3d ") and "; sha256 " in stamp
     assert text.startswith("# heatmap3d plan for fake") and "edit freely" in text.lower()
     assert "  # the " in text  # reasons are comments
     stages = read_plan(path)

@@ -19,7 +19,13 @@ legal but worth a look. Checks, one function each:
   set's names only a warning (training treats those as missing, as it treats NaN), a
   name that no file has an error; missing (NaN) landmarks; landmarks outside the image, with a hint
   when negating x and y (LPS read as RAS) or permuting the voxel axes would put them all
-  inside; landmarks within 2 voxels of the image border.
+  inside; landmarks within 2 voxels of the image border; degenerate files (no position,
+  all at one point or on a line, several landmarks at one position);
+* across cases, the configuration: a case that fits the others only turned 180 degrees
+  about S-I (x and y negated: RAS labelled LPS) or only mirrored
+  (:mod:`heatmap3d.data.reflection`);
+* per case id: one file name (no path), one image and one landmark file (two candidates,
+  ``case.csv`` and ``case.mrk.json``, are an error naming both).
 
 A clean dataset can be frozen into a *manifest* (:func:`write_manifest`): absolute paths
 of every case's files and the landmark names, which training reads instead of
@@ -38,17 +44,19 @@ import numpy as np
 from heatmap3d.data.findings import ERROR, WARNING, CheckReport, Collector, Finding
 from heatmap3d.data.frame_check import check_frame
 from heatmap3d.data.landmark_checks import check_case, check_unannotated, reference_names
+from heatmap3d.data.reflection import check_orientation
 from heatmap3d.errors import InputError
 from heatmap3d.geometry import Volume
 from heatmap3d.io.landmarks import Landmarks, read_landmarks
 from heatmap3d.io.layout import (
     Case,
     find_image,
+    find_landmark_file,
     image_candidates,
     landmark_candidates,
     read_split,
 )
-from heatmap3d.io.manifest import write_manifest
+from heatmap3d.io.manifest import check_manifest_target, write_manifest
 from heatmap3d.io.volumes import load_volume
 
 __all__ = [
@@ -123,6 +131,8 @@ def check_cases(
     if unique:
         where = unique[0].landmarks.parent
         check_unannotated(where, [d.landmarks for d in data], names, source, found)
+    placed = [(d.case.landmarks, d.landmarks) for d in data if d.landmarks is not None]
+    check_orientation(placed, names, found)
     result = found.result
     result.n_cases, result.names = len(unique), names
     result.splits = {name: list(members) for name, members in cases.items()}
@@ -131,15 +141,26 @@ def check_cases(
     return result
 
 
-def run_check(data: Path, split_file: str, landmarks: str, manifest: Path | None) -> int:
+def run_check(
+    data: Path,
+    split_file: str,
+    landmarks: str,
+    manifest: Path | None,
+    *,
+    overwrite: bool = False,
+) -> int:
     """``heatmap3d check``: print the report; exit status 1 if any error, else 0.
 
     ``landmarks`` is the comma-separated expected names ("" = most common set). The
-    manifest is written only for a dataset without errors. Raises :class:`InputError` for
-    mistakes in the command itself (no such folder, duplicated ``--landmarks``).
+    manifest is written only for a dataset without errors, and never over a file that is
+    not an earlier manifest of ours unless ``overwrite``. Raises :class:`InputError` for
+    mistakes in the command itself (no such folder, duplicated ``--landmarks``, a
+    ``--manifest`` path holding someone else's file): these are refused before reading.
     """
     if not Path(data).is_dir():
         raise InputError(f"{data}: dataset folder not found")
+    if manifest is not None:
+        check_manifest_target(manifest, overwrite)
     names = [n.strip() for n in landmarks.split(",") if n.strip()]
     if len(set(names)) != len(names):
         raise InputError(f"--landmarks: duplicated names in {landmarks!r}")
@@ -150,7 +171,13 @@ def run_check(data: Path, split_file: str, landmarks: str, manifest: Path | None
             print(f"{manifest}: not written (fix the errors first)")
         return 1
     if manifest is not None:
-        write_manifest(manifest, root=report.root, names=report.names, splits=report.splits)
+        write_manifest(
+            manifest,
+            root=report.root,
+            names=report.names,
+            splits=report.splits,
+            overwrite=overwrite,
+        )
         print(f"wrote {manifest}")
     return 0
 
@@ -210,18 +237,34 @@ def _read_case(case: Case, report: Collector) -> _CaseData:
 
 
 def _locate_case(root: Path, case_id: str, report: Collector) -> Case | None:
-    """The case's image and landmark file; an error for each one that is missing."""
-    image = find_image(root, case_id)
+    """The case's image and landmark file, as training finds them (:mod:`heatmap3d.io.layout`);
+    an error for each one that is missing, or that is two files (which one is meant?)."""
+    try:
+        image = find_image(root, case_id)
+    except InputError as err:  # two images for the case
+        report.input_error(_named_path(err), err)
+        image = None
+    else:
+        if image is None:
+            images = image_candidates(root, case_id)
+            others = ", ".join(p.name for p in images[1:])
+            report.error(images[0], f"image of case {case_id!r} not found (nor {others})")
     tried = landmark_candidates(root / "landmarks", case_id)
-    marks = next((p for p in tried if p.is_file()), None)
-    if image is None:
-        images = image_candidates(root, case_id)
-        others = ", ".join(p.name for p in images[1:])
-        report.error(images[0], f"image of case {case_id!r} not found (nor {others})")
-    if marks is None:
+    marks: Path | None = None
+    if not any(p.is_file() for p in tried):
         names = ", ".join(p.name for p in tried)
         report.error(root / "landmarks" / case_id, f"no landmark file (tried {names})")
+    else:
+        try:
+            marks = find_landmark_file(root / "landmarks", case_id)
+        except InputError as err:  # two landmark files for the case
+            report.input_error(_named_path(err), err)
     return Case(case_id, image, marks) if image is not None and marks is not None else None
+
+
+def _named_path(err: InputError) -> Path:
+    """The path an InputError's message starts with (``<path>: problem``)."""
+    return Path(str(err).split(": ", 1)[0])
 
 
 def _read_image(path: Path, report: Collector) -> Volume | None:

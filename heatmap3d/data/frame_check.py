@@ -63,7 +63,7 @@ def check_frame(case: Case, vol: Volume, lm: Landmarks, report: Collector) -> No
             f"landmarks fall on the background of {case.image.name} as stated ({n_stated} "
             f"of {n} on its foreground) but on the foreground with x and y negated "
             f"({n_flipped} of {n}): the file is probably in LPS but labelled RAS (or the "
-            f"reverse); fix its coordinate system{_frame_hint(case.landmarks)}",
+            f"reverse); fix its coordinate system{frame_hint(case.landmarks)}",
         )
 
 
@@ -94,7 +94,7 @@ def _on_foreground(vol: Volume, vox: np.ndarray, threshold: float) -> np.ndarray
     return result
 
 
-def _frame_hint(path: Path) -> str:
+def frame_hint(path: Path) -> str:
     """How this file's coordinate system was decided, when the file does not say."""
     try:
         text = path.read_text(encoding="utf-8-sig")

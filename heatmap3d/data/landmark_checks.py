@@ -1,6 +1,8 @@
 """The landmark checks of ``heatmap3d check`` across cases: names against the dataset's
-set, missing landmarks, landmarks outside their image (with a hint at the likely mix-up)
-or near its border. Each writes :class:`~heatmap3d.data.findings.Finding` s to a collector.
+set, missing landmarks, degenerate files (no position at all, every landmark at one
+point or on one line, several landmarks at one position), landmarks outside their image
+(with a hint at the likely mix-up) or near its border. Each writes
+:class:`~heatmap3d.data.findings.Finding` s to a collector.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from heatmap3d.io.layout import Case
 
 BORDER_VOXELS = 2.0  # warn when a landmark is closer than this to the image edge, in voxels
 _MAX_LISTED = 6  # landmarks named in one message; the rest are counted
+SAME_POINT_MM = 1e-3  # two landmarks closer than this hold one position (a placeholder)
 
 
 def reference_names(sets: list[Landmarks | None], given: list[str] | None) -> tuple[list[str], str]:
@@ -50,6 +53,7 @@ def check_case(
         return
     _check_names(case.landmarks, lm, names, source, report)
     _check_missing(case.landmarks, lm, report)
+    check_degenerate(case.landmarks, lm, report)
     if grid is not None:
         check_positions(case, lm, grid[0], grid[1], report)
 
@@ -94,6 +98,43 @@ def _check_missing(path: Path, lm: Landmarks, report: Collector) -> None:
     absent = [n for n, p in zip(lm.names, lm.points) if not np.all(np.isfinite(p))]
     if absent:
         report.warning(path, f"landmark missing (no position): {_names(absent)}")
+
+
+def check_degenerate(path: Path, lm: Landmarks, report: Collector) -> None:
+    """Errors for positions no annotation gives: every landmark missing (nothing to train
+    on), all of them at one point or on one straight line (three or more), and distinct
+    landmarks at one position (missing landmarks written as zeros, or copied rows)."""
+    defined = np.all(np.isfinite(lm.points), axis=1)
+    points = lm.points[defined]
+    if len(points) == 0:
+        report.error(path, f"none of the {len(lm.names)} landmarks has a position (all missing)")
+        return
+    spread = np.linalg.svd(points - points.mean(axis=0), compute_uv=False)
+    if len(points) >= 2 and spread[0] < SAME_POINT_MM:
+        where = np.round(points[0], 3).tolist()
+        report.error(path, f"all {len(points)} placed landmarks are at one point {where} mm")
+        return
+    if len(points) >= 3 and spread[1] < SAME_POINT_MM:
+        report.error(path, f"all {len(points)} placed landmarks lie on one straight line")
+        return
+    _check_shared_positions(path, [n for n, ok in zip(lm.names, defined) if ok], points, report)
+
+
+def _check_shared_positions(
+    path: Path, names: list[str], points: np.ndarray, report: Collector
+) -> None:
+    """Distinct landmarks (``names``) at one position of ``points`` ``(N, 3)`` mm."""
+    groups: dict[tuple[float, ...], list[str]] = {}
+    for name, point in zip(names, np.round(points / SAME_POINT_MM) * SAME_POINT_MM):
+        groups.setdefault(tuple(point.tolist()), []).append(name)
+    shared = [(where, group) for where, group in groups.items() if len(group) > 1]
+    if shared:
+        listed = "; ".join(
+            f"{_names(group)} at {[round(c, 3) for c in where]}" for where, group in shared[:3]
+        )
+        zeros = any(not any(where) for where, _ in shared)
+        hint = " (missing landmarks written as 0,0,0? leave their cells empty)" if zeros else ""
+        report.error(path, f"several landmarks at one position: {listed}{hint}")
 
 
 def check_positions(

@@ -9,6 +9,12 @@ the structures (centres, a cone apex, a surface pole), so their true world posit
 known exactly. Output is what users give: ``.nii.gz`` images, landmark files in world mm
 (CSV in RAS and Slicer ``.mrk.json`` in LPS, alternately) and a ``split.json``.
 Everything is deterministic given the seed.
+
+Generation never writes over anyone's files. It writes into a new or empty folder only,
+and first leaves its marker there, :data:`MARKER_FILE`: a folder with the marker and no
+``split.json`` is an unfinished synthetic dataset (a run stopped midway) that the next
+run may finish; any other non-empty folder, even one holding only ``images/`` and
+``landmarks/``, is a user's and is refused by name (:func:`start_dataset`).
 """
 
 from __future__ import annotations
@@ -22,8 +28,10 @@ from scipy.ndimage import gaussian_filter
 from scipy.spatial.transform import Rotation
 from tqdm import tqdm
 
+from heatmap3d import __version__
 from heatmap3d.errors import InputError
 from heatmap3d.geometry import Volume, voxel_to_world
+from heatmap3d.io.atomic import atomic_write_bytes
 from heatmap3d.io.landmarks import Landmarks, write_landmarks
 from heatmap3d.io.volumes import save_volume
 
@@ -43,6 +51,8 @@ _TEMPLATE_POINTS = np.array(
 _BODY_AXES = np.array([42.0, 36.0, 32.0])  # ellipsoid semi-axes, mm
 _FOV_MM = 104.0  # field of view along each image axis
 _SPACINGS = [(1.5, 1.5, 2.5), (2.0, 2.0, 2.0), (1.2, 1.2, 3.0), (1.8, 1.8, 1.8)]
+MARKER_FILE = ".heatmap3d-synthetic"
+"""Written first into a dataset folder that generation owns (see the module doc)."""
 
 
 @dataclass
@@ -134,7 +144,7 @@ def generate_dataset(
     presence means the dataset is complete.
     """
     root = Path(root)
-    ids = start_dataset(root, n_train + n_val + n_test)
+    ids = start_dataset(root, n_train, n_val, n_test, seed=seed)
     for i, case in enumerate(tqdm(ids, desc="synthetic data", disable=not progress)):
         vol, lm = generate_case(np.random.default_rng([seed, i]))
         save_volume(root / "images" / f"{case}.nii.gz", vol)
@@ -142,21 +152,39 @@ def generate_dataset(
     return finish_dataset(root, ids, n_train, n_val)
 
 
-def start_dataset(root: Path, n_cases: int) -> list[str]:
-    """Create ``root/images`` and ``root/landmarks``; the case ids ``case000``, ...
+def check_counts(n_train: int, n_val: int, n_test: int, seed: int) -> None:
+    """InputError naming the option for a count below 0, no case at all, or a seed below 0
+    (numpy takes no negative seed)."""
+    counts = {"--n-train": n_train, "--n-val": n_val, "--n-test": n_test, "--seed": seed}
+    for option, value in counts.items():
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise InputError(f"{option}: must be a whole number >= 0, got {value!r}")
+    if n_train + n_val + n_test < 1:
+        raise InputError("--n-train, --n-val, --n-test: no cases to generate (all are 0)")
 
-    Refuses (InputError) a folder that holds anything but an unfinished synthetic dataset
-    (no ``split.json`` yet): generation never writes over a user's files.
+
+def start_dataset(root: Path, n_train: int, n_val: int, n_test: int, *, seed: int) -> list[str]:
+    """Check the counts, claim ``root`` (its marker), create ``root/images`` and
+    ``root/landmarks``; the case ids ``case000``, ...
+
+    Refuses (InputError) a folder that is not empty unless it holds generation's marker
+    and no ``split.json`` (an unfinished synthetic dataset): never a user's files.
     """
-    if root.exists() and any(root.iterdir()):
-        unfinished = {p.name for p in root.iterdir()} <= {"images", "landmarks", ".cache"}
-        if (root / "split.json").exists() or not unfinished:
-            raise InputError(
-                f"{root}: exists and is not empty; generate a synthetic dataset into a new folder"
-            )
+    check_counts(n_train, n_val, n_test, seed)
+    if root.exists() and not root.is_dir():
+        raise InputError(f"{root}: is a file; generate a synthetic dataset into a new folder")
+    held = sorted(p.name for p in root.iterdir()) if root.is_dir() else []
+    if held and ((root / "split.json").exists() or not (root / MARKER_FILE).is_file()):
+        shown = ", ".join(held[:4]) + (", ..." if len(held) > 4 else "")
+        raise InputError(
+            f"{root}: exists and is not empty (holds {shown}) and is no unfinished "
+            "synthetic dataset; generate a synthetic dataset into a new folder"
+        )
     (root / "images").mkdir(parents=True, exist_ok=True)
     (root / "landmarks").mkdir(parents=True, exist_ok=True)
-    return [f"case{i:03d}" for i in range(n_cases)]
+    marker = {"written_by": f"heatmap3d {__version__}", "seed": seed}
+    atomic_write_bytes(root / MARKER_FILE, (json.dumps(marker) + "\n").encode())
+    return [f"case{i:03d}" for i in range(n_train + n_val + n_test)]
 
 
 def write_case_landmarks(root: Path, case: str, index: int, lm: Landmarks) -> None:
@@ -175,5 +203,5 @@ def finish_dataset(root: Path, ids: list[str], n_train: int, n_val: int) -> Path
         "val": ids[n_train : n_train + n_val],
         "test": ids[n_train + n_val :],
     }
-    (root / "split.json").write_text(json.dumps(split, indent=2) + "\n")
+    atomic_write_bytes(root / "split.json", (json.dumps(split, indent=2) + "\n").encode())
     return root

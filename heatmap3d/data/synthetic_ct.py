@@ -276,7 +276,7 @@ def generate_ct_dataset(
     in-plane); finer spacing means more voxels (0.9 mm: ~16 M voxels, 1.2 mm: ~8 M).
     """
     root = Path(root)
-    ids = start_dataset(root, n_train + n_val + n_test)
+    ids = start_dataset(root, n_train, n_val, n_test, seed=seed)
     dicom_done = False
     for i, case_id in enumerate(tqdm(ids, desc="synthetic CT", disable=not progress)):
         vol, lm, case = generate_ct_case(np.random.default_rng([seed, i]), inplane_mm)

@@ -13,12 +13,15 @@ Every problem raises :class:`heatmap3d.errors.InputError` naming the path.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 from heatmap3d.errors import InputError
+from heatmap3d.io.case_ids import checked_case_ids
 from heatmap3d.io.dicom import holds_dicom
+from heatmap3d.io.headers import named_files
+from heatmap3d.io.itk_io import ITK_SUFFIXES
+from heatmap3d.io.json_file import load_json
 from heatmap3d.io.landmarks import LANDMARK_SUFFIXES
 from heatmap3d.io.volumes import VOLUME_SUFFIXES
 
@@ -51,19 +54,17 @@ class Case:
 
 
 def read_split(root: Path, split_file: str) -> dict[str, list[str]]:
-    """The case ids of each split, from ``root/split_file``."""
+    """The case ids of each split, from ``root/split_file``, normalised and checked.
+
+    Every id must be one file name (:mod:`heatmap3d.io.case_ids`): an id such as
+    ``"../x"`` would read a case from outside the dataset and write its predictions
+    outside the run. InputError names the file (and the id) for anything wrong.
+    """
     path = Path(root) / split_file
-    if not path.is_file():
-        raise InputError(f"{path}: split file not found (see data/README.md for the layout)")
-    try:
-        split = json.loads(path.read_text())
-    except json.JSONDecodeError as err:
-        raise InputError(f"{path}: not valid JSON ({err.msg}, line {err.lineno})") from None
-    if not isinstance(split, dict) or not all(
-        isinstance(v, list) and all(isinstance(c, str) for c in v) for v in split.values()
-    ):
+    split = load_json(path, what="split file", hint="see data/README.md for the layout")
+    if not isinstance(split, dict):
         raise InputError(f'{path}: expected {{"train": [case ids], "val": [case ids]}}')
-    return split
+    return {str(name): checked_case_ids(path, name, ids) for name, ids in split.items()}
 
 
 def image_candidates(root: Path, case_id: str) -> list[Path]:
@@ -75,12 +76,14 @@ def image_candidates(root: Path, case_id: str) -> list[Path]:
 
 def find_image(root: Path, case_id: str) -> Path | None:
     """The image of ``case_id`` under ``root/images`` (a file, or a DICOM series folder),
-    or None."""
+    or None; InputError naming both when two are there (``case.nii.gz`` and
+    ``case.nrrd``): which one is the case's scan is not for the tool to guess."""
     *files, folder = image_candidates(root, case_id)
-    found = next((p for p in files if p.is_file()), None)
-    if found is None and folder.is_dir() and holds_dicom(folder):
-        return folder
-    return found
+    found = [p for p in files if p.is_file()]
+    if folder.is_dir() and holds_dicom(folder):
+        found.append(folder)
+    _one_of(found, f"case {case_id!r}", "images")
+    return found[0] if found else None
 
 
 def landmark_candidates(directory: Path, case_id: str) -> list[Path]:
@@ -89,17 +92,29 @@ def landmark_candidates(directory: Path, case_id: str) -> list[Path]:
 
 
 def find_landmark_file(directory: Path, case_id: str) -> Path:
-    """``directory/<case_id><suffix>`` for the first suffix of
+    """``directory/<case_id><suffix>`` for the suffix of
     :data:`~heatmap3d.io.landmarks.LANDMARK_SUFFIXES` that exists; InputError listing
-    every path tried otherwise."""
+    every path tried when none does, and naming both when two do (``case.csv`` and
+    ``case.mrk.json`` may hold different points)."""
     tried = landmark_candidates(directory, case_id)
-    for candidate in tried:
-        if candidate.is_file():
-            return candidate
+    found = [p for p in tried if p.is_file()]
+    _one_of(found, f"case {case_id!r}", "landmark files")
+    if found:
+        return found[0]
     raise InputError(
         f"{directory}: no landmark file for case {case_id!r}; tried "
         + ", ".join(p.name for p in tried)
     )
+
+
+def _one_of(found: list[Path], what: str, kind: str) -> None:
+    """InputError naming every path of ``found`` when there is more than one."""
+    if len(found) > 1:
+        raise InputError(
+            f"{found[0]}: {what} has {len(found)} {kind}: "
+            + " and ".join(p.name for p in found)
+            + "; keep one (which one is meant cannot be guessed)"
+        )
 
 
 def landmark_case_id(path: str | Path) -> str | None:
@@ -159,8 +174,8 @@ def _is_scan(path: Path) -> bool:
 
 
 def image_files(image: Path) -> list[Path]:
-    """Every file whose bytes make up ``image``, sorted: the files of a DICOM folder, a
-    detached header (``.nhdr``, ``.mhd``) with the data file it names, else the file.
+    """Every file whose bytes make up ``image``, sorted: the files of a DICOM folder, an
+    NRRD or MetaImage header with the data files it names, else the file.
 
     What the preprocessed-volume cache hashes: a changed data file beside an unchanged
     header must give a new cache entry.
@@ -168,25 +183,11 @@ def image_files(image: Path) -> list[Path]:
     image = Path(image)
     if image.is_dir():
         return sorted(p for p in image.rglob("*") if p.is_file())
-    data = _detached_data_file(image)
-    return [image] + ([data] if data is not None and data.is_file() else [])
-
-
-def _detached_data_file(header: Path) -> Path | None:
-    """The data file a ``.nhdr`` (``data file:``) or ``.mhd`` (``ElementDataFile =``) names."""
-    name = header.name.lower()
-    if not name.endswith((".nhdr", ".mhd")):
-        return None
-    key = "data file:" if name.endswith(".nhdr") else "elementdatafile"
-    with open(header, "rb") as f:  # headers are short text; the data may follow (rare)
-        head = f.read(1 << 16).decode("latin-1")
-    for line in head.splitlines():
-        low = line.strip().lower()
-        if low.startswith(key) or (key == "data file:" and low.startswith("datafile:")):
-            value = line.split(":" if key == "data file:" else "=", 1)[1].strip()
-            if value and value.upper() not in ("LOCAL", "LIST") and "%" not in value:
-                return header.parent / value
-    return None
+    if not image.name.lower().endswith(ITK_SUFFIXES):
+        return [image]
+    # The header reader's own check: a data file outside the header's folder, or not a
+    # regular file, is refused here too, before a byte of it is hashed.
+    return [image, *named_files(image)]
 
 
 def find_cases(root: Path, ids: list[str], split_name: str) -> list[Case]:

@@ -5,12 +5,18 @@ with its reason as a comment; values are written as JSON, which YAML reads as fl
 style. :func:`read_plan` reads any YAML of the same shape (comments and edits welcome)
 and checks each stage's config against :mod:`heatmap3d.config`; :func:`stage_configs`
 turns the stages into full configs for the runner.
+
+A plan file the tool writes starts with a stamp line, ``# written by heatmap3d <version>;
+sha256 <hex>``, the hash of the text after that line. A plan whose text still matches
+its stamp is the tool's and may be rewritten; one a person edited (or wrote) is theirs,
+and training never replaces it (:func:`is_our_plan`, :func:`check_plan_target`).
 """
 
 from __future__ import annotations
 
 import copy
 import datetime
+import hashlib
 import json
 import math
 from dataclasses import dataclass
@@ -19,13 +25,25 @@ from typing import Any
 
 import yaml
 
+from heatmap3d import __version__
 from heatmap3d.config import Config, _apply_override, from_dict
 from heatmap3d.errors import InputError, first_line
 from heatmap3d.io.atomic import atomic_write_bytes
 from heatmap3d.planning.fingerprint import Fingerprint
 from heatmap3d.planning.plan import Plan
 
-__all__ = ["PlanStage", "plan_text", "read_plan", "stage_configs", "write_plan"]
+__all__ = [
+    "PlanStage",
+    "check_plan_target",
+    "is_our_plan",
+    "plan_text",
+    "read_plan",
+    "stage_configs",
+    "write_plan",
+    "write_plan_copy",
+]
+
+_STAMP = "# written by heatmap3d "
 
 _STAGE_KEYS = {"name", "budget_share", "config"}
 
@@ -72,8 +90,62 @@ def plan_text(plan: Plan, fp: Fingerprint, *, date: str | None = None) -> str:
 
 
 def write_plan(path: str | Path, plan: Plan, fp: Fingerprint) -> None:
-    """Write the plan file atomically (a reader never sees half a plan)."""
-    atomic_write_bytes(Path(path), plan_text(plan, fp).encode("utf-8"))
+    """Write the plan file, stamped, atomically (a reader never sees half a plan).
+
+    The caller decides whether ``path`` may be replaced (:func:`check_plan_target`)."""
+    atomic_write_bytes(Path(path), _stamped(plan_text(plan, fp)).encode("utf-8"))
+
+
+def write_plan_copy(path: str | Path, source: str | Path) -> None:
+    """Write the text of the plan file ``source`` to ``path``, stamped as ours (the record
+    of the plan a model was trained by), atomically."""
+    atomic_write_bytes(Path(path), _stamped(_unstamped(_read_text(Path(source)))).encode())
+
+
+def _stamped(body: str) -> str:
+    digest = hashlib.sha256(body.encode("utf-8")).hexdigest()
+    return f"{_STAMP}{__version__}; sha256 {digest}\n{body}"
+
+
+def _unstamped(text: str) -> str:
+    """``text`` without its stamp line, if it has one."""
+    first, _, rest = text.partition("\n")
+    return rest if first.startswith(_STAMP) else text
+
+
+def _read_text(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise InputError(f"{path}: plan file not found") from None
+    except (OSError, UnicodeDecodeError) as err:
+        raise InputError(f"{path}: cannot read the plan ({first_line(err)})") from None
+
+
+def is_our_plan(path: str | Path) -> bool:
+    """True when ``path`` is a plan file heatmap3d wrote and nobody changed since."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return False
+    first, _, body = text.partition("\n")
+    if not first.startswith(_STAMP) or "; sha256 " not in first:
+        return False
+    return first.rsplit("; sha256 ", 1)[1].strip() == hashlib.sha256(body.encode()).hexdigest()
+
+
+def check_plan_target(path: str | Path) -> None:
+    """InputError when writing a plan to ``path`` would replace a file that is not an
+    unchanged plan of ours (a plan a person edited: the edit must not be lost)."""
+    path = Path(path)
+    if path.is_dir():
+        raise InputError(f"{path}: is a folder; cannot write the plan there")
+    if (path.exists() or path.is_symlink()) and not is_our_plan(path):
+        raise InputError(
+            f"{path}: was edited since heatmap3d wrote it (or was not written by heatmap3d) "
+            f"and is not replaced; train by it with --plan {path}, or move it away to plan "
+            "afresh"
+        )
 
 
 def read_plan(path: str | Path) -> list[PlanStage]:

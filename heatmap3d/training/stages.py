@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import shutil
 from pathlib import Path
 
 from heatmap3d import distributed
 from heatmap3d.config import Config, load_config
 from heatmap3d.distributed import DistInfo
+from heatmap3d.errors import InputError
 from heatmap3d.evaluation.metrics import LandmarkStats
 from heatmap3d.evaluation.placements import Placements
 from heatmap3d.inference.pipeline import (
@@ -33,7 +33,14 @@ from heatmap3d.io.atomic import atomic_write_bytes
 from heatmap3d.io.model_folder import StageEntry, write_model_folder
 from heatmap3d.planning.fingerprint import fingerprint_dataset
 from heatmap3d.planning.plan import make_plan
-from heatmap3d.planning.plan_file import read_plan, stage_configs, write_plan
+from heatmap3d.planning.plan_file import (
+    check_plan_target,
+    is_our_plan,
+    read_plan,
+    stage_configs,
+    write_plan,
+    write_plan_copy,
+)
 from heatmap3d.training.heldout import calibrate, fit_shape, placed_predictions, truth_points
 from heatmap3d.training.members import Member, member_config, plan_members
 from heatmap3d.training.trainer import Trainer, train
@@ -65,7 +72,10 @@ def train_dataset(
     )
     try:
         stages, model_dir, plan_file = distributed.main_then_broadcast(
-            world, lambda: _planned_stages(data, plan, overrides, base, world)
+            world,
+            lambda: _planned_stages(
+                data, plan, overrides, base, world, resume=resume, overwrite=overwrite
+            ),
         )
         first = stages[0][1].data
         team = distributed.main_then_broadcast(
@@ -82,20 +92,39 @@ def train_dataset(
 
 
 def _planned_stages(
-    data: Path | None, plan: Path | None, overrides: list[str], base: Config, world: DistInfo
+    data: Path | None,
+    plan: Path | None,
+    overrides: list[str],
+    base: Config,
+    world: DistInfo,
+    *,
+    resume: bool = False,
+    overwrite: bool = False,
 ) -> tuple[list[tuple[str, Config]], Path, Path]:
-    """Rank 0: the stage configs, the model folder and the plan file (written if new)."""
+    """Rank 0: the stage configs, the model folder and the plan file (written if new).
+
+    Everything that could refuse the run is checked before anything is written: a model
+    folder holding an earlier run's checkpoints (without ``resume`` or ``overwrite``), and
+    a ``plan.yaml`` there that a person edited (never replaced; it may be trained by with
+    ``--plan``).
+    """
     root = Path(data) if data is not None else Path(plan).parent
     named = any(o.split("=")[0].strip() == "train.name" for o in overrides)
     model_dir = Path(base.train.out_dir) / (base.train.name if named else root.resolve().name)
     if plan is None and (root / "plan.yaml").is_file():
         plan = root / "plan.yaml"
+    record = model_dir / "plan.yaml"
+    if not (resume or overwrite):
+        _refuse_earlier_run(model_dir)
+    if plan is None or Path(plan).resolve() != record.resolve():
+        check_plan_target(record)  # the copy _finish writes, or the new plan below
     if plan is None:
         fp = fingerprint_dataset(root, split_file=base.data.split_file)
         print(fp.summary())
-        plan = model_dir / "plan.yaml"
+        new_plan = make_plan(fp, device=world.device.type)
+        plan = record
         model_dir.mkdir(parents=True, exist_ok=True)
-        write_plan(plan, make_plan(fp, device=world.device.type), fp)
+        write_plan(plan, new_plan, fp)
         print(f"plan: wrote {plan}")
     given = any(o.split("=")[0].strip() == "train.budget_minutes" for o in overrides)
     budget = base.train.budget_minutes if given else DEFAULT_BUDGET_MINUTES
@@ -103,6 +132,25 @@ def _planned_stages(
         read_plan(plan), data_root=root, overrides=overrides, budget_minutes=budget
     )
     return configs, model_dir, plan
+
+
+def _refuse_earlier_run(model_dir: Path) -> None:
+    """InputError when ``model_dir`` holds checkpoints of an earlier run (in a stage's
+    folder, or a member's): the same refusal each stage's trainer makes, made before the
+    plan is written so that nothing changes when the run is refused."""
+    earlier = sorted(
+        p
+        for pattern in ("*/*.pt", "*/*/*.pt")
+        for p in model_dir.glob(pattern)
+        if p.name in ("best.pt", "last.pt")
+    )
+    if earlier:
+        shown = ", ".join(str(p.relative_to(model_dir)) for p in earlier[:4])
+        raise InputError(
+            f"{model_dir}: holds checkpoints of an earlier run ({shown}"
+            f"{', ...' if len(earlier) > 4 else ''}); continue it with --resume, choose "
+            "another train.name, or replace it with --overwrite"
+        )
 
 
 def run_stages(
@@ -133,6 +181,17 @@ def run_stages(
             trainers.append(train(cfg, world, resume=resume, overwrite=overwrite))
         runs.append(trainers)
     return _finish(runs, members, model_dir, plan_file, world)
+
+
+def _record_plan(plan_file: Path | None, record: Path) -> None:
+    """Copy the plan trained by into the model folder (rank 0), stamped as ours; a plan
+    there that a person edited meanwhile is kept (and said so)."""
+    if plan_file is None or plan_file.resolve() == record.resolve():
+        return
+    if record.exists() and not is_our_plan(record):
+        print(f"note: {record} was edited; kept (the plan trained by is {plan_file})")
+        return
+    write_plan_copy(record, plan_file)
 
 
 def _in_folder(cfg: Config, model_dir: Path, member: Member, name: str) -> Config:
@@ -174,8 +233,7 @@ def _finish(
     )
     if world.is_main:
         write_model_folder(model_dir, entries)
-        if plan_file is not None and plan_file.resolve() != (model_dir / "plan.yaml").resolve():
-            shutil.copyfile(plan_file, model_dir / "plan.yaml")
+        _record_plan(plan_file, model_dir / "plan.yaml")
         if shape is not None:
             _write_json(model_dir / "shape.json", shape.to_dict())
     distributed.barrier()  # every checkpoint and model.json written
