@@ -4,7 +4,6 @@ The page in a real browser: tests/test_report_browser.py."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
@@ -16,6 +15,7 @@ from heatmap3d.cli import main
 from heatmap3d.evaluation.pictures import landmark_views
 from heatmap3d.evaluation.report import write_report
 from heatmap3d.evaluation.report_html import GENERATOR
+from heatmap3d.inference.resume import write_record
 
 
 def run(capsys, *argv: str) -> tuple[int, str, str]:
@@ -134,19 +134,32 @@ def test_unreadable_prediction_is_said_first(tmp_path, capsys):
     assert "case001.csv: unreadable, left out" in head and "bogus" in head
 
 
-def _name_model(path: Path, model: str) -> None:
-    doc = json.loads(path.read_text())
-    doc["heatmap3d"]["model"] = model
-    path.write_text(json.dumps(doc))
+def _record(pred: Path, n: int, model: str) -> None:
+    """The record predict writes after a scan's outputs (model identity, scan path)."""
+    stem = f"case{n:03d}"
+    names = [f"{stem}.csv", f"{stem}.mrk.json"]
+    write_record(pred, stem, Path(f"/data/scans/{stem}.nii.gz"), "0" * 64, model, names)
 
 
 def test_predictions_of_two_models_are_said_first(tmp_path, capsys):
     pred, _, _ = prediction_folder(tmp_path, with_scans=False)
     for n in range(4):
-        _name_model(pred / f"case{n:03d}.mrk.json", "runs/a" if n < 3 else "runs/<b>")
+        _record(pred, n, "a" * 64 if n < 3 else "b" * 64)
     assert run(capsys, "report", pred)[0] == 0
     head = first_screen((pred / "report.html").read_text(encoding="utf-8"))
-    assert "predictions from 2 different models: runs/a (3 scans), runs/&lt;b&gt; (1 scans)" in head
+    assert f"predictions from 2 different models: {'a' * 64} (3 scans), {'b' * 64}" in head
+    assert "model: identity aaaaaaaaaaaa, identity bbbbbbbbbbbb" in head
+    assert "(predicted from /data/scans)" in head  # where to find the scans for tiles
+
+
+def test_scans_without_a_record_are_said_first(tmp_path, capsys):
+    pred, _, _ = prediction_folder(tmp_path, with_scans=False)
+    for n in (0, 2):
+        _record(pred, n, "c" * 64)
+    assert run(capsys, "report", pred)[0] == 0
+    head = first_screen((pred / "report.html").read_text(encoding="utf-8"))
+    assert "no record of what made case001, case003" in head
+    assert "model: identity cccccccccccc" in head
 
 
 def test_foreign_report_is_not_replaced(tmp_path, capsys):

@@ -90,9 +90,11 @@ def write_report(
     files = out.parent / FILES
     written = _draw(page, found, files, truth, overwrite)
     if not found:
+        recorded = sorted({str(Path(s.scan).parent) for s in cohort.scans if s.scan})
+        where = f" (predicted from {', '.join(recorded[:3])})" if recorded else ""
         page.notes.append(
             "Scans not given: no tiles (thumbnails are the snapshots, where predict wrote "
-            f"them). Rebuild with: heatmap3d report {folder} --scans SCANS_FOLDER"
+            f"them). Rebuild with: heatmap3d report {folder} --scans SCANS_FOLDER{where}"
         )
     try:
         atomic_write_bytes(out, render(page).encode("utf-8"))
@@ -126,10 +128,15 @@ def is_report(path: Path) -> bool:
 
 
 def _model_text(cohort: Cohort, model: str | None) -> str:
-    if cohort.models:
-        return ", ".join(cohort.models)
+    """The model as given by the caller, with the identity the files record (a SHA-256 of
+    its files and options: the same text means the same model)."""
+    ids = ", ".join(f"identity {m[:12]}" for m in cohort.models)
+    if model and ids:
+        return f"{model} ({ids})"
+    if ids:
+        return ids
     if model:
-        return f"{model} (as given; the prediction files do not name their model)"
+        return f"{model} (as given; the prediction files do not record their model)"
     return "not recorded in the prediction files"
 
 

@@ -1,19 +1,20 @@
 """What the HTML report shows, read from the files the tool wrote (never from the model).
 
 A prediction folder ``P`` holds, per scan, ``<scan>.csv`` and ``<scan>.mrk.json``
-(:mod:`heatmap3d.io.predictions`), maybe ``<scan>.png``, maybe the cohort tables
-``landmarks.csv``/``review.csv`` and an ``evaluation/`` folder (``metrics.csv``,
-``errors.csv``). :func:`read_cohort` reads them into a :class:`Cohort`; what is odd about
-the folder (a scan whose two files are not both there, an unreadable file, temporary files
-of an interrupted write, predictions from different models or landmark sets) becomes a
-line of :attr:`Cohort.problems`, which the report shows on its first screen. A folder with
-no prediction at all is an :class:`InputError`.
+(:mod:`heatmap3d.io.predictions`), maybe ``<scan>.png``, the record of what made them
+(``P/.heatmap3d/<scan>.json``, :mod:`heatmap3d.inference.resume`: the model's identity,
+the scan's path), maybe the cohort tables ``landmarks.csv``/``review.csv`` and an
+``evaluation/`` folder (``metrics.csv``, ``errors.csv``). :func:`read_cohort` reads them
+into a :class:`Cohort`. What is odd about the folder (a scan whose two files are not both
+there, an unreadable file, temporary files of an interrupted write, scans without a
+record while others have one, predictions from different models or landmark sets)
+becomes a line of :attr:`Cohort.problems`, which the report shows on its first screen. A
+folder with no prediction at all is an :class:`InputError`.
 """
 
 from __future__ import annotations
 
 import csv
-import json
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,16 +28,17 @@ from heatmap3d.evaluation.records import (
     is_evaluation_output,
     read_prediction_table,
 )
+from heatmap3d.inference.resume import RECORDS, read_record
 
 COHORT_TABLES = ("landmarks.csv", "review.csv")
 """The cohort tables ``heatmap3d predict`` writes beside the per-scan files."""
-# Keys of the .mrk.json "heatmap3d" object that may name the model that wrote it.
-_MODEL_KEYS = ("model", "model_id", "model_identity", "model_sha256", "checkpoint")
 
 
 @dataclass
 class ScanRecord:
-    """One scan's prediction files and its table (see :class:`PredictionTable`)."""
+    """One scan's prediction files and its table (see :class:`PredictionTable`);
+    ``model``: the model's identity as recorded (None: not recorded); ``scan``: the path
+    the scan was read from, as recorded (a hint only: never opened from here)."""
 
     stem: str
     csv: Path
@@ -44,6 +46,7 @@ class ScanRecord:
     markups: Path | None
     snapshot: Path | None
     model: str | None
+    scan: str | None = None
 
     @property
     def names(self) -> list[str]:
@@ -149,6 +152,8 @@ def _read_scans(folder: Path, problems: list[str]) -> list[ScanRecord]:
         markups, png = folder / f"{stem}.mrk.json", folder / f"{stem}.png"
         if not markups.is_file():
             half.append(stem)
+        record = read_record(folder, stem) or {}
+        model = record.get("model")
         scans.append(
             ScanRecord(
                 stem,
@@ -156,7 +161,8 @@ def _read_scans(folder: Path, problems: list[str]) -> list[ScanRecord]:
                 table,
                 markups if markups.is_file() else None,
                 png if png.is_file() else None,
-                _model_of(markups) if markups.is_file() else None,
+                None if model is None else str(model),
+                None if record.get("scan") is None else str(record["scan"]),
             )
         )
     lone = sorted(
@@ -169,9 +175,15 @@ def _read_scans(folder: Path, problems: list[str]) -> list[ScanRecord]:
             f"half-written folder: {_listed(half)} without .mrk.json, {_listed(lone)} "
             "without .csv (an interrupted run? rerun the same predict command)"
         )
-    stale = sorted(p.name for p in folder.glob(".*.tmp"))
+    stale = sorted(p.name for p in [*folder.glob(".*.tmp"), *(folder / RECORDS).glob(".*.tmp")])
     if stale:
         problems.append(f"temporary files of an interrupted write: {_listed(stale)}")
+    unrecorded = [s.stem for s in scans if s.scan is None]
+    if unrecorded and len(unrecorded) < len(scans):
+        problems.append(
+            f"no record of what made {_listed(unrecorded)} (in {RECORDS}/, written last: "
+            "interrupted, or predicted by an older version)"
+        )
     return scans
 
 
@@ -181,19 +193,6 @@ def _listed(items: list[str], most: int = 5) -> str:
         return "none"
     more = f" and {len(items) - most} more" if len(items) > most else ""
     return ", ".join(items[:most]) + more
-
-
-def _model_of(markups: Path) -> str | None:
-    """The model named in the ``.mrk.json``'s ``heatmap3d`` object, if it names one."""
-    try:
-        doc = json.loads(markups.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError):
-        return None
-    tag = doc.get("heatmap3d") if isinstance(doc, dict) else None
-    if not isinstance(tag, dict):
-        return None
-    value = next((tag[k] for k in _MODEL_KEYS if tag.get(k)), None)
-    return None if value is None else str(value)
 
 
 def _check_sameness(cohort: Cohort) -> None:
