@@ -213,7 +213,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     if path is not None:
         source = str(path)
         # read_text: a folder, FIFO, binary or non-UTF-8 file is one line naming it.
-        text = read_text(path, what="config file")
+        text = read_text(path, what="config file", max_bytes=2**20)  # configs are a few kB
         try:
             raw = yaml.safe_load(text) or {}
         except yaml.YAMLError as err:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import os
 import re
 from pathlib import Path
 
@@ -381,3 +382,55 @@ def test_review_options_must_be_finite_and_in_range(capsys, tmp_path, weights, s
     err = capsys.readouterr().err
     assert option in err and repr(value) in err
     assert not (tmp_path / "o").exists()
+
+
+# --------------------------------------------------------------------------------------
+# Config values and files (section 4): one line naming the key or the file
+# --------------------------------------------------------------------------------------
+
+
+def train_refused(capsys, *args: str) -> str:
+    assert main(["train", *args, "train.device=cpu"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and "\n" not in err, err
+    return err
+
+
+@pytest.mark.parametrize(
+    "override, key",
+    [
+        ("data.spacing=[4, .nan, 4]", "data.spacing"),
+        ("data.spacing=[4, .inf, 4]", "data.spacing"),
+        ("data.patch_size=[0, 32, 32]", "data.patch_size"),
+        ("heatmap.sigma=.inf", "heatmap.sigma"),
+        ("heatmap.sigma=.nan", "heatmap.sigma"),
+        ("train.lr=.nan", "train.lr"),
+        ("train.timeout_min=.inf", "train.timeout_min"),
+        ("augment.rotation_deg=.nan", "augment.rotation_deg"),
+        ("inference.overlap=.nan", "inference.overlap"),
+        ("train.seed=-1", "train.seed"),
+        ("train.epochs=true", "train.epochs"),
+        ("data.crop_jitter_mm=1e999", "data.crop_jitter_mm"),
+    ],
+)
+def test_config_values_that_slipped_past(capsys, tmp_path, override, key):
+    err = train_refused(capsys, str(tmp_path / "data"), override)
+    assert key in err
+
+
+def test_config_files_that_are_not_configs(capsys, tmp_path):
+    fifo = tmp_path / "fifo.yaml"
+    os.mkfifo(fifo)  # reading it would wait for a writer forever
+    binary = tmp_path / "binary.yaml"
+    binary.write_bytes(bytes(range(256)))
+    listed = tmp_path / "list.yaml"
+    listed.write_text("- data\n- train\n")
+    cases = {
+        tmp_path: "is a folder",
+        fifo: "not a regular file",
+        binary: "binary",
+        listed: "must be a mapping",
+    }
+    for path, words in cases.items():
+        err = train_refused(capsys, "--config", str(path))
+        assert str(path) in err and words in err

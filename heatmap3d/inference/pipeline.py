@@ -36,7 +36,7 @@ from heatmap3d.inference.predictor import Prediction, Predictor
 from heatmap3d.inference.refine import Cascade, refine_landmarks
 from heatmap3d.inference.shape import ShapeModel
 from heatmap3d.io.json_file import load_json
-from heatmap3d.io.model_folder import read_model_folder
+from heatmap3d.io.model_folder import ModelFolder, read_model_folder
 
 DEFAULT_REVIEW_RADIUS_MM = 5.0
 MIN_CONFIDENCE = 0.25  # the signal's divisor never below this: a faint peak is not infinitely bad
@@ -200,6 +200,16 @@ def load_pipeline(
     if len(stages) > 2:
         raise InputError(f"{folder}: {len(stages)} stages; prediction runs one or two")
     model = stages[0] if len(stages) == 1 else Cascade(stages[0], stages[1])
+    shape, calibration = read_extras(found)
+    return Pipeline(model, shape, calibration, review_radius_mm=review_radius_mm)
+
+
+def read_extras(found: ModelFolder) -> tuple[ShapeModel | None, Calibration | None]:
+    """The shape model and calibration a model folder lists (None where it lists none).
+
+    Each is read through :func:`~heatmap3d.io.json_file.load_json` and checked by its
+    ``from_dict``; any problem is one :class:`InputError` line naming the file (and key).
+    """
     shape = calibration = None
     if found.shape is not None:
         doc = load_json(found.shape, what="shape model")
@@ -207,7 +217,7 @@ def load_pipeline(
     if found.calibration is not None:
         doc = load_json(found.calibration, what="calibration")
         calibration = _from_doc(Calibration.from_dict, doc, found.calibration)
-    return Pipeline(model, shape, calibration, review_radius_mm=review_radius_mm)
+    return shape, calibration
 
 
 def _from_doc(build, doc, path: Path):

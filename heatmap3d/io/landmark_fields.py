@@ -62,6 +62,8 @@ def parse_xyz(path: Path, where: str, values: Sequence[Any]) -> list[float]:
             number = float(value)
         except ValueError:
             raise InputError(f"{path}: {where}: non-numeric coordinate {value!r}") from None
+        except OverflowError:  # a JSON integer of 400 digits: beyond any float
+            number = math.inf
         if math.isinf(number):
             raise InputError(f"{path}: {where}: infinite coordinate {value!r}")
         out.append(number)
