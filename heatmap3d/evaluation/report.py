@@ -85,6 +85,7 @@ def write_report(
         __version__,
         _model_text(cohort, model),
         datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        out.resolve().parent.name,
         files=_relative(folder, out.parent),
     )
     files = out.parent / FILES

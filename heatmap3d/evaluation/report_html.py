@@ -78,7 +78,8 @@ _SCRIPT = """
 class Page:
     """What one report shows, with the pictures as paths relative to the report.
 
-    ``files``: the prediction folder relative to the report (``""`` or ``predictions/``);
+    ``title``: what the page is of (the folder it is in); ``files``: the prediction
+    folder relative to the report (``""`` or ``predictions/``);
     ``tiles``: by (scan stem, landmark index); ``worst``: (scan, landmark, error mm),
     largest first; ``notes``: lines for the header (e.g. why there are no tiles).
     """
@@ -87,6 +88,7 @@ class Page:
     version: str
     model: str
     created: str
+    title: str
     files: str = ""
     thumbs: dict[str, str] = field(default_factory=dict)
     tiles: dict[tuple[str, int], str] = field(default_factory=dict)
@@ -115,7 +117,7 @@ def render(page: Page) -> str:
         "<!DOCTYPE html>",
         '<html lang="en"><head><meta charset="utf-8">',
         f'<meta name="generator" content="{GENERATOR} {_e(page.version)}">',
-        f"<title>heatmap3d report: {_e(c.folder.name)}</title>",
+        f"<title>heatmap3d report: {_e(page.title)}</title>",
         f"<style>{_STYLE}</style></head><body>",
         _header(page),
         _overview(page),
@@ -135,7 +137,7 @@ def _header(page: Page) -> str:
     n_flags = sum(len(s.to_review) for s in c.scans)
     written = ", ".join(c.versions) or "no written_by marker"
     lines = [
-        f"<header><h1>heatmap3d report: {_e(c.folder.name)}</h1>",
+        f"<header><h1>heatmap3d report: {_e(page.title)}</h1>",
         f'<p class="meta">heatmap3d {_e(page.version)} &middot; model: {_e(page.model)} '
         f"&middot; written {_e(page.created)} &middot; predictions written by {_e(written)}</p>",
     ]
