@@ -45,8 +45,10 @@ import numpy as np
 
 from heatmap3d.config import DataConfig
 from heatmap3d.data.preprocess import preprocess
+from heatmap3d.errors import InputError
 from heatmap3d.geometry import Volume
 from heatmap3d.io.atomic import atomic_write
+from heatmap3d.io.json_file import load_json
 from heatmap3d.io.layout import image_files
 from heatmap3d.io.volumes import load_volume
 
@@ -156,7 +158,7 @@ def write_entry(entry: Entry, vol: Volume, source: Path, cfg: DataConfig) -> Non
 def read_entry(entry: Entry) -> Volume | None:
     """The cached volume (data memory-mapped, read-only), or None if absent or invalid."""
     try:
-        meta = json.loads(entry.meta.read_text())
+        meta = load_json(entry.meta, what="cache entry")
         affine = np.array(meta["affine"], dtype=np.float64)
         stat = _stat_key(entry.npy)
         if stat[1] != meta["nbytes"] or affine.shape != (4, 4):
@@ -166,7 +168,7 @@ def read_entry(entry: Entry) -> Volume | None:
                 return None
             _verified[str(entry.npy)] = stat
         data = np.load(entry.npy, mmap_mode="r", allow_pickle=False)
-    except (OSError, ValueError, KeyError, TypeError):  # missing, truncated, bad header/JSON
+    except (InputError, OSError, ValueError, KeyError, TypeError):  # missing, truncated, bad
         return None
     if data.dtype != np.float32 or list(data.shape) != meta["shape"] or data.ndim != 3:
         return None

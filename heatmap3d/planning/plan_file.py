@@ -29,6 +29,7 @@ from heatmap3d import __version__
 from heatmap3d.config import Config, _apply_override, from_dict
 from heatmap3d.errors import InputError, first_line
 from heatmap3d.io.atomic import atomic_write_bytes
+from heatmap3d.io.json_file import read_text
 from heatmap3d.planning.fingerprint import Fingerprint
 from heatmap3d.planning.plan import Plan
 
@@ -153,10 +154,8 @@ def read_plan(path: str | Path) -> list[PlanStage]:
     (not YAML, wrong shape, an unknown config key or a bad value in a stage)."""
     path = Path(path)
     try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise InputError(f"{path}: plan file not found") from None
-    except yaml.YAMLError as err:
+        raw = yaml.safe_load(read_text(path, what="plan file"))  # a FIFO, folder: one line
+    except (yaml.YAMLError, RecursionError) as err:
         raise InputError(f"{path}: not valid YAML ({first_line(err)})") from None
     stages = raw.get("stages") if isinstance(raw, dict) else None
     if not isinstance(stages, list) or not stages:
