@@ -42,11 +42,13 @@ def prediction_folder(
     with_scans: bool = True,
     truth: bool = False,
     shape=(40, 44, 36),
+    stated: bool = True,
 ) -> tuple[Path, Path | None, Path | None]:
     """``root/pred`` with ``n_scans`` predictions of ``k`` landmarks (scan 0 all confident,
     the others with one to three landmarks to review, one absent), ``root/scans`` with
     their NIfTI scans and ``root/truth`` with true landmarks within a few mm. Returns the
-    three folders (None for those not asked for)."""
+    three folders (None for those not asked for). ``stated=False``: no error radii (a
+    model without a calibration)."""
     rng = np.random.default_rng(seed)
     pred, scans, true = root / "pred", root / "scans", root / "truth"
     names = landmark_names(k)
@@ -70,7 +72,12 @@ def prediction_folder(
                 points[k - 3] = np.nan
                 status[k - 3] = "absent"
         write_prediction(
-            pred, stem, Landmarks(names, points), conf, radius_mm=radius, status=status
+            pred,
+            stem,
+            Landmarks(names, points),
+            conf,
+            radius_mm=radius if stated else None,
+            status=status,
         )
         if with_scans:
             save_volume(scans / f"{stem}.nii.gz", vol)

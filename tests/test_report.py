@@ -87,6 +87,17 @@ def test_evaluate_report_draws_the_plots(tmp_path, capsys):
     assert '<a href="#s' in page.split('id="worst"')[1]
 
 
+def test_no_radius_plot_without_stated_radii(tmp_path, capsys):
+    pred, _, truth = prediction_folder(tmp_path, truth=True, with_scans=False, stated=False)
+    assert run(capsys, "evaluate", "--pred", pred, "--truth", truth, "--report")[0] == 0
+    page = (pred / "report.html").read_text(encoding="utf-8")
+    assert "success detection rate" in page and "stated radius vs true error" not in page
+    assert sorted(p.name for p in (pred / "report_files").glob("plot*")) == [
+        "plot0.png",
+        "plot1.png",
+    ]
+
+
 def test_rebuild_finds_the_evaluation(tmp_path, capsys):
     pred, _, truth = prediction_folder(tmp_path, truth=True, with_scans=False)
     assert run(capsys, "evaluate", "--pred", pred, "--truth", truth)[0] == 0

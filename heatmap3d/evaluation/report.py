@@ -168,8 +168,9 @@ def _draw(
         figures = {
             "error per landmark": plots.error_distributions(ev.errors, ev.names),
             "success detection rate": plots.sdr_curve(ev.errors),
-            "stated radius vs true error": plots.radius_against_error(radii, ev.errors),
         }
+        if np.isfinite(radii).any():  # a model without a calibration states no radius
+            figures["stated radius vs true error"] = plots.radius_against_error(radii, ev.errors)
         page.plots = [(t, save(f"plot{k}.png", rgb)) for k, (t, rgb) in enumerate(figures.items())]
     for n, scan in enumerate(cohort.scans):
         which = scan.to_review + [
