@@ -89,6 +89,10 @@ def write_report(
         files=_relative(folder, out.parent),
     )
     files = out.parent / FILES
+    try:
+        files.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise InputError(f"{files}: cannot create the pictures' folder ({one_line(exc)})") from exc
     written = _draw(page, found, files, truth, overwrite)
     if not found:
         recorded = sorted({str(Path(s.scan).parent) for s in cohort.scans if s.scan})

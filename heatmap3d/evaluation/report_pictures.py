@@ -91,8 +91,12 @@ def snapshot_thumbnail(png: Path) -> np.ndarray | None:
 def tile_note(scan: ScanRecord, i: int) -> str:
     """The label text of landmark ``i``'s tile: confidence, radius and status."""
     conf, radius = scan.table.confidence[i], scan.table.radius_mm[i]
-    parts = [f"conf {conf:.2f}" if np.isfinite(conf) else "", scan.table.status[i]]
-    parts.insert(1, f"r {radius:.1f} mm" if np.isfinite(radius) else "")
+    status = scan.table.status[i]
+    parts = [
+        f"conf {conf:.2f}" if np.isfinite(conf) else "",
+        f"r {radius:.1f} mm" if np.isfinite(radius) else "",
+        "" if status == "missing" else status,  # the tile says "not found" itself
+    ]
     return "  ".join(p for p in parts if p)
 
 
