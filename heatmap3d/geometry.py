@@ -30,7 +30,7 @@ There is no second code path that could disagree with this one.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 from nibabel.affines import apply_affine, voxel_sizes
@@ -45,6 +45,7 @@ __all__ = [
     "reorient_canonical",
     "resample_to_grid",
     "resample_to_spacing",
+    "resampled_shape",
     "spacing_of",
     "window_start",
     "voxel_to_world",
@@ -61,10 +62,13 @@ class Volume:
     Attributes:
         data: ``(I, J, K)`` float32 intensities.
         affine: ``(4, 4)`` float64 map from voxel ``(i, j, k, 1)`` to world RAS mm.
+        source: the file it was read from ("" when made in memory), for error messages
+            about it; kept by :meth:`copy`, not by the grid operations.
     """
 
     data: np.ndarray
     affine: np.ndarray
+    source: str = field(default="", compare=False)
 
     def __post_init__(self) -> None:
         self.data = np.asarray(self.data, dtype=np.float32)
@@ -87,7 +91,7 @@ class Volume:
 
     def copy(self) -> Volume:
         """Deep copy (data and affine)."""
-        return Volume(self.data.copy(), self.affine.copy())
+        return Volume(self.data.copy(), self.affine.copy(), self.source)
 
 
 def voxel_to_world(points: np.ndarray, affine: np.ndarray) -> np.ndarray:
@@ -130,19 +134,31 @@ def reorient_canonical(vol: Volume) -> Volume:
     return Volume(np.array(data, order="C"), affine)
 
 
+def resampled_shape(
+    affine: np.ndarray, shape: Sequence[int], spacing: Sequence[float]
+) -> np.ndarray:
+    """``(3,)`` voxel counts (float64, whole numbers >= 1) of the grid
+    :func:`resample_to_spacing` makes from a grid of ``shape`` and ``affine`` at ``spacing``
+    mm: the counts whose extent (``n * spacing``, voxel edges included) is closest to the
+    old extent. Float, so that a caller can check an absurd grid (a spacing of 1e-9 mm)
+    before any integer overflows or any memory is asked for."""
+    old_extent = np.asarray(shape, dtype=np.float64) * spacing_of(affine)
+    return np.maximum(1.0, np.rint(old_extent / np.asarray(spacing, dtype=np.float64)))
+
+
 def _resampled_grid(
     affine: np.ndarray, shape: Sequence[int], spacing: np.ndarray
 ) -> tuple[np.ndarray, tuple[int, int, int]]:
     """Affine and shape of a grid with ``spacing`` covering the same field of view.
 
     Axis directions (unit columns of ``affine[:3, :3]``) are kept, so oblique stays oblique.
-    The number of voxels along each axis is the one whose extent (``n * spacing``, voxel
-    edges included) is closest to the old extent, and the new grid is centred on the old
-    one, so any extent mismatch (< one new voxel) is split evenly between both ends.
+    The number of voxels along each axis is :func:`resampled_shape`'s, and the new grid is
+    centred on the old one, so any extent mismatch (< one new voxel) is split evenly
+    between both ends.
     """
     old_shape = np.asarray(shape, dtype=np.float64)
     old_spacing = spacing_of(affine)
-    new_shape = np.maximum(1, np.rint(old_shape * old_spacing / spacing)).astype(int)
+    new_shape = resampled_shape(affine, shape, spacing).astype(int)
     directions = affine[:3, :3] / old_spacing
     centre_world = apply_affine(affine, (old_shape - 1) / 2)
     new_affine = np.eye(4)
@@ -272,7 +288,10 @@ def crop_or_pad(
 def pad_to_multiple(
     vol: Volume, multiple: int, *, fill: float = 0.0
 ) -> tuple[Volume, tuple[int, int, int]]:
-    """Pad at the end of each axis up to a multiple of ``multiple`` voxels.
+    """Pad at the end of each axis up to a multiple of ``multiple`` voxels, and to two
+    multiples along the first axis when every axis would be one multiple long: a U-Net of
+    stride ``multiple`` has one voxel at its coarsest level otherwise, where instance
+    normalisation has nothing to normalise (a tiny scan would end in a traceback).
 
     The origin voxel is unchanged (padding only at the end), so the affine is too.
     Returns ``(padded volume, original shape)``; crop back with
@@ -282,4 +301,6 @@ def pad_to_multiple(
         raise ValueError(f"multiple must be >= 1, got {multiple}")
     original = vol.shape
     target = [-(-n // multiple) * multiple for n in original]
+    if multiple > 1 and all(n == multiple for n in target):
+        target[0] = 2 * multiple
     return crop_or_pad(vol, target, start=(0, 0, 0), fill=fill), original

@@ -11,10 +11,16 @@ from __future__ import annotations
 from heatmap3d.config import DataConfig
 from heatmap3d.data.normalize import normalize_intensity
 from heatmap3d.geometry import Volume, reorient_canonical, resample_to_spacing
+from heatmap3d.io.volume_checks import check_grid
 
 
 def preprocess(vol: Volume, cfg: DataConfig) -> Volume:
-    """Canonical (RAS+) orientation, ``cfg.spacing`` mm grid, normalised float32 intensities."""
+    """Canonical (RAS+) orientation, ``cfg.spacing`` mm grid, normalised float32 intensities.
+
+    InputError naming ``vol.source`` when that grid has fewer than 2 voxels along an axis or
+    would not fit in memory (checked before it is allocated; :func:`check_grid`).
+    """
+    check_grid(vol, cfg.spacing)
     vol = resample_to_spacing(reorient_canonical(vol), cfg.spacing, order=1)
     data = normalize_intensity(
         vol.data, cfg.normalization, percentiles=cfg.percentiles, ct_window=cfg.ct_window

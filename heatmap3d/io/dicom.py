@@ -14,7 +14,11 @@ does not check is checked here, before any pixel is read, from the headers alone
 * every position lies on the line through the first one along the normal, to the same
   tolerance: a gantry-tilted series (sheared stack) is refused, as the affine cannot hold it;
 * single-frame slices, at least two of them: multi-frame (enhanced) files and lone 2D
-  images are refused.
+  images are refused;
+* every slice states its pixel size as two positive finite numbers, the same in every
+  slice: PixelSpacing (0028,0030), else ImagerPixelSpacing (0018,1164) or
+  NominalScannedPixelSpacing (0018,2010), the tags GDCM reads; without any, ITK takes 1 mm
+  pixels, a size nobody measured.
 
 Every refusal is an :class:`~heatmap3d.errors.InputError` naming the folder. The geometry
 is turned into the project's RAS affine by :func:`heatmap3d.io.itk_io.affine_from_itk`.
@@ -53,6 +57,9 @@ _OTHER_IMAGE_SUFFIXES = NIFTI_SUFFIXES + ITK_SUFFIXES
 
 # DICOM tags, as SimpleITK names them ("group|element").
 _POSITION, _ORIENTATION, _FRAMES = "0020|0032", "0020|0037", "0028|0008"
+# Where GDCM finds the pixel size: PixelSpacing, ImagerPixelSpacing (CR, DX),
+# NominalScannedPixelSpacing (secondary capture, what write_dicom_series writes).
+_PIXEL_SPACINGS = ("0028|0030", "0018|1164", "0018|2010")
 _DESCRIPTION, _SERIES_UID = "0008|103e", "0020|000e"
 
 
@@ -64,6 +71,7 @@ class _Slice:
     position: np.ndarray  # (3,) ImagePositionPatient, centre of the first pixel
     orientation: np.ndarray  # (6,) row direction, then column direction
     frames: int
+    pixel_spacing: np.ndarray  # (2,) mm between rows, then between columns
 
 
 def holds_dicom(folder: Path) -> bool:
@@ -194,14 +202,44 @@ def _read_slice(folder: Path, path: Path) -> _Slice:
     values = {}
     wanted = ((_POSITION, "ImagePositionPatient", 3), (_ORIENTATION, "ImageOrientationPatient", 6))
     for tag, name, n in wanted:
-        text = reader.GetMetaData(tag) if reader.HasMetaDataKey(tag) else ""
-        try:
-            values[tag] = np.array([float(v) for v in text.split("\\")], dtype=np.float64)
-        except ValueError:
-            values[tag] = np.array([])
-        if values[tag].shape != (n,):
+        values[tag] = _numbers(reader, tag)
+        if values[tag].shape != (n,) or not np.all(np.isfinite(values[tag])):
             raise InputError(f"{folder}: {path.name} has no valid {name} ({tag.replace('|', ',')})")
-    return _Slice(path.name, values[_POSITION], values[_ORIENTATION], _frames(reader))
+    return _Slice(
+        path.name,
+        values[_POSITION],
+        values[_ORIENTATION],
+        _frames(reader),
+        _pixel_spacing(folder, path, reader),
+    )
+
+
+def _numbers(reader: sitk.ImageFileReader, tag: str) -> np.ndarray:
+    """A tag's backslash-separated numbers; empty when absent or not numbers."""
+    text = reader.GetMetaData(tag) if reader.HasMetaDataKey(tag) else ""
+    try:
+        return np.array([float(v) for v in text.split("\\")], dtype=np.float64)
+    except ValueError:
+        return np.array([])
+
+
+def _pixel_spacing(folder: Path, path: Path, reader: sitk.ImageFileReader) -> np.ndarray:
+    """``(2,)`` mm between rows, then columns: the first of :data:`_PIXEL_SPACINGS` the
+    file holds; InputError when none is there or it is not two positive finite numbers."""
+    present = [tag for tag in _PIXEL_SPACINGS if reader.HasMetaDataKey(tag)]
+    if not present:
+        raise InputError(
+            f"{folder}: {path.name} has no PixelSpacing (0028,0030): the pixel size is "
+            "unknown (ITK would take 1 mm)"
+        )
+    values = _numbers(reader, present[0])
+    if values.shape != (2,) or not np.all(np.isfinite(values)) or not np.all(values > 0):
+        text = reader.GetMetaData(present[0]).strip()
+        raise InputError(
+            f"{folder}: {path.name} has pixel spacing {text!r} ({present[0].replace('|', ',')})"
+            "; expected two positive sizes in mm"
+        )
+    return values
 
 
 def _check_stack(folder: Path, slices: list[_Slice]) -> None:
@@ -218,6 +256,13 @@ def _check_stack(folder: Path, slices: list[_Slice]) -> None:
         raise InputError(
             f"{folder}: slices have different orientations ({slices[0].name} and {odd[0]}), "
             "e.g. a localizer; not one volume"
+        )
+    spacing = slices[0].pixel_spacing
+    odd = [s.name for s in slices if np.abs(s.pixel_spacing - spacing).max() > 1e-4 * spacing.max()]
+    if odd:
+        raise InputError(
+            f"{folder}: slices have different PixelSpacing ({slices[0].name} and {odd[0]}); "
+            "not one volume"
         )
     normal = np.cross(orientation[:3], orientation[3:])
     positions = np.array([s.position for s in slices])

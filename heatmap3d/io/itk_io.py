@@ -23,6 +23,7 @@ import SimpleITK as sitk
 
 from heatmap3d.errors import InputError
 from heatmap3d.geometry import Volume
+from heatmap3d.io.headers import check_frame, check_header
 from heatmap3d.io.volume_checks import check_claimed_size
 
 
@@ -139,10 +140,14 @@ def read_itk_file(path: Path) -> tuple[np.ndarray, np.ndarray]:
     """``(data, affine)`` of a NRRD or MetaImage file: float32 ``(I, J, K)`` voxels and the
     voxel -> world RAS mm affine. A 4D image whose last axis has length 1 comes back 4D
     (the caller squeezes it); 2D, other 4D and multi-component (vector, RGB) images are
-    refused with :class:`InputError`, as is a header claiming more voxels than memory
-    holds (checked before any voxel is read)."""
+    refused with :class:`InputError`, as are complex voxels, a header claiming more voxels
+    than memory holds, and whatever :func:`heatmap3d.io.headers.check_header` refuses (data
+    files outside the header's folder, no patient frame): all before any voxel is read."""
+    header = check_header(path)
     reader = sitk.ImageFileReader()
     reader.SetFileName(str(path))
+    # The reader the header was checked for; ITK would otherwise try every reader it has.
+    reader.SetImageIO("NrrdImageIO" if header.kind == "nrrd" else "MetaImageIO")
     try:
         reader.ReadImageInformation()
     except RuntimeError as exc:
@@ -155,7 +160,14 @@ def read_itk_file(path: Path) -> tuple[np.ndarray, np.ndarray]:
         )
     if len(size) < 3 or len(size) > 4 or (len(size) == 4 and size[3] != 1):
         raise InputError(f"{path}: expected a 3D image, got size {tuple(size)} (ITK x, y, z order)")
-    check_claimed_size(path, size, _ITEMSIZE.get(reader.GetPixelID(), 8))
+    if reader.GetPixelID() not in _ITEMSIZE:
+        raise InputError(
+            f"{path}: voxel type {sitk.GetPixelIDValueAsString(reader.GetPixelID())} "
+            "(complex or other); "
+            "expected real grey values"
+        )
+    check_claimed_size(path, size, _ITEMSIZE[reader.GetPixelID()])
+    check_frame(path, header)
     try:
         img = reader.Execute()
     except RuntimeError as exc:

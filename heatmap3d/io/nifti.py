@@ -2,8 +2,12 @@
 
 The affine is ``img.affine`` as nibabel returns it (the sform when its code is > 0, else
 the qform): voxel ``(i, j, k)`` -> world RAS mm, the project's frame (see
-:mod:`heatmap3d.geometry`). Callers use :func:`heatmap3d.io.volumes.load_volume`, which adds
-the checks every format shares.
+:mod:`heatmap3d.geometry`), converted to mm when ``xyzt_units`` says metres or micrometres.
+When both sform and qform are set they must agree: nibabel takes the sform, ITK (and so
+3D Slicer) the qform, and landmarks found in one frame land elsewhere in the other; a
+file whose two frames disagree is refused unless the user said which to trust
+(:func:`trust_frame`, ``--nifti-frame``). Callers use
+:func:`heatmap3d.io.volumes.load_volume`, which adds the checks every format shares.
 """
 
 from __future__ import annotations
@@ -21,7 +25,14 @@ from heatmap3d.errors import InputError, one_line
 from heatmap3d.geometry import Volume
 from heatmap3d.io.volume_checks import check_claimed_size
 
-__all__ = ["NIFTI_SUFFIXES", "NIFTI_XFORM_CODE", "read_nifti", "write_nifti"]
+__all__ = [
+    "FRAMES",
+    "NIFTI_SUFFIXES",
+    "NIFTI_XFORM_CODE",
+    "read_nifti",
+    "trust_frame",
+    "write_nifti",
+]
 
 NIFTI_SUFFIXES = (".nii.gz", ".nii")
 
@@ -30,6 +41,34 @@ NIFTI_SUFFIXES = (".nii.gz", ".nii")
 # computed from, which is exactly that; 1 (scanner) would claim a scanner frame we cannot
 # vouch for (inputs are often templates or registered images). nibabel also defaults to 2.
 NIFTI_XFORM_CODE = 2
+
+FRAMES = ("sform", "qform")
+"""The choices of ``--nifti-frame``: which of a NIfTI's two frames to trust when they differ."""
+
+# sform and qform may differ by float32 rounding (the qform is a quaternion): far below this.
+_FRAME_TOLERANCE_MM = 0.1
+
+# mm per unit of NIfTI's xyz_units code (the low 3 bits of xyzt_units): 0 unknown (read as
+# mm, as every tool does), 1 metre, 2 mm, 3 micrometre; ITK converts the same way.
+_MM_PER_UNIT = {0: 1.0, 1: 1000.0, 2: 1.0, 3: 0.001}
+
+# Which frame to trust when sform and qform disagree; set once per command by the CLI.
+_trusted_frame: str | None = None
+
+
+def trust_frame(frame: str | None) -> None:
+    """Trust ``frame`` (``"sform"`` or ``"qform"``) of a NIfTI whose two frames disagree,
+    for every file this process reads from now on; None refuses such files (the default).
+
+    Set by the commands' ``--nifti-frame`` option: the choice belongs to the user's files,
+    not to a model or a config, and the readers are reached from too many places (training
+    workers, the prediction read-ahead) to pass it down each path.
+    """
+    if frame not in (None, *FRAMES):
+        raise InputError(f"--nifti-frame: expected one of {', '.join(FRAMES)}, got {frame!r}")
+    global _trusted_frame
+    _trusted_frame = frame
+
 
 # What nibabel raises on unreadable, corrupt or truncated files (gzip/zlib errors included).
 _NIBABEL_READ_ERRORS = (ImageFileError, HeaderDataError, OSError, EOFError, ValueError, zlib.error)
@@ -41,20 +80,72 @@ def read_nifti(path: Path, *, allow_no_world_frame: bool = False) -> tuple[np.nd
 
     Refused with :class:`InputError` naming the file: unreadable or truncated files; a
     header without a world frame (``sform_code = qform_code = 0``) or voxel
-    sizes (``pixdim[1:4]``) of 0 or below, unless ``allow_no_world_frame``; a
-    header claiming more voxels than memory holds (checked before reading them).
+    sizes (``pixdim[1:4]``) of 0 or below, unless ``allow_no_world_frame``; sform and
+    qform that disagree (unless :func:`trust_frame` chose one); voxels that are not real
+    numbers (complex, RGB, bool); spatial units other than mm, m or micrometres; a header claiming
+    more voxels than memory holds (all checked before reading the voxels).
     """
     try:
         img = nib.load(path)
     except _NIBABEL_READ_ERRORS as exc:
         raise InputError(f"{path}: cannot read image ({one_line(exc)})") from exc
-    _check_world_frame(path, _header_as_stored(path, img), allow_no_world_frame)
+    stored = _header_as_stored(path, img)
+    _check_world_frame(path, stored, allow_no_world_frame)
+    affine = _chosen_affine(path, stored, img.affine)
+    _check_dtype(path, img.get_data_dtype())
     check_claimed_size(path, img.shape, img.get_data_dtype().itemsize)
     try:
         data = img.get_fdata(dtype=np.float32)  # applies scl_slope/scl_inter
     except _NIBABEL_READ_ERRORS as exc:
         raise InputError(f"{path}: cannot read image ({one_line(exc)})") from exc
-    return data, np.asarray(img.affine, dtype=np.float64)
+    return data, _in_mm(path, stored, affine)
+
+
+def _check_dtype(path: Path, dtype: np.dtype) -> None:
+    """Refuse voxels that are not real numbers: the real part of a complex image, or one
+    channel of an RGB one, is not the scan."""
+    if dtype.fields is not None or dtype.kind not in "iuf":
+        raise InputError(
+            f"{path}: voxel type {dtype} (complex, RGB or bool); expected real grey values"
+        )
+
+
+def _chosen_affine(path: Path, header, affine: np.ndarray) -> np.ndarray:
+    """nibabel's affine, unless sform and qform are both set and disagree: then the frame
+    the user trusts (:func:`trust_frame`), else InputError naming both."""
+    if int(header["sform_code"]) == 0 or int(header["qform_code"]) == 0:
+        return np.asarray(affine, dtype=np.float64)
+    sform, qform = header.get_sform(), header.get_qform()
+    n = np.asarray(header.get_data_shape()[:3], dtype=np.float64)
+    corners = np.array(np.meshgrid(*[[0.0, m - 1] for m in n], indexing="ij")).reshape(3, -1)
+    corners = np.vstack([corners, np.ones(corners.shape[1])])
+    gap = float(np.linalg.norm((sform - qform)[:3] @ corners, axis=0).max())
+    if gap <= _FRAME_TOLERANCE_MM:
+        return np.asarray(affine, dtype=np.float64)
+    if _trusted_frame is not None:
+        return np.asarray(sform if _trusted_frame == "sform" else qform, dtype=np.float64)
+    raise InputError(
+        f"{path}: sform ({_describe(sform)}) and qform ({_describe(qform)}) disagree by up "
+        f"to {gap:.3g} mm; nibabel uses the sform, ITK and 3D Slicer the qform: fix the "
+        "header, or say which to trust with --nifti-frame sform or --nifti-frame qform"
+    )
+
+
+def _describe(affine: np.ndarray) -> str:
+    """``"LAS, origin (1.0, -2.0, 3.0)"``: a frame's axis directions and origin."""
+    axes = "".join(nib.aff2axcodes(affine))
+    origin = ", ".join(f"{v:.4g}" for v in affine[:3, 3])
+    return f"{axes}, origin ({origin})"
+
+
+def _in_mm(path: Path, header, affine: np.ndarray) -> np.ndarray:
+    """``affine`` with its world lengths in mm, by the header's ``xyz_units``."""
+    unit = int(header["xyzt_units"]) & 0x07
+    if unit not in _MM_PER_UNIT:  # 4-7 are not lengths: time units in the space bits
+        raise InputError(
+            f"{path}: spatial units code {unit} in xyzt_units; expected mm, m or micrometres"
+        )
+    return np.diag([_MM_PER_UNIT[unit]] * 3 + [1.0]) @ affine
 
 
 def _header_as_stored(path: Path, img):

@@ -7,19 +7,20 @@ call these so that a scan is refused for the same reasons, with the same one-lin
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 
 from heatmap3d.errors import InputError
-from heatmap3d.geometry import spacing_of
+from heatmap3d.geometry import Volume, resampled_shape, spacing_of
+from heatmap3d.io.memory import available_memory
 
 __all__ = [
     "available_memory",
     "check_affine",
     "check_claimed_size",
+    "check_grid",
     "check_not_constant",
     "check_voxels",
 ]
@@ -28,24 +29,9 @@ __all__ = [
 # leaves room for that and for whatever else the process holds.
 _MEMORY_FRACTION = 0.8
 
-
-def available_memory() -> int | None:
-    """Bytes of memory a new allocation can get now, or None when the system won't say.
-
-    Linux's ``MemAvailable`` counts the page cache the kernel would give back; the POSIX
-    ``SC_AVPHYS_PAGES`` (free pages only) would refuse scans on a machine whose memory is
-    merely full of cached files, so it is only the fallback.
-    """
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024  # the value is in kB
-    except (OSError, ValueError, IndexError):
-        pass
-    try:
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (AttributeError, ValueError, OSError):
-        return None
+# float32 arrays of the resampled grid that preprocessing holds at once (the resampled
+# volume, the clipped copy and the z-scored result of normalisation, a foreground mask).
+_PREPROCESS_COPIES = 4
 
 
 def check_claimed_size(path: Path, shape: Sequence[int], bytes_per_voxel: int) -> None:
@@ -98,3 +84,33 @@ def check_affine(path: Path, affine: np.ndarray) -> None:
     # axes are to parallel (independent of the spacing), so 1e6 means "numerically singular".
     if np.linalg.cond(affine[:3, :3] / spacing) > 1e6:
         raise InputError(f"{path}: affine is singular (its voxel axes are parallel)")
+
+
+def check_grid(vol: Volume, spacing: Sequence[float]) -> None:
+    """Refuse, before it is allocated, the grid ``vol`` would be resampled to at
+    ``spacing`` mm ``(3,)``: fewer than 2 voxels along an axis (a slice, not a volume: the
+    network's normalisation fails on it), or more than the memory this process may use
+    (:func:`~heatmap3d.io.memory.available_memory`, a cgroup limit included).
+
+    The message names ``vol.source``, the grid and the memory.
+    """
+    name = vol.source or "scan"
+    target = np.asarray(spacing, dtype=np.float64).reshape(3)
+    shape = resampled_shape(vol.affine, vol.shape, target)
+    dims = "x".join(f"{n:.0f}" for n in shape)
+    stored = ", ".join(f"{v:.4g}" for v in vol.spacing)
+    at = ", ".join(f"{v:.4g}" for v in target)
+    if np.any(shape < 2):
+        raise InputError(
+            f"{name}: {dims} voxels at {at} mm (stored {'x'.join(map(str, vol.shape))} at "
+            f"{stored} mm): fewer than 2 along an axis, a slice rather than a volume"
+        )
+    need = float(np.prod(shape)) * 4 * _PREPROCESS_COPIES
+    free = available_memory()
+    if free is not None and need > _MEMORY_FRACTION * free:
+        raise InputError(
+            f"{name}: resampled from {stored} mm to {at} mm voxels it is a {dims} grid "
+            f"({need / 2**30:.3g} GiB to preprocess), more than the {free / 2**30:.1f} GiB "
+            "of memory this process may use; are the scan's voxel size and the model's "
+            "spacing right?"
+        )

@@ -59,8 +59,10 @@ def load_volume(
     if path.is_dir():
         with itk_io.preserved_locale():
             data, affine = dicom.read_dicom_series(path, series)
-    elif not path.is_file():
+    elif not path.exists():
         raise InputError(f"{path}: image file not found")
+    elif not path.is_file():  # a FIFO or a device would block or never end
+        raise InputError(f"{path}: not a regular file (a FIFO, device or socket?)")
     elif _has_suffix(path, nifti.NIFTI_SUFFIXES):
         data, affine = nifti.read_nifti(path, allow_no_world_frame=allow_no_world_frame)
     elif _has_suffix(path, itk_io.ITK_SUFFIXES):
@@ -74,7 +76,7 @@ def load_volume(
     check_voxels(path, data)
     check_affine(path, affine)
     check_not_constant(path, data)
-    return Volume(np.ascontiguousarray(data, dtype=np.float32), affine)
+    return Volume(np.ascontiguousarray(data, dtype=np.float32), affine, str(path))
 
 
 def save_volume(path: str | Path, vol: Volume) -> None:
