@@ -278,7 +278,17 @@ def build_parser() -> argparse.ArgumentParser:
     adders += (_add_collect,)
     for add in adders:
         add(sub)
+    for name in _READ_SCANS:
+        sub.choices[name].add_argument(
+            "--nifti-frame",
+            choices=("sform", "qform"),
+            help="for NIfTI scans whose sform and qform disagree (refused without this): the "
+            "frame to trust; nibabel uses the sform, ITK and 3D Slicer the qform",
+        )
     return parser
+
+
+_READ_SCANS = ("check", "plan", "train", "predict")  # the commands that read scans
 
 
 def _run(args: argparse.Namespace) -> None:
@@ -399,6 +409,10 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
+    if args.command in _READ_SCANS:  # every scan this command reads, in any process
+        from heatmap3d.io.nifti import trust_frame
+
+        trust_frame(args.nifti_frame)
     prefix = ""
     if args.command in ("train", "predict"):  # what runs under torchrun (and loads torch anyway)
         from heatmap3d.distributed import rank_prefix
