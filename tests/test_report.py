@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from assertions import raises_naming
 from PIL import Image
 from report_folders import HOSTILE, prediction_folder
 
@@ -212,3 +213,36 @@ def test_radius_circle_is_drawn_to_scale(radius):
     yellow = np.flatnonzero((row[:, 0] > 200) & (row[:, 1] > 150) & (row[:, 2] < 80))
     assert yellow.size >= 2
     assert abs((yellow.max() - yellow.min()) / 2 - radius / 0.5) <= 1.5
+
+
+def test_prediction_table_reads_back_what_predict_wrote(tmp_path):
+    from heatmap3d.evaluation.records import read_prediction_table
+    from heatmap3d.io.landmarks import Landmarks
+    from heatmap3d.io.predictions import write_prediction
+
+    points = np.array([[1.0, 2, 3], [np.nan] * 3, [4, 5, 6], [7, 8, 9]])
+    names = ["a", HOSTILE, "c", "d"]
+    conf = np.array([0.9, 0.1, 0.3, 0.8])
+    radius = np.array([2.5, np.nan, 7.0, 1.0])
+    status = ["ok", "absent", "review", "moved"]
+    write_prediction(tmp_path, "x", Landmarks(names, points), conf, radius_mm=radius, status=status)
+    table = read_prediction_table(tmp_path / "x.csv")
+    assert table.landmarks.names == names
+    np.testing.assert_allclose(table.landmarks.points, points)
+    np.testing.assert_allclose(table.confidence, conf, rtol=1e-3)
+    np.testing.assert_allclose(table.radius_mm, radius, rtol=1e-3)
+    assert table.status == status
+    assert table.review.tolist() == [False, True, True, True]
+    assert table.written_by and table.written_by[0].startswith("heatmap3d ")
+
+
+def test_prediction_table_refuses_a_bad_cell_in_one_line(tmp_path):
+    from heatmap3d.evaluation.records import read_prediction_table
+    from heatmap3d.io.landmarks import Landmarks
+    from heatmap3d.io.predictions import write_prediction
+
+    write_prediction(tmp_path, "x", Landmarks(["a"], np.zeros((1, 3))), np.array([0.9]))
+    path = tmp_path / "x.csv"
+    path.write_text(path.read_text().replace(",0.9,", ",high,"))
+    with raises_naming(path, "line 3", "confidence 'high'"):
+        read_prediction_table(path)
