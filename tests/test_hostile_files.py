@@ -182,7 +182,8 @@ def _calibration(scale) -> dict:
     [
         (lambda d: d.update(nominal="high"), "'nominal' must be a number"),
         (lambda d: d.update(scale=[1.0, "x", 1.0, 1.0, 1.0]), "'scale'"),
-        (lambda d: d.update(scale=[1e999] * 5), "'scale'"),  # json writes Infinity: refused
+        (lambda d: d.update(scale=[1e999] * 5), "Infinity"),  # json writes Infinity: refused
+        (lambda d: d.update(scale=[math.nan] * 5), "NaN"),  # the scales that made all "ok"
         (lambda d: d.update(n_cases=2.5), "'n_cases'"),
         (lambda d: d.update(presence_threshold=7), "presence_threshold"),
     ],
@@ -193,7 +194,7 @@ def test_malformed_calibration_names_file_and_key(capsys, tmp_path, weights, sca
     folder = model_folder(tmp_path, weights, calibration=doc)
     err = refused(capsys, "--model", folder, scan, "--out", tmp_path / "out")
     assert str(folder / "calibration.json") in err
-    assert words in err or "Infinity" in err
+    assert words in err
 
 
 def test_a_shape_model_that_cannot_fit_is_refused_once(capsys, tmp_path, weights, scan):
@@ -434,3 +435,21 @@ def test_config_files_that_are_not_configs(capsys, tmp_path):
     for path, words in cases.items():
         err = train_refused(capsys, "--config", str(path))
         assert str(path) in err and words in err
+
+
+def test_state_radii_never_says_ok_without_a_finite_radius():
+    """The one place statuses get their radius: NaN scale, NaN signal, no calibration."""
+    from types import SimpleNamespace
+
+    from heatmap3d.inference.pipeline import state_radii
+
+    names = ["a", "b", "c"]
+    cal = Calibration(names, 0.9, np.array([1.0, math.nan, 1.0]), 0.0, 20, 20)
+    pred = SimpleNamespace(
+        status=np.array(["ok", "ok", "ok"], dtype=object), signal_mm=np.array([2.0, 2.0, math.nan])
+    )
+    state_radii(pred, cal, review_radius_mm=5.0)
+    assert list(pred.status) == ["ok", "review", "review"]
+    pred.status[:] = "ok"
+    state_radii(pred, None, review_radius_mm=5.0)
+    assert list(pred.status) == ["review"] * 3
