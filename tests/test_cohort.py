@@ -209,7 +209,7 @@ def test_collect_over_the_shares_of_an_array_equals_one_run(model, cohort, tmp_p
     first, second, one = at_once(
         plain(*predict_args(model, cohort, shared, "--shard", "0/3")),
         plain(*predict_args(model, cohort, shared, "--shard", "2/3")),
-        plain(*predict_args(model, cohort, whole)),
+        plain(*predict_args(model, cohort, whole, "--report")),
     )
     for proc in (first, second, one):
         assert proc.returncode == 0, proc.output
@@ -225,6 +225,7 @@ def test_collect_over_the_shares_of_an_array_equals_one_run(model, cohort, tmp_p
     assert "collected 10 scan(s)" in collected.output
     for table in ("landmarks.csv", "review.csv"):
         assert (shared / table).read_bytes() == (whole / table).read_bytes(), table
+    assert (whole / "report.html").is_file() and f"wrote {whole / 'report.html'}" in one.output
 
 
 @pytest.mark.slow

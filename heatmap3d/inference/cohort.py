@@ -62,6 +62,7 @@ class Job:
     keep_raw: bool
     overwrite: bool
     shard: tuple[int, int] = (0, 1)
+    then: Callable[[], str] | None = None  # rank 0, after the tables (the HTML report)
 
 
 @dataclass
@@ -204,9 +205,12 @@ def _finish(job: Job, world: DistInfo, reports: list[RankReport]) -> None:
     whole = job.shard[1] == 1
 
     def tables():
-        return write_tables(job.out, done, overwrite=job.overwrite) if whole else None
+        if not whole:
+            return None, None
+        written = write_tables(job.out, done, overwrite=job.overwrite)
+        return written, (job.then() if job.then is not None else None)
 
-    written = distributed.main_then_broadcast(world, tables)
+    written, then = distributed.main_then_broadcast(world, tables)
     if world.is_main:
         predicted = sum(len(r.predicted) for r in reports)
         skipped = sum(len(r.skipped) for r in reports)
@@ -221,6 +225,8 @@ def _finish(job: Job, world: DistInfo, reports: list[RankReport]) -> None:
         if written is not None:
             tables = f"{job.out / 'landmarks.csv'}, {job.out / 'review.csv'}"
             print(f"cohort of {what}; {written.flagged} landmark(s) flagged for review: {tables}")
+            if then:
+                print(then)
         else:
             share, count = job.shard
             print(

@@ -73,10 +73,22 @@ def predict_command(args: argparse.Namespace) -> None:
             keep_raw=args.snapshots,
             overwrite=args.overwrite,
             shard=shard,
+            then=functools.partial(_report, args) if getattr(args, "report", False) else None,
         )
         run_cohort(job, world, predictor, lambda stem, pred, raw: _write(args, stem, pred, raw))
     finally:
         distributed.teardown()
+
+
+def _report(args: argparse.Namespace) -> str:
+    """``--report``: OUT/report.html from the files just written (the cohort's, every scan
+    predicted now or before; :mod:`heatmap3d.evaluation.report`)."""
+    from heatmap3d.evaluation.report import write_report
+
+    model = args.model if args.model is not None else args.checkpoint
+    scans = list(args.scans)
+    path = write_report(args.out, scans=scans, model=str(model), overwrite=args.overwrite)
+    return f"wrote {path}"
 
 
 def _shard(text: str | None) -> tuple[int, int]:
