@@ -288,7 +288,8 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-_READ_SCANS = ("check", "plan", "train", "predict")  # the commands that read scans
+# The commands that read scans (evaluate and report: with --report/--scans, for pictures).
+_READ_SCANS = ("check", "plan", "train", "predict", "evaluate", "report")
 
 
 def _run(args: argparse.Namespace) -> None:

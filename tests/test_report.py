@@ -246,3 +246,24 @@ def test_prediction_table_refuses_a_bad_cell_in_one_line(tmp_path):
     path.write_text(path.read_text().replace(",0.9,", ",high,"))
     with raises_naming(path, "line 3", "confidence 'high'"):
         read_prediction_table(path)
+
+
+def test_unreadable_scan_is_said_first_and_nifti_frame_reads_it(tmp_path, capsys):
+    """A scan whose NIfTI frames disagree is not drawn (said first), unless the command
+    says which frame to trust, as predict does."""
+    import nibabel as nib
+
+    pred, scans, _ = prediction_folder(tmp_path)
+    path = scans / "case001.nii.gz"
+    img = nib.load(path)
+    qform = img.affine.copy()
+    qform[:3, 3] += 7.0  # the two frames 12 mm apart
+    img = nib.Nifti1Image(np.asarray(img.dataobj), img.affine)
+    img.set_sform(img.affine, code=2)
+    img.set_qform(qform, code=1)
+    nib.save(img, path)
+    assert run(capsys, "report", pred, "--scans", scans)[0] == 0
+    head = first_screen((pred / "report.html").read_text(encoding="utf-8"))
+    assert "scan case001: not drawn" in head and "case001.nii.gz" in head
+    assert run(capsys, "report", pred, "--scans", scans, "--nifti-frame", "sform")[0] == 0
+    assert "not drawn" not in (pred / "report.html").read_text(encoding="utf-8")
