@@ -267,3 +267,14 @@ def test_unreadable_scan_is_said_first_and_nifti_frame_reads_it(tmp_path, capsys
     assert "scan case001: not drawn" in head and "case001.nii.gz" in head
     assert run(capsys, "report", pred, "--scans", scans, "--nifti-frame", "sform")[0] == 0
     assert "not drawn" not in (pred / "report.html").read_text(encoding="utf-8")
+
+
+def test_hostile_file_names_are_text(tmp_path, capsys):
+    pred, _, _ = prediction_folder(tmp_path, with_scans=False)
+    stem = "<img src=x onerror=alert(1)>"
+    for suffix in (".csv", ".mrk.json"):
+        (pred / f"case001{suffix}").rename(pred / f"{stem}{suffix}")
+    assert run(capsys, "report", pred)[0] == 0
+    page = (pred / "report.html").read_text(encoding="utf-8")
+    assert stem not in page and "&lt;img src=x onerror=alert(1)&gt;" in page
+    assert 'href="%3Cimg%20src%3Dx%20onerror%3Dalert%281%29%3E.mrk.json"' in page
