@@ -189,11 +189,16 @@ def write_nifti(path: Path, vol: Volume) -> None:
 
     Both sform and qform are set from ``vol.affine`` with code 2 (aligned, see
     :data:`NIFTI_XFORM_CODE`); the sform is exact, the qform is nibabel's closest
-    rotation + zoom (exact unless the affine has shear). Units are mm.
+    rotation + zoom, exact unless the affine has shear: then the qform is left unset
+    (code 0), as a qform that disagrees with the sform would be refused on reading it
+    back (see :func:`read_nifti`). Units are mm.
     """
     img = nib.Nifti1Image(np.asarray(vol.data, dtype=np.float32), vol.affine)
     img.set_sform(vol.affine, code=NIFTI_XFORM_CODE)
-    img.set_qform(vol.affine, code=NIFTI_XFORM_CODE)
+    matrix = np.asarray(vol.affine, dtype=np.float64)[:3, :3]
+    unit = matrix / np.linalg.norm(matrix, axis=0)
+    sheared = np.abs(unit.T @ unit - np.eye(3)).max() > 1e-6
+    img.set_qform(vol.affine, code=0 if sheared else NIFTI_XFORM_CODE)
     img.header.set_xyzt_units(xyz="mm")
     try:
         img.to_filename(path)
