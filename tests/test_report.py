@@ -30,6 +30,13 @@ def first_screen(html: str) -> str:
     return html[: html.index('<table id="cohort"')]
 
 
+def report_head(capsys, pred: Path) -> str:
+    """``heatmap3d report PRED`` (which must succeed), then its first screen."""
+    code, _, err = run(capsys, "report", pred)
+    assert code == 0, err
+    return first_screen((pred / "report.html").read_text(encoding="utf-8"))
+
+
 def test_report_of_a_prediction_folder(tmp_path, capsys):
     pred, scans, _ = prediction_folder(tmp_path)
     code, out, err = run(capsys, "report", pred, "--scans", scans)
@@ -131,8 +138,7 @@ def test_half_written_folder_is_said_first(tmp_path, capsys):
     (pred / "case001.mrk.json").unlink()
     (pred / "case002.csv").unlink()
     (pred / ".case003.csv.abc123.tmp").write_text("half")
-    assert run(capsys, "report", pred)[0] == 0
-    head = first_screen((pred / "report.html").read_text(encoding="utf-8"))
+    head = report_head(capsys, pred)
     assert "half-written folder: case001 without .mrk.json, case002 without .csv" in head
     assert "temporary files of an interrupted write: .case003.csv.abc123.tmp" in head
 
@@ -141,8 +147,7 @@ def test_unreadable_prediction_is_said_first(tmp_path, capsys):
     pred, _, _ = prediction_folder(tmp_path, with_scans=False)
     text = (pred / "case001.csv").read_text().replace(",review,1,", ",bogus,1,", 1)
     (pred / "case001.csv").write_text(text)
-    assert run(capsys, "report", pred)[0] == 0
-    head = first_screen((pred / "report.html").read_text(encoding="utf-8"))
+    head = report_head(capsys, pred)
     assert "case001.csv: unreadable, left out" in head and "bogus" in head
 
 
@@ -157,8 +162,7 @@ def test_predictions_of_two_models_are_said_first(tmp_path, capsys):
     pred, _, _ = prediction_folder(tmp_path, with_scans=False)
     for n in range(4):
         _record(pred, n, "a" * 64 if n < 3 else "b" * 64)
-    assert run(capsys, "report", pred)[0] == 0
-    head = first_screen((pred / "report.html").read_text(encoding="utf-8"))
+    head = report_head(capsys, pred)
     assert f"predictions from 2 different models: {'a' * 64} (3 scans), {'b' * 64}" in head
     assert "model: identity aaaaaaaaaaaa, identity bbbbbbbbbbbb" in head
     assert "(predicted from /data/scans)" in head  # where to find the scans for tiles
@@ -168,8 +172,7 @@ def test_scans_without_a_record_are_said_first(tmp_path, capsys):
     pred, _, _ = prediction_folder(tmp_path, with_scans=False)
     for n in (0, 2):
         _record(pred, n, "c" * 64)
-    assert run(capsys, "report", pred)[0] == 0
-    head = first_screen((pred / "report.html").read_text(encoding="utf-8"))
+    head = report_head(capsys, pred)
     assert "no record of what made case001, case003" in head
     assert "model: identity cccccccccccc" in head
 
