@@ -91,8 +91,10 @@ class Checkpoint:
         skip = ("model", "config", "role", "version")
         kept = {k: v for k, v in raw.items() if k in known and k not in skip}
         names = raw.get("landmarks", config.get("data", {}).get("landmarks", []))
-        if not _is_names(names):
-            raise InputError(f"{source}: checkpoint 'landmarks' must be a list of names (strings)")
+        if not _is_names(names) or len(set(names)) != len(names):
+            raise InputError(
+                f"{source}: checkpoint 'landmarks' must be a list of distinct names (strings)"
+            )
         kept["landmarks"] = list(names)
         return cls(
             **kept,
@@ -133,6 +135,10 @@ def _check_types(raw: dict[str, Any], source: str) -> None:
             )
     if not all(isinstance(k, str) and torch.is_tensor(v) for k, v in raw["model"].items()):
         raise InputError(f"{source}: checkpoint 'model' must map parameter names to tensors")
+    # NaN or infinite weights predict nothing (every landmark missing) with exit 0: refused.
+    bad = [k for k, v in raw["model"].items() if v.is_floating_point() and not v.isfinite().all()]
+    if bad:
+        raise InputError(f"{source}: checkpoint weights are not finite (NaN or inf in {bad[0]!r})")
     config = raw.get("config") or {}
     for section in ("model", "data"):
         if not isinstance(config.get(section, {}), dict):

@@ -19,7 +19,12 @@ from typing import Any
 
 import yaml
 
-from heatmap3d.config_checks import PRECISIONS, ROLES, validate  # noqa: F401 (re-exported)
+from heatmap3d.config_checks import (  # noqa: F401 (PRECISIONS, ROLES re-exported)
+    PRECISIONS,
+    ROLES,
+    ConfigValueError,
+    validate,
+)
 from heatmap3d.errors import InputError, first_line
 from heatmap3d.io.json_file import read_text
 
@@ -198,8 +203,15 @@ def to_dict(cfg: Config) -> dict[str, Any]:
 
 
 def from_dict(raw: dict[str, Any], *, source: str = "config") -> Config:
-    """Build a :class:`Config` from nested dicts; unknown keys and wrong types are errors."""
-    return _build(Config, raw or {}, source, prefix="")
+    """Build a :class:`Config` from nested dicts; unknown keys and wrong types are errors,
+    and values out of range (:func:`~heatmap3d.config_checks.validate`), each one line
+    naming ``source`` (unless it is the defaults with overrides) and the key."""
+    try:
+        return _build(Config, raw or {}, source, prefix="")
+    except ConfigValueError as err:
+        if source in ("defaults", "config"):
+            raise
+        raise InputError(f"{source}: {err}") from None
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:

@@ -17,6 +17,12 @@ from heatmap3d.errors import InputError
 if TYPE_CHECKING:
     from heatmap3d.config import Config
 
+
+class ConfigValueError(InputError):
+    """A config value out of range; :func:`heatmap3d.config.from_dict` adds the file
+    (a YAML file or a checkpoint's stored config) in front of the key."""
+
+
 PRECISIONS = ("auto", "bf16", "fp16", "fp32", "fp64")
 ROLES = ("whole_scan", "refiner")
 # Upper limits no run reaches: beyond them a value is a typo (1000 for 1.0) that would fail
@@ -75,7 +81,7 @@ def validate(cfg: Config) -> None:
     ]
     for ok, message in checks:
         if not ok:
-            raise InputError(f"invalid config value: {message}")
+            raise ConfigValueError(f"invalid config value: {message}")
 
 
 def _value_checks(cfg: Config) -> list[tuple[bool, str]]:
@@ -124,13 +130,13 @@ def _check_numbers(cfg: Config) -> None:
 
 def _check_number(key: str, value: Any, hint: Any) -> None:
     if hint is bool and not isinstance(value, bool):
-        raise InputError(f"invalid config value: {key}: true or false, got {value!r}")
+        raise ConfigValueError(f"invalid config value: {key}: true or false, got {value!r}")
     if hint in (int, float) and (isinstance(value, bool) or not isinstance(value, (int, float))):
-        raise InputError(f"invalid config value: {key}: a number, got {value!r}")
+        raise ConfigValueError(f"invalid config value: {key}: a number, got {value!r}")
     if hint is int and not isinstance(value, int):
-        raise InputError(f"invalid config value: {key}: an integer, got {value!r}")
+        raise ConfigValueError(f"invalid config value: {key}: an integer, got {value!r}")
     if hint is float and not math.isfinite(value):
-        raise InputError(f"invalid config value: {key}: a finite number, got {value!r}")
+        raise ConfigValueError(f"invalid config value: {key}: a finite number, got {value!r}")
 
 
 def _is_range(values: list[float], lo: float = -math.inf, hi: float = math.inf) -> bool:

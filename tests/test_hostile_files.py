@@ -159,6 +159,30 @@ def test_malformed_model_json_is_one_line(capsys, tmp_path, weights, scan, text,
     assert f"{folder / 'model.json'}" in err and words in err
 
 
+def _nan_weights(raw):
+    raw["model"] = {k: v * math.nan for k, v in raw["model"].items()}
+
+
+@pytest.mark.parametrize(
+    "change, words",
+    [
+        (lambda r: r.update(landmarks=["a"] * 5), "distinct names"),
+        (lambda r: r.update(epoch="x"), "'epoch' must be int"),
+        (lambda r: r.update(config=[1]), "'config' must be dict"),
+        (lambda r: r["config"]["data"].update(spacing=[math.nan] * 3), "data.spacing"),
+        (_nan_weights, "weights are not finite"),
+    ],
+)
+def test_a_checkpoint_with_hostile_entries(capsys, tmp_path, weights, scan, change, words):
+    raw = torch.load(weights, weights_only=True)
+    change(raw)
+    bad = tmp_path / "bad.pt"
+    torch.save(raw, bad)
+    err = refused(capsys, "--checkpoint", bad, scan, "--out", tmp_path / "out")
+    assert str(bad) in err and words in err
+    assert not (tmp_path / "out").exists()
+
+
 @pytest.mark.parametrize(
     "landmarks, words", [("abc", "'landmarks' must be a list"), ([1, 2], "'landmarks' must be")]
 )
