@@ -104,6 +104,7 @@ def check_landmarks(path: Path, content: bytes) -> None:
 
 @pytest.mark.parametrize("suffix", SUFFIXES)
 @FAST
+@example(content=b"# coordinate_system = RAS\nname,x,y,z\n" + b"a" * 200_000 + b",1,2,3\n")
 @given(content=st.one_of(st.binary(max_size=200), st.text(max_size=200).map(str.encode)))
 def test_landmark_files_random_content(tmp_path, suffix, content):
     check_landmarks(tmp_path / f"case{suffix}", content)

@@ -40,6 +40,7 @@ message that starts with the file name.
 
 from __future__ import annotations
 
+import csv
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,7 +48,7 @@ from typing import Any
 
 import numpy as np
 
-from heatmap3d.errors import InputError, one_line
+from heatmap3d.errors import InputError, first_line, one_line
 from heatmap3d.io.json_file import read_text
 from heatmap3d.io.landmark_fields import LPS_FLIP, check_unique, parse_system, to_ras
 from heatmap3d.io.landmark_formats import READERS, WRITERS
@@ -142,7 +143,11 @@ def read_landmarks(path: str | Path) -> Landmarks:
     path = Path(path)
     suffix = _suffix_of(path)
     text = read_text(path, what="landmark file")  # a BOM from Excel is dropped
-    return _finish(path, *READERS[suffix](path, text))
+    try:
+        parsed = READERS[suffix](path, text)
+    except csv.Error as exc:  # e.g. a cell over the csv module's 128 kB field limit
+        raise InputError(f"{path}: not a readable table ({first_line(exc)})") from None
+    return _finish(path, *parsed)
 
 
 def write_landmarks(
