@@ -232,7 +232,8 @@ def _expanded(path: Path, words: list[str]) -> list[str]:
     count = (last - first) // step + 1
     if count > _MAX_FILES:
         raise InputError(f"{path}: data file pattern names {count} files")
-    return [pattern % i if conversions else pattern for i in range(first, last + 1, step)]
+    # Without a conversion every name is the pattern itself ("%%" still becomes "%").
+    return [pattern % ((i,) if conversions else ()) for i in range(first, last + 1, step)]
 
 
 def _is_int(word: str) -> bool:
@@ -243,7 +244,10 @@ def _inside(header: Path, name: str) -> Path:
     """``name`` (relative to the header's folder, or absolute) resolved; InputError unless
     it is a regular file inside that folder."""
     folder = header.parent.resolve()
-    target = (folder / name).resolve()
+    try:
+        target = (folder / name).resolve()
+    except (OSError, ValueError) as exc:  # a NUL byte, a name too long, a symlink loop
+        raise InputError(f"{header}: data file {name!r} cannot be resolved ({exc})") from exc
     if not target.is_relative_to(folder):
         raise InputError(
             f"{header}: the header names data file {name!r} ({target}), outside its folder "
