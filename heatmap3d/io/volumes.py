@@ -85,7 +85,7 @@ def save_volume(path: str | Path, vol: Volume) -> None:
     when ``path`` is an existing folder or has no suffix.
 
     NIfTI stores any affine; NRRD and MetaImage refuse shear; DICOM also refuses a
-    left-handed affine (see :func:`heatmap3d.io.dicom.write_dicom_series`).
+    left-handed affine (see :func:`heatmap3d.io.dicom_writer.write_dicom_series`).
     """
     path = Path(path)
     if _has_suffix(path, nifti.NIFTI_SUFFIXES):
