@@ -210,6 +210,7 @@ def _calibration(scale) -> dict:
         (lambda d: d.update(scale=[math.nan] * 5), "NaN"),  # the scales that made all "ok"
         (lambda d: d.update(n_cases=2.5), "'n_cases'"),
         (lambda d: d.update(presence_threshold=7), "presence_threshold"),
+        (lambda d: d.update(names=["a", "b"], scale=[1.0, 1.0]), "not the model's landmarks"),
     ],
 )
 def test_malformed_calibration_names_file_and_key(capsys, tmp_path, weights, scan, change, words):

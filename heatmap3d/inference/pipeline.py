@@ -201,6 +201,13 @@ def load_pipeline(
         raise InputError(f"{folder}: {len(stages)} stages; prediction runs one or two")
     model = stages[0] if len(stages) == 1 else Cascade(stages[0], stages[1])
     shape, calibration = read_extras(found)
+    names = list(stages[0].names)
+    for part, path in ((shape, found.shape), (calibration, found.calibration)):
+        if part is not None and list(part.names) != names:  # named here: Pipeline cannot
+            raise InputError(
+                f"{path}: 'names' {list(part.names)[:6]} are not the model's landmarks "
+                f"{names[:6]}{' ...' if len(names) > 6 else ''}"
+            )
     return Pipeline(model, shape, calibration, review_radius_mm=review_radius_mm)
 
 
