@@ -24,6 +24,7 @@ from heatmap3d.cli import main
 from heatmap3d.config import Config, DataConfig, ModelConfig
 from heatmap3d.distributed import DistInfo
 from heatmap3d.evaluation.calibration import Calibration
+from heatmap3d.evaluation.report_data import read_evaluation
 from heatmap3d.io.landmarks import Landmarks, read_landmarks, write_landmarks
 from heatmap3d.io.model_folder import StageEntry, write_model_folder
 from heatmap3d.io.predictions import is_ours
@@ -297,6 +298,7 @@ def test_prediction_and_evaluation_csvs_hold_no_formulas(capsys, tmp_path, weigh
         assert all(not c or c[0] not in "=+-@\t\r" for c in row), row
     rows = list(csv.DictReader((report / "metrics.csv").read_text().splitlines()))
     assert float(rows[-1]["mre_mm"]) == pytest.approx(math.sqrt(3), abs=1e-3)
+    assert read_evaluation(report).names == NAMES  # the report's reader undoes it too
 
 
 def test_negative_coordinates_stay_numbers(tmp_path):

@@ -29,6 +29,7 @@ from heatmap3d.evaluation.records import (
     read_prediction_table,
 )
 from heatmap3d.inference.resume import RECORDS, read_record
+from heatmap3d.io.landmark_fields import from_spreadsheet_safe
 
 COHORT_TABLES = ("landmarks.csv", "review.csv")
 """The cohort tables ``heatmap3d predict`` writes beside the per-scan files."""
@@ -238,6 +239,7 @@ def read_evaluation(folder: Path) -> Evaluation:
     rows = list(csv.reader(path.read_text(encoding="utf-8").splitlines()))
     head = rows[0][1:-1] if rows[0][-1] == "written_by" else rows[0][1:]
     errors = np.array([[float(c) for c in row[1 : 1 + len(head)]] for row in rows[1:]])
-    return Evaluation(
-        Path(folder), [row[0] for row in rows[1:]], head, errors.reshape(-1, len(head))
-    )
+    # Names and case ids as written spreadsheet-safe ('=x for =x): given back as they were.
+    ids = [from_spreadsheet_safe(row[0]) for row in rows[1:]]
+    head = [from_spreadsheet_safe(name) for name in head]
+    return Evaluation(Path(folder), ids, head, errors.reshape(-1, len(head)))
