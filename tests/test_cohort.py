@@ -118,8 +118,8 @@ def test_two_ranks_write_exactly_what_one_process_writes(model, cohort, tmp_path
     assert "10 scan(s): 10 predicted, 0 skipped (already done), 0 failed" in double.output
     assert "rank 0" in double.output and "rank 1" in double.output  # both took a share
     table = (one / "landmarks.csv").read_text().splitlines()
-    assert table[1].startswith("scan,landmark,x,y,z,confidence,radius_mm,status,review")
-    assert len(table) == 2 + 10 * 3
+    assert table[0] == "scan,landmark,x,y,z,confidence,radius_mm,status,review,written_by"
+    assert len(table) == 1 + 10 * 3
     assert not temporary(one) and not temporary(two)
 
 
@@ -174,7 +174,7 @@ def test_a_rerun_after_a_killed_rank_does_only_what_is_missing(model, larger, tm
             assert after[name] == before[name], name
     assert _records(out) == {f"b{n}" for n in range(10)}
     assert not temporary(out)
-    assert len((out / "landmarks.csv").read_text().splitlines()) == 2 + 10 * 3
+    assert len((out / "landmarks.csv").read_text().splitlines()) == 1 + 10 * 3
 
 
 @pytest.mark.slow
@@ -199,7 +199,7 @@ def test_a_corrupt_scan_on_one_rank_is_listed_and_the_others_finish(model, cohor
     assert not (out / "s1.csv").exists()
     table = (out / "landmarks.csv").read_text()
     assert table == (alone / "landmarks.csv").read_text()
-    assert {row.split(",")[0] for row in table.splitlines()[2:]} == {"s0", "s2", "s3"}
+    assert {row.split(",")[0] for row in table.splitlines()[1:]} == {"s0", "s2", "s3"}
     assert "3 predicted, 0 skipped (already done), 1 failed" in job.output
 
 
@@ -226,6 +226,12 @@ def test_collect_over_the_shares_of_an_array_equals_one_run(model, cohort, tmp_p
     for table in ("landmarks.csv", "review.csv"):
         assert (shared / table).read_bytes() == (whole / table).read_bytes(), table
     assert (whole / "report.html").is_file() and f"wrote {whole / 'report.html'}" in one.output
+    # A table edited by hand is the user's: refused, one line, left as it is.
+    edited = (shared / "review.csv").read_text().replace(",1,heatmap3d", ",0,heatmap3d", 1)
+    (shared / "review.csv").write_text(edited)
+    again = run([sys.executable, "-m", "heatmap3d", "collect", str(shared)])
+    assert again.returncode == 2 and "review.csv: exists and was not written" in again.output
+    assert (shared / "review.csv").read_text() == edited
 
 
 @pytest.mark.slow

@@ -16,9 +16,12 @@ the provenance marker of every file heatmap3d writes, sealed with a hash of the 
 ``--overwrite``).
 Every cell is copied from the scan's own CSV unchanged, so the tables say exactly what
 the per-scan files say, and :func:`write_tables` over the same scans gives the same
-bytes whichever job predicted them. The first line is ``# coordinate_system = RAS``, as
-in every landmark CSV the tool writes: ``pandas.read_csv(path, skiprows=1)`` reads a
-table, and a spreadsheet opens it as it is.
+bytes whichever job predicted them. The header is the first line: ``pandas.read_csv(path)``
+reads a table, and a spreadsheet opens it as it is.
+
+A table is ours (:func:`is_cohort_table`) when it has that header and the sealed marker
+on every row, unchanged since (:func:`heatmap3d.io.seal.seal_state`); anything else in
+its place is never replaced without ``--overwrite``.
 
 Worst first (``review.csv``): by status (``missing``, then ``moved``, ``review``,
 ``absent``, and ``ok`` landmarks flagged for a low confidence), then by confidence
@@ -36,7 +39,7 @@ from pathlib import Path
 from heatmap3d.errors import InputError, one_line
 from heatmap3d.io.atomic import atomic_write_bytes, remove_stale
 from heatmap3d.io.predictions import MARKER, check_overwrite
-from heatmap3d.io.seal import seal
+from heatmap3d.io.seal import seal, seal_state
 
 __all__ = [
     "COLUMNS",
@@ -51,7 +54,6 @@ __all__ = [
 
 COLUMNS = ("scan", "landmark", "x", "y", "z", "confidence", "radius_mm", "status", "review")
 TABLES = ("landmarks.csv", "review.csv")
-_HEAD = "# coordinate_system = RAS"
 # The per-scan CSV's column for each table column but the first two.
 _FROM = {"landmark": "name", **{c: c for c in COLUMNS[2:]}}
 _SEVERITY = {"missing": 0, "moved": 1, "review": 2, "absent": 3}
@@ -67,15 +69,21 @@ class CohortTables:
 
 
 def is_cohort_table(path: Path) -> bool:
-    """Whether ``path`` is one of the two tables (so not a scan's landmark file)."""
+    """Whether ``path`` is one of the two tables as heatmap3d wrote it, unchanged since."""
     path = Path(path)
-    if path.name not in TABLES or not path.is_file():
+    if path.name not in TABLES or not path.is_file() or path.is_symlink():
         return False
     try:
-        with open(path, encoding="utf-8") as f:
-            return f.readline().rstrip("\n") == _HEAD and f.readline().startswith("scan,landmark,")
-    except (OSError, UnicodeDecodeError):
+        text = path.read_text(encoding="utf-8")
+        rows = list(csv.reader(text.splitlines()))
+    except (OSError, UnicodeDecodeError, csv.Error):
         return False
+    return (
+        bool(rows)
+        and rows[0] == [*COLUMNS, "written_by"]
+        and all(row and row[-1].startswith("heatmap3d ") for row in rows[1:])
+        and seal_state(text) is not False
+    )
 
 
 def scan_rows(out: Path, stem: str) -> list[dict[str, str]]:
@@ -118,7 +126,6 @@ def worst_first(rows: list[dict[str, str]]) -> list[dict[str, str]]:
 
 def _csv_text(rows: list[dict[str, str]]) -> bytes:
     out = io.StringIO()
-    out.write(_HEAD + "\n")
     writer = csv.writer(out, lineterminator="\n")
     writer.writerow([*COLUMNS, "written_by"])
     for row in rows:
@@ -131,7 +138,8 @@ def check_tables(out: Path, overwrite: bool = False) -> list[Path]:
     """The two tables' paths in ``out``; InputError when one in the way is not ours."""
     paths = [Path(out) / name for name in TABLES]
     for path in paths:
-        check_overwrite(path, overwrite)
+        if not is_cohort_table(path):  # the rule every writer follows, for anything else
+            check_overwrite(path, overwrite)
     return paths
 
 
