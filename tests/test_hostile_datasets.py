@@ -101,6 +101,16 @@ def test_training_refuses_a_manifest_case_id_that_is_a_path(capsys, data, tmp_pa
     assert str(manifest) in err and "'../../elsewhere'" in err
 
 
+def test_plan_and_train_data_refuse_a_path_id_before_writing(capsys, data, tmp_path):
+    split = write_split(data, {"train": ["case000", "/etc/passwd"], "val": ["case003"]})
+    err = one_error(capsys, "plan", data, "--device", "cpu")
+    assert err.startswith(f"error: {split}: ") and "'/etc/passwd'" in err
+    runs = tmp_path / "runs"
+    err = one_error(capsys, "train", data, f"train.out_dir={runs}", "train.device=cpu")
+    assert err.startswith(f"error: {split}: ") and "'/etc/passwd'" in err
+    assert not (data / "plan.yaml").exists() and not runs.exists()
+
+
 @pytest.mark.parametrize("alias", ["./case001", "case001.nii.gz", "././case001"])
 def test_one_case_spelled_two_ways_is_a_leak(capsys, data, alias):
     """``./case001`` in val and ``case001`` in train are one case; so is the id with its

@@ -119,8 +119,10 @@ def fingerprint_dataset(
     """
     report = check_dataset(root, split_file=split_file, landmarks=landmarks)
     if report.errors:
+        first = report.errors[0]  # "<path>: <problem>", without the "error: " of check's list
         raise InputError(
-            f"{report.errors[0]} ({len(report.errors)} error(s); run heatmap3d check {root})"
+            f"{first.path}: {first.message} ({len(report.errors)} error(s); "
+            f"run heatmap3d check {root})"
         )
     names = report.names
     cases = list(
