@@ -29,6 +29,17 @@ RNG = np.random.default_rng(25)
 SCAN = RNG.normal(size=(12, 11, 10)).astype(np.float32)  # ITK (k, j, i) order when written
 
 
+@pytest.fixture(autouse=True)
+def no_frame_chosen():
+    """Each test starts, and leaves, with no NIfTI frame chosen (``--nifti-frame`` sets
+    it for the process)."""
+    from heatmap3d.io import nifti
+
+    nifti.trust_frame(None)
+    yield
+    nifti.trust_frame(None)
+
+
 @pytest.fixture(scope="module")
 def model(tmp_path_factory) -> Path:
     """An untrained one-landmark model at 3 mm (tests/test_bad_input_table.py)."""
@@ -332,6 +343,20 @@ def test_check_and_train_take_nifti_frame(phantoms, copy_of, capsys) -> None:
     assert main([*train, "--nifti-frame", "sform"]) == 2
     err = capsys.readouterr().err
     assert "case000.nii.gz" not in err and "case001.nii.gz" in err, err
+
+
+def test_a_corrupt_qform_beside_an_sform_is_refused_unless_told(tmp_path: Path) -> None:
+    from heatmap3d.io import nifti
+
+    img = nib.Nifti1Image(SCAN, AFFINE)
+    img.set_sform(AFFINE, code=1)
+    img.set_qform(AFFINE, code=1)
+    img.header["quatern_b"], img.header["quatern_c"] = 1.0, 1.0  # |(b, c, d)| > 1
+    img.to_filename(tmp_path / "badq.nii")
+    with raises_naming(tmp_path / "badq.nii", "qform is corrupt", "--nifti-frame sform"):
+        load_volume(tmp_path / "badq.nii")
+    nifti.trust_frame("sform")
+    np.testing.assert_allclose(load_volume(tmp_path / "badq.nii").affine, AFFINE)
 
 
 def test_a_sheared_affine_written_by_the_tool_reads_back(tmp_path: Path) -> None:

@@ -115,7 +115,17 @@ def _chosen_affine(path: Path, header, affine: np.ndarray) -> np.ndarray:
     the user trusts (:func:`trust_frame`), else InputError naming both."""
     if int(header["sform_code"]) == 0 or int(header["qform_code"]) == 0:
         return np.asarray(affine, dtype=np.float64)
-    sform, qform = header.get_sform(), header.get_qform()
+    sform = header.get_sform()
+    try:
+        qform = header.get_qform()
+    except ValueError as exc:  # quaternion b, c, d of norm > 1: no rotation at all
+        if _trusted_frame == "sform":
+            return np.asarray(sform, dtype=np.float64)
+        raise InputError(
+            f"{path}: the qform is corrupt ({one_line(exc)}); nibabel uses the sform, ITK "
+            "and 3D Slicer the qform: fix the header, or trust the sform with "
+            "--nifti-frame sform"
+        ) from exc
     n = np.asarray(header.get_data_shape()[:3], dtype=np.float64)
     corners = np.array(np.meshgrid(*[[0.0, m - 1] for m in n], indexing="ij")).reshape(3, -1)
     corners = np.vstack([corners, np.ones(corners.shape[1])])
