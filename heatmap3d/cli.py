@@ -1,4 +1,4 @@
-"""The ``heatmap3d`` command: synth, check, plan, train, predict, evaluate, report, gpus.
+"""The ``heatmap3d`` command: synth, check, plan, train, predict, collect, evaluate, report, gpus.
 
 Mistakes in the user's input (:class:`~heatmap3d.errors.InputError`) are printed as one
 line, ``error: <file>: <problem>``, with exit status 2, never as a traceback. A training

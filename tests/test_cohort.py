@@ -302,3 +302,19 @@ def test_training_on_cuda_without_a_gpu_is_one_line_naming_the_key(capsys, tmp_p
     err = capsys.readouterr().err.strip()
     assert code == 2 and "\n" not in err, err
     assert err.startswith("error: train.device=cuda: no CUDA GPU is visible to this process"), err
+
+
+@pytest.mark.parametrize("n", [0, 1, 7, 10, 23])
+def test_share_i_of_n_is_what_rank_i_of_n_takes_and_ranks_split_it(n):
+    from heatmap3d.distributed import DistInfo, my_share
+
+    def world(rank: int, size: int) -> DistInfo:
+        return DistInfo(rank, rank, size, size, torch.device("cpu"))
+
+    for count in (1, 2, 3, 4):
+        for index in range(count):
+            as_rank = list(my_share(n, world(index, count)))
+            assert list(my_share(n, world(0, 1), (index, count))) == as_rank
+            # A job of 2 ranks doing that share: disjoint halves of exactly those items.
+            halves = [list(my_share(n, world(r, 2), (index, count))) for r in (0, 1)]
+            assert sorted(halves[0] + halves[1]) == as_rank and not set(halves[0]) & set(halves[1])
