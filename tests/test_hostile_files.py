@@ -112,7 +112,7 @@ def _outside_absolute(doc, target=None):
     doc["stages"][0]["checkpoints"] = [str(target)]
 
 
-@pytest.mark.parametrize("how", ["relative", "absolute", "symlink"])
+@pytest.mark.parametrize("how", ["relative", "absolute", "symlink", "folder link", "model.json"])
 def test_a_model_folder_never_uses_weights_outside_it(capsys, tmp_path, weights, scan, how):
     folder = model_folder(tmp_path, weights)
     outside = tmp_path / "elsewhere" / "best.pt"
@@ -122,9 +122,17 @@ def test_a_model_folder_never_uses_weights_outside_it(capsys, tmp_path, weights,
         set_model_json(folder, _outside_relative)
     elif how == "absolute":
         set_model_json(folder, lambda d: _outside_absolute(d, outside))
-    else:
+    elif how == "symlink":
         (folder / "coarse" / "best.pt").unlink()
         (folder / "coarse" / "best.pt").symlink_to(outside)
+    elif how == "folder link":
+        (folder / "coarse" / "best.pt").unlink()
+        (folder / "coarse").rmdir()
+        (folder / "coarse").symlink_to(outside.parent)
+    else:  # model.json itself a link to another folder's, naming what is there
+        other = model_folder(tmp_path / "other", weights)
+        (folder / "model.json").unlink()
+        (folder / "model.json").symlink_to(other / "model.json")
     err = refused(capsys, "--model", folder, scan, "--out", tmp_path / "out")
     assert f"{folder / 'model.json'}" in err and "outside the model folder" in err
     assert not (tmp_path / "out").exists()

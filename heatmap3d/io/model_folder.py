@@ -86,6 +86,11 @@ def read_model_folder(folder: Path) -> ModelFolder:
         raise InputError(
             f"{folder}: not a model folder (no {MODEL_FILE}; heatmap3d train DATA writes one)"
         )
+    if not path.resolve().is_relative_to(folder.resolve()):  # a link to another folder's
+        raise InputError(
+            f"{path}: a link to {path.resolve()}, outside the model folder (a model folder "
+            "is self-contained)"
+        )
     doc = load_json(path, what="model file")
     if not isinstance(doc, dict):
         raise InputError(f"{path}: expected a JSON object, got {type(doc).__name__}")
