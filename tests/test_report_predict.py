@@ -4,6 +4,7 @@ thumbnails and tiles (predict passes the scans), and the model's recorded identi
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from report_folders import scan_volume
 from test_predict_cli import checkpoint
 
@@ -11,6 +12,7 @@ from heatmap3d.cli import main
 from heatmap3d.io.volumes import save_volume
 
 
+@pytest.mark.slow
 def test_predict_report(tmp_path, capsys):
     ckpt = checkpoint(tmp_path / "model.pt")
     scans = tmp_path / "scans"
