@@ -116,8 +116,9 @@ def _value_checks(cfg: Config) -> list[tuple[bool, str]]:
 
 
 def _check_numbers(cfg: Config) -> None:
-    """InputError naming the key for any number of any section that is not finite or not of
-    its field's type (a ``Config`` built in code skips :func:`from_dict`'s type checks)."""
+    """InputError naming the key for any value of any section that is not of its field's
+    type, a number that is not finite, or text holding a NUL (a ``Config`` built in code
+    skips :func:`from_dict`'s type checks)."""
     for section in dataclasses.fields(cfg):
         values = getattr(cfg, section.name)
         hints = typing.get_type_hints(type(values))
@@ -137,6 +138,8 @@ def _check_number(key: str, value: Any, hint: Any) -> None:
         raise ConfigValueError(f"invalid config value: {key}: an integer, got {value!r}")
     if hint is float and not math.isfinite(value):
         raise ConfigValueError(f"invalid config value: {key}: a finite number, got {value!r}")
+    if hint is str and (not isinstance(value, str) or "\x00" in value):  # NUL: no path or name
+        raise ConfigValueError(f"invalid config value: {key}: text without NUL, got {value!r}")
 
 
 def _is_range(values: list[float], lo: float = -math.inf, hi: float = math.inf) -> bool:

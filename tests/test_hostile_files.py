@@ -446,7 +446,8 @@ def train_refused(capsys, *args: str) -> str:
         ("inference.overlap=.nan", "inference.overlap"),
         ("train.seed=-1", "train.seed"),
         ("train.epochs=true", "train.epochs"),
-        ("data.crop_jitter_mm=1e999", "data.crop_jitter_mm"),
+        ("data.crop_jitter_mm=1.0e999", "data.crop_jitter_mm"),
+        ('data.root="a\\0b"', "data.root"),
     ],
 )
 def test_config_values_that_slipped_past(capsys, tmp_path, override, key):
