@@ -93,3 +93,17 @@ def test_deep_landmark_json_through_check(capsys, phantoms, copy_of):
     assert status.value.code == 1
     out = capsys.readouterr()
     assert "case000.json: landmark file is nested too deeply" in out.out + out.err
+
+
+@pytest.mark.parametrize("suffix", [".csv", ".fcsv", ".json", ".mrk.json"])
+def test_a_landmark_fifo_or_folder_is_refused_not_waited_on(tmp_path, suffix):
+    from heatmap3d.io.landmarks import read_landmarks
+
+    fifo = tmp_path / f"fifo{suffix}"
+    os.mkfifo(fifo)
+    folder = tmp_path / f"folder{suffix}"
+    folder.mkdir()
+    for path, words in ((fifo, "not a regular file"), (folder, "is a folder")):
+        with pytest.raises(InputError, match=words) as err:
+            read_landmarks(path)
+        assert str(err.value).startswith(f"{path}: landmark file")
