@@ -18,8 +18,6 @@ import numpy as np
 import pytest
 import SimpleITK as sitk
 from assertions import raises_naming
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 from test_bad_input_table import tiny_checkpoint
 
 from heatmap3d.cli import main
@@ -543,48 +541,3 @@ def test_a_tiny_grid_reaches_the_network_without_a_traceback(
     code, err = predict(capsys, model, [scan], tmp_path / "out")
     assert code == 0, err
     assert (tmp_path / "out" / "tiny.csv").is_file()
-
-
-# --------------------------------------------------------------------------------------
-# The header reader's property: any text gives a header or the one-line InputError
-# --------------------------------------------------------------------------------------
-
-_LINES = st.sampled_from(
-    [
-        "NRRD0004",
-        "data file: ",
-        "datafile: ",
-        "data file: LIST",
-        "data file: LIST 2",
-        "ElementDataFile = ",
-        "ElementDataFile = LIST 2D",
-        "ElementDataFile = LOCAL",
-        "elementdatafile = x",
-        "sizes: 3 4 5",
-        "DimSize = 3 4 5",
-        "space: RAS",
-        "",
-        "# comment",
-        "k:=v",
-    ]
-)
-_WORDS = st.text(alphabet="ab%d0123-+ ./\\:=\x00", max_size=12)
-
-
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(
-    lines=st.lists(st.tuples(_LINES, _WORDS), max_size=8),
-    suffix=st.sampled_from([".nhdr", ".nrrd", ".mhd", ".mha"]),
-)
-def test_any_header_text_gives_a_header_or_one_line(lines, suffix, tmp_path_factory) -> None:
-    from heatmap3d.errors import InputError
-    from heatmap3d.io.headers import check_frame, check_header
-
-    folder = tmp_path_factory.mktemp("header")
-    (folder / "a.raw").write_bytes(b"\0" * 8)
-    path = folder / f"h{suffix}"
-    path.write_text("\n".join(a + b for a, b in lines), encoding="latin-1", errors="replace")
-    try:
-        check_frame(path, check_header(path))
-    except InputError as err:
-        assert "\n" not in str(err) and str(path) in str(err)

@@ -297,8 +297,25 @@ def check_header(path: Path) -> Header:
     folder, missing, or not a regular file; a ``LIST`` naming too few files.
     """
     header = read_header(path)
+    _check_sizes(path, header)
     data_files(path, header)
     return header
+
+
+def _check_sizes(path: Path, header: Header) -> None:
+    """InputError unless the header states its dimension (1 to 16) and as many sizes, each
+    a positive whole number: MetaIO crashes the process on ``NDims = 1e308``."""
+    ndim_key, sizes_key = ("dimension", "sizes") if header.kind == "nrrd" else ("ndims", "dimsize")
+    try:
+        ndim = int(header.fields[ndim_key])
+        sizes = [int(v) for v in header.fields[sizes_key].split()]
+    except (KeyError, ValueError):
+        ndim, sizes = 0, []
+    if not 1 <= ndim <= 16 or len(sizes) != ndim or min(sizes) < 1:
+        raise InputError(
+            f"{path}: cannot read image header (its {ndim_key} and {sizes_key} do not give "
+            "a size: a whole number of dimensions, each a positive size)"
+        )
 
 
 def check_frame(path: Path, header: Header) -> None:

@@ -71,7 +71,15 @@ def trust_frame(frame: str | None) -> None:
 
 
 # What nibabel raises on unreadable, corrupt or truncated files (gzip/zlib errors included).
-_NIBABEL_READ_ERRORS = (ImageFileError, HeaderDataError, OSError, EOFError, ValueError, zlib.error)
+_NIBABEL_READ_ERRORS = (
+    ImageFileError,
+    HeaderDataError,
+    OSError,
+    EOFError,
+    ValueError,
+    OverflowError,  # a memory map of negative length, from a corrupt offset or shape
+    zlib.error,
+)
 
 
 def read_nifti(path: Path, *, allow_no_world_frame: bool = False) -> tuple[np.ndarray, np.ndarray]:
@@ -118,7 +126,7 @@ def _chosen_affine(path: Path, header, affine: np.ndarray) -> np.ndarray:
     sform = header.get_sform()
     try:
         qform = header.get_qform()
-    except ValueError as exc:  # quaternion b, c, d of norm > 1: no rotation at all
+    except (ValueError, HeaderDataError) as exc:  # |(b, c, d)| > 1, or qfac not +-1
         if _trusted_frame == "sform":
             return np.asarray(sform, dtype=np.float64)
         raise InputError(
@@ -126,7 +134,10 @@ def _chosen_affine(path: Path, header, affine: np.ndarray) -> np.ndarray:
             "and 3D Slicer the qform: fix the header, or trust the sform with "
             "--nifti-frame sform"
         ) from exc
-    n = np.asarray(header.get_data_shape()[:3], dtype=np.float64)
+    if not (np.all(np.isfinite(sform)) and np.all(np.isfinite(qform))):
+        return np.asarray(affine, dtype=np.float64)  # refused as not finite by the caller
+    shape = tuple(header.get_data_shape()[:3])
+    n = np.asarray(shape + (1,) * (3 - len(shape)), dtype=np.float64)
     corners = np.array(np.meshgrid(*[[0.0, m - 1] for m in n], indexing="ij")).reshape(3, -1)
     corners = np.vstack([corners, np.ones(corners.shape[1])])
     gap = float(np.linalg.norm((sform - qform)[:3] @ corners, axis=0).max())
@@ -143,7 +154,10 @@ def _chosen_affine(path: Path, header, affine: np.ndarray) -> np.ndarray:
 
 def _describe(affine: np.ndarray) -> str:
     """``"LAS, origin (1.0, -2.0, 3.0)"``: a frame's axis directions and origin."""
-    axes = "".join(nib.aff2axcodes(affine))
+    try:
+        axes = "".join(code or "?" for code in nib.aff2axcodes(affine))
+    except np.linalg.LinAlgError:
+        axes = "???"
     origin = ", ".join(f"{v:.4g}" for v in affine[:3, 3])
     return f"{axes}, origin ({origin})"
 
