@@ -108,7 +108,9 @@ def temporary(folder: Path) -> list[Path]:
 def test_two_ranks_write_exactly_what_one_process_writes(model, cohort, tmp_path):
     one, two = tmp_path / "one", tmp_path / "two"
     single, double = at_once(
-        plain(*predict_args(model, cohort, one)), ranks(2, *predict_args(model, cohort, two))
+        # One process reading in its main thread, two ranks each with a loader worker.
+        plain(*predict_args(model, cohort, one, "--workers", "0")),
+        ranks(2, *predict_args(model, cohort, two)),
     )
     assert single.returncode == 0, single.output
     assert double.returncode == 0, double.output
@@ -318,3 +320,18 @@ def test_share_i_of_n_is_what_rank_i_of_n_takes_and_ranks_split_it(n):
             # A job of 2 ranks doing that share: disjoint halves of exactly those items.
             halves = [list(my_share(n, world(r, 2), (index, count))) for r in (0, 1)]
             assert sorted(halves[0] + halves[1]) == as_rank and not set(halves[0]) & set(halves[1])
+
+
+@pytest.mark.parametrize(
+    ("option", "says"),
+    [
+        (["--shard", "2/2"], "--shard 2/2: give I/N with 0 <= I < N"),
+        (["--shard", "one/4"], "--shard one/4: give I/N"),
+        (["--workers", "-1"], "--workers -1: give 0"),
+    ],
+)
+def test_a_bad_shard_or_worker_count_is_one_line(capsys, tmp_path, option, says):
+    argv = ["predict", "--checkpoint", str(tmp_path / "m.pt"), str(tmp_path), *option]
+    code = main([*argv, "--out", str(tmp_path / "out"), "--device", "cpu"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and err.startswith(f"error: {says}") and "\n" not in err, err
