@@ -335,10 +335,11 @@ def test_clean_synthetic_datasets_raise_no_orientation_flag(capsys, phantoms):
     [
         (lambda p: np.tile(p[:1], (len(p), 1)), "at one point"),
         (lambda p: np.full_like(p, np.nan), "all missing"),
+        (lambda p: np.zeros_like(p), "at one point [0.0, 0.0, 0.0] mm (placeholders?"),
         (lambda p: p[:1] + np.arange(len(p))[:, None] * [[1.0, 2.0, 0.5]], "straight line"),
         (lambda p: np.where(np.arange(len(p))[:, None] < 2, 0.0, p), "0,0,0"),
     ],
-    ids=["one point", "all NaN", "collinear", "zeros"],
+    ids=["one point", "all NaN", "all zeros", "collinear", "two zeros"],
 )
 def test_degenerate_landmark_file_is_an_error(capsys, data, points, expected):
     path = data / "landmarks" / "case000.csv"

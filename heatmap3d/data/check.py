@@ -6,7 +6,9 @@ every case listed in the split file and collects every problem it finds as a
 :class:`Finding`: an *error* makes the dataset unusable for training, a *warning* is
 legal but worth a look. Checks, one function each:
 
-* split file: missing or invalid, ``train``/``val`` missing or empty, a case listed twice;
+* split file: missing or invalid, ``train``/``val`` missing or empty, a case listed twice
+  or in two splits (ids normalised first: ``./case001`` and ``case001.nii.gz`` are
+  ``case001``), a case id that is not one file name (:mod:`heatmap3d.io.case_ids`);
 * per case: image and landmark file present; the image readable, 3D, finite, not
   constant, with a non-singular affine (:func:`heatmap3d.io.volumes.load_volume` raises for
   these) and not very anisotropic; the landmark file parses (duplicated names are a parse

@@ -112,7 +112,8 @@ def check_degenerate(path: Path, lm: Landmarks, report: Collector) -> None:
     spread = np.linalg.svd(points - points.mean(axis=0), compute_uv=False)
     if len(points) >= 2 and spread[0] < SAME_POINT_MM:
         where = np.round(points[0], 3).tolist()
-        report.error(path, f"all {len(points)} placed landmarks are at one point {where} mm")
+        zeros = " (placeholders? leave missing landmarks empty)" if not np.any(points[0]) else ""
+        report.error(path, f"all {len(points)} placed landmarks are at one point {where} mm{zeros}")
         return
     if len(points) >= 3 and spread[1] < SAME_POINT_MM:
         report.error(path, f"all {len(points)} placed landmarks lie on one straight line")

@@ -106,7 +106,7 @@ def _planned_stages(
     Everything that could refuse the run is checked before anything is written: a model
     folder holding an earlier run's checkpoints (without ``resume`` or ``overwrite``), and
     a ``plan.yaml`` there that a person edited (never replaced; it may be trained by with
-    ``--plan``).
+    ``--plan``). A resumed run without a plan of the dataset goes on by the model folder's.
     """
     root = Path(data) if data is not None else Path(plan).parent
     named = any(o.split("=")[0].strip() == "train.name" for o in overrides)
@@ -118,6 +118,8 @@ def _planned_stages(
         _refuse_earlier_run(model_dir)
     if plan is None or Path(plan).resolve() != record.resolve():
         check_plan_target(record)  # the copy _finish writes, or the new plan below
+    if plan is None and resume and record.is_file():
+        plan = record  # a resumed run goes on by the plan it started with, not a new one
     if plan is None:
         fp = fingerprint_dataset(root, split_file=base.data.split_file)
         print(fp.summary())
