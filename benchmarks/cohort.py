@@ -3,7 +3,8 @@
 Run with ``python benchmarks/cohort.py`` (defaults: 40 scans of 256 x 256 x 180 voxels at
 1 mm, gzip NIfTI, int16 as scanners store them; a small untrained 3D U-Net at 2 mm).
 ``--n-scans 6 --shape 96,96,72`` is a quick check that it runs. It makes the scans and
-the model in a temporary folder (``--work`` to keep them), then prints:
+the model in a temporary folder (``--work DIR`` to keep them and reuse the scans; its
+outputs are predicted again), then prints:
 
 1. the time of each step of one scan, median over up to 3 scans, measured in this
    process on the same model: ``read+decode`` (``load_volume``: gzip and NIfTI parsing),
@@ -152,7 +153,9 @@ def main() -> None:
         print("one scan: " + ", ".join(f"{k} {v:.3f} s" for k, v in steps.items()))
         print(f"largest step: {max(steps, key=steps.get)}")
         base = ["-m", "heatmap3d", "predict", "--checkpoint", str(model), str(work / "scans")]
-        extra = ["--device", "cpu"] + (["--workers", str(args.workers)] if args.workers else [])
+        # --overwrite: with --work kept from an earlier run, a rerun would skip every scan.
+        extra = ["--device", "cpu", "--overwrite"]
+        extra += ["--workers", str(args.workers)] if args.workers is not None else []
         torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
         runs = {
             "one": [sys.executable, *base, "--out", str(work / "one"), *extra],
