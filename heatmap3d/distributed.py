@@ -5,7 +5,9 @@ set by it) or as a plain ``python`` process, which runs as a world of one withou
 process group. The rules the rest of the code relies on:
 
 - the *local* rank picks the GPU (``cuda:LOCAL_RANK``);
-- the *global* rank 0 alone writes checkpoints, logs and predictions (:attr:`DistInfo.is_main`);
+- the *global* rank 0 alone writes checkpoints, logs, validation predictions and a
+  cohort's tables (:attr:`DistInfo.is_main`); predicting a cohort, each rank writes the
+  files of the scans of its own share (:func:`my_share`), never another's;
 - every collective here is called by every rank, in the same order.
 """
 
