@@ -68,7 +68,9 @@ def plan_command(args: argparse.Namespace) -> None:
     if not Path(args.data).is_dir():
         raise InputError(f"{args.data}: dataset folder not found")
     out = args.out or Path(args.data) / "plan.yaml"
-    if out.exists() and not args.overwrite:
+    if out.is_dir():
+        raise InputError(f"{out}: is a folder; the plan is a file (give --out a file name)")
+    if (out.exists() or out.is_symlink()) and not args.overwrite:
         raise InputError(f"{out}: a plan exists (edit it, or pass --overwrite to replace it)")
     descriptions = _read_labels(args.labels)
     fp = fingerprint_dataset(args.data, split_file=getattr(args, "split_file", "split.json"))

@@ -94,13 +94,22 @@ def write_plan(path: str | Path, plan: Plan, fp: Fingerprint) -> None:
     """Write the plan file, stamped, atomically (a reader never sees half a plan).
 
     The caller decides whether ``path`` may be replaced (:func:`check_plan_target`)."""
-    atomic_write_bytes(Path(path), _stamped(plan_text(plan, fp)).encode("utf-8"))
+    _write(Path(path), _stamped(plan_text(plan, fp)))
 
 
 def write_plan_copy(path: str | Path, source: str | Path) -> None:
     """Write the text of the plan file ``source`` to ``path``, stamped as ours (the record
     of the plan a model was trained by), atomically."""
-    atomic_write_bytes(Path(path), _stamped(_unstamped(_read_text(Path(source)))).encode())
+    _write(Path(path), _stamped(_unstamped(_read_text(Path(source)))))
+
+
+def _write(path: Path, text: str) -> None:
+    try:
+        atomic_write_bytes(path, text.encode("utf-8"))
+    except OSError as err:  # no such folder, read-only, a folder in the way
+        raise InputError(
+            f"{path}: cannot write the plan ({err.strerror or first_line(err)})"
+        ) from None
 
 
 def _stamped(body: str) -> str:
