@@ -153,6 +153,16 @@ def test_a_fifo_as_data_file_or_scan_does_not_hang_predict(model: Path, tmp_path
     assert (tmp_path / "out" / "good.csv").is_file()
 
 
+def test_a_symlink_loop_as_data_file_is_one_line(tmp_path: Path) -> None:
+    text = itk_pair(tmp_path, ".nhdr")
+    (tmp_path / "loop1").symlink_to(tmp_path / "loop2")
+    (tmp_path / "loop2").symlink_to(tmp_path / "loop1")
+    header = tmp_path / "loop.nhdr"
+    header.write_text(text.replace("data file: ok.raw", "data file: loop1"))
+    with raises_naming(header, "cannot be resolved"):
+        load_volume(header)
+
+
 def test_a_fifo_header_is_refused_not_opened(tmp_path: Path) -> None:
     fifo = tmp_path / "scan.nrrd"
     os.mkfifo(fifo)

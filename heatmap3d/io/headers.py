@@ -246,7 +246,7 @@ def _inside(header: Path, name: str) -> Path:
     folder = header.parent.resolve()
     try:
         target = (folder / name).resolve()
-    except (OSError, ValueError) as exc:  # a NUL byte, a name too long, a symlink loop
+    except (OSError, ValueError, RuntimeError) as exc:  # NUL byte, too long, symlink loop
         raise InputError(f"{header}: data file {name!r} cannot be resolved ({exc})") from exc
     if not target.is_relative_to(folder):
         raise InputError(
