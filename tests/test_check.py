@@ -556,7 +556,8 @@ def test_training_still_reads_every_case_of_the_manifest(data, tmp_path, capsys)
 
 def test_bad_manifest_is_an_input_error(tmp_path):
     path = tmp_path / "manifest.json"
-    path.write_text(json.dumps({"format": 1, "landmarks": ["a"], "splits": {"train": [{}]}}))
+    doc = {"format": 1, "root": str(tmp_path), "landmarks": ["a"], "splits": {"train": [{}]}}
+    path.write_text(json.dumps(doc))
     with pytest.raises(InputError, match="manifest.json: split 'train': expected a list"):
         prepare_dataset(manifest_config(path), CPU_WORLD)
     with pytest.raises(InputError, match="manifest not found"):

@@ -111,6 +111,18 @@ def test_plan_and_train_data_refuse_a_path_id_before_writing(capsys, data, tmp_p
     assert not (data / "plan.yaml").exists() and not runs.exists()
 
 
+@pytest.mark.parametrize("key, value", [("image", "/etc/passwd"), ("landmarks", "../x.csv")])
+def test_training_refuses_a_manifest_file_outside_its_root(capsys, data, tmp_path, key, value):
+    manifest = tmp_path / "manifest.json"
+    assert run(capsys, "check", data, "--manifest", manifest)[0] == 0
+    doc = json.loads(manifest.read_text())
+    entry = doc["splits"]["train"][1]
+    entry[key] = value if value.startswith("/") else f"{doc['root']}/{value}"
+    manifest.write_text(json.dumps(doc))
+    err = train_with_config(capsys, data, f"data.manifest={manifest}")
+    assert str(manifest) in err and "not inside the manifest's root" in err
+
+
 @pytest.mark.parametrize("alias", ["./case001", "case001.nii.gz", "././case001"])
 def test_one_case_spelled_two_ways_is_a_leak(capsys, data, alias):
     """``./case001`` in val and ``case001`` in train are one case; so is the id with its

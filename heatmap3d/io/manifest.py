@@ -123,30 +123,40 @@ def read_manifest(path: str | Path) -> tuple[list[str], dict[str, list[Case]]]:
     format-1 manifest, or when a case id is not one file name.
     """
     path = Path(path)
-    try:
-        doc = load_json(path, what="manifest", hint="write it with heatmap3d check")
-    except FileNotFoundError:
-        raise InputError(f"{path}: manifest not found (write it with heatmap3d check)") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise InputError(f"{path}: cannot read the manifest ({err})") from None
+    doc = load_json(path, what="manifest", hint="write it with heatmap3d check")
     if not isinstance(doc, dict) or doc.get("format") != MANIFEST_FORMAT:
         raise InputError(f"{path}: not a format-{MANIFEST_FORMAT} manifest of heatmap3d check")
-    names = doc.get("landmarks")
-    splits = doc.get("splits")
+    names, splits, root = doc.get("landmarks"), doc.get("splits"), doc.get("root")
     if not _is_str_list(names) or not isinstance(splits, dict):
         raise InputError(f"{path}: manifest needs a 'landmarks' list and a 'splits' object")
-    return names, {name: _manifest_cases(path, name, entries) for name, entries in splits.items()}
+    if not isinstance(root, str) or not os.path.isabs(root):
+        raise InputError(f"{path}: manifest needs the dataset's absolute 'root'")
+    return names, {
+        name: _manifest_cases(path, name, entries, os.path.normpath(root))
+        for name, entries in splits.items()
+    }
 
 
 def _is_str_list(value: Any) -> bool:
     return isinstance(value, list) and all(isinstance(v, str) for v in value)
 
 
-def _manifest_cases(path: Path, split: str, entries: Any) -> list[Case]:
+def _manifest_cases(path: Path, split: str, entries: Any, root: str) -> list[Case]:
+    """The cases of one split; every file must lie inside ``root`` (as written: a
+    manifest lists the files check found under the dataset folder, so a path that leaves
+    it was written by hand, and would read anything the process can)."""
     keys = ("id", "image", "landmarks")
     if not isinstance(entries, list) or not all(
         isinstance(e, dict) and all(isinstance(e.get(k), str) for k in keys) for e in entries
     ):
         raise InputError(f"{path}: split {split!r}: expected a list of {{id, image, landmarks}}")
     ids = checked_case_ids(path, split, [e["id"] for e in entries])
+    for case_id, entry in zip(ids, entries):
+        for key in ("image", "landmarks"):
+            file = os.path.normpath(entry[key])  # lexical: symlinks in the dataset are fine
+            if not os.path.isabs(file) or os.path.commonpath([root, file]) != root:
+                raise InputError(
+                    f"{path}: split {split!r}: case {case_id!r}: {key} {entry[key]!r} is not "
+                    f"inside the manifest's root {root}"
+                )
     return [Case(i, Path(e["image"]), Path(e["landmarks"])) for i, e in zip(ids, entries)]
