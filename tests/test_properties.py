@@ -32,6 +32,7 @@ from heatmap3d.io.model_folder import read_model_folder
 FAST = settings(
     max_examples=25,
     deadline=None,
+    database=None,  # no .hypothesis/ folder in the checkout; failures print their example
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
 
@@ -200,7 +201,7 @@ def test_fcsv_near_valid(tmp_path, system, columns, rows):
 
 
 @pytest.mark.parametrize("suffix", [".json", ".mrk.json"])
-@settings(max_examples=5, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=5, deadline=None, database=None, suppress_health_check=list(HealthCheck))
 @given(text=DEEP)
 def test_landmark_json_deep_nesting(tmp_path, suffix, text):
     check_landmarks(tmp_path / f"case{suffix}", text.encode())
