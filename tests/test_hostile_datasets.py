@@ -73,6 +73,7 @@ def test_check_refuses_a_case_id_that_is_not_a_file_name(capsys, data, bad):
     assert status == 1
     (line,) = errors_about(out, split)
     assert "bad case id" in line and ascii(bad) in line
+    assert "3 cases, 1 errors" in out  # the other cases are still checked
 
 
 def test_check_does_not_read_a_case_outside_the_dataset(capsys, data):

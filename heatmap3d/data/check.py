@@ -192,7 +192,7 @@ def run_check(
 def _check_split(path: Path, report: Collector) -> dict[str, list[str]]:
     """The split file's case ids by split ({} if unreadable); problems become findings."""
     try:
-        split = read_split(path.parent, path.name)
+        split = read_split(path.parent, path.name, on_bad=lambda e: report.input_error(path, e))
     except InputError as err:
         report.input_error(path, err)
         return {}

@@ -21,7 +21,13 @@ from typing import Any
 from heatmap3d.errors import InputError
 from heatmap3d.io.volumes import VOLUME_SUFFIXES
 
-__all__ = ["MAX_ID_BYTES", "case_id_problem", "checked_case_ids", "normalise_case_id"]
+__all__ = [
+    "MAX_ID_BYTES",
+    "case_id_problem",
+    "checked_case_ids",
+    "normalise_case_id",
+    "sort_case_ids",
+]
 
 MAX_ID_BYTES = 200
 """Longest id, in UTF-8 bytes: a file name may have 255, and ``.mrk.json`` or a
@@ -64,18 +70,28 @@ def checked_case_ids(path: str | Path, split: str, ids: Any) -> list[str]:
     Raises :class:`InputError`, one line naming ``path``, the split and every id that is
     not one file name (at most a few shown), or when ``ids`` is not a list.
     """
+    good, problem = sort_case_ids(path, split, ids)
+    if problem is not None:
+        raise problem
+    return good
+
+
+def sort_case_ids(path: str | Path, split: str, ids: Any) -> tuple[list[str], InputError | None]:
+    """(the normalised ids that are file names, the error :func:`checked_case_ids` raises
+    for the others or None): for ``heatmap3d check``, which reports and goes on."""
     if not isinstance(ids, list):
-        raise InputError(f"{path}: split {split!r} must be a list of case ids")
+        return [], InputError(f"{path}: split {split!r} must be a list of case ids")
     ids = [normalise_case_id(v) for v in ids]
     bad = [(v, problem) for v in ids if (problem := case_id_problem(v)) is not None]
-    if bad:
-        shown = ", ".join(f"{_shown(v)} ({problem})" for v, problem in bad[:3])
-        more = f" and {len(bad) - 3} more" if len(bad) > 3 else ""
-        raise InputError(
-            f"{path}: split {split!r}: bad case id {shown}{more}; a case id is one file "
-            "name, as in images/<id>.nii.gz"
-        )
-    return ids
+    good = [v for v in ids if case_id_problem(v) is None]
+    if not bad:
+        return good, None
+    shown = ", ".join(f"{_shown(v)} ({problem})" for v, problem in bad[:3])
+    more = f" and {len(bad) - 3} more" if len(bad) > 3 else ""
+    return good, InputError(
+        f"{path}: split {split!r}: bad case id {shown}{more}; a case id is one file "
+        "name, as in images/<id>.nii.gz"
+    )
 
 
 def _shown(value: Any) -> str:

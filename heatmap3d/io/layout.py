@@ -13,11 +13,12 @@ Every problem raises :class:`heatmap3d.errors.InputError` naming the path.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from heatmap3d.errors import InputError
-from heatmap3d.io.case_ids import checked_case_ids
+from heatmap3d.io.case_ids import sort_case_ids
 from heatmap3d.io.dicom import holds_dicom
 from heatmap3d.io.headers import named_files
 from heatmap3d.io.itk_io import ITK_SUFFIXES
@@ -53,18 +54,28 @@ class Case:
     landmarks: Path
 
 
-def read_split(root: Path, split_file: str) -> dict[str, list[str]]:
+def read_split(
+    root: Path, split_file: str, *, on_bad: Callable[[InputError], None] | None = None
+) -> dict[str, list[str]]:
     """The case ids of each split, from ``root/split_file``, normalised and checked.
 
     Every id must be one file name (:mod:`heatmap3d.io.case_ids`): an id such as
     ``"../x"`` would read a case from outside the dataset and write its predictions
-    outside the run. InputError names the file (and the id) for anything wrong.
+    outside the run. InputError names the file (and the id) for anything wrong; with
+    ``on_bad``, a split's bad ids go to it instead (one error per split) and are left out.
     """
     path = Path(root) / split_file
     split = load_json(path, what="split file", hint="see data/README.md for the layout")
     if not isinstance(split, dict):
         raise InputError(f'{path}: expected {{"train": [case ids], "val": [case ids]}}')
-    return {str(name): checked_case_ids(path, name, ids) for name, ids in split.items()}
+    result = {}
+    for name, ids in split.items():
+        result[str(name)], problem = sort_case_ids(path, name, ids)
+        if problem is not None and on_bad is None:
+            raise problem
+        if problem is not None:
+            on_bad(problem)
+    return result
 
 
 def image_candidates(root: Path, case_id: str) -> list[Path]:
