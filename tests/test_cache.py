@@ -308,3 +308,28 @@ def test_cache_entries_get_the_umask_mode_not_0600(root):
     entries = list((root / ".cache").iterdir())
     assert {p.suffix for p in entries} == {".npy", ".json"}
     assert all(p.stat().st_mode & 0o777 == 0o640 for p in entries)
+
+
+def test_the_trusted_nifti_frame_is_part_of_the_key(root, tmp_path):
+    """--nifti-frame sform then qform on a file whose frames disagree: two volumes, two
+    entries; the second run must not reuse the first choice's volume."""
+    import nibabel as nib
+
+    from heatmap3d.io.nifti import trust_frame
+
+    image = tmp_path / "mirrored.nii.gz"
+    data = np.random.default_rng(0).random((12, 10, 8)).astype(np.float32)
+    img = nib.Nifti1Image(data, np.diag([1.5, 1.5, 1.5, 1.0]))
+    img.set_sform(np.diag([1.5, 1.5, 1.5, 1.0]), code=1)
+    img.set_qform(np.diag([-1.5, 1.5, 1.5, 1.0]), code=1)  # left-right mirror
+    nib.save(img, image)
+    cfg = config(root)
+    try:
+        trust_frame("sform")
+        by_sform = cache.cached_volume(image, cfg)
+        trust_frame("qform")
+        by_qform = cache.cached_volume(image, cfg)
+        assert_same_volume(by_qform, reference(image, cfg))
+    finally:
+        trust_frame(None)
+    assert not np.allclose(by_sform.data, by_qform.data)  # mirrored, not the same volume

@@ -50,6 +50,7 @@ from heatmap3d.geometry import Volume
 from heatmap3d.io.atomic import atomic_write
 from heatmap3d.io.json_file import load_json
 from heatmap3d.io.layout import image_files
+from heatmap3d.io.nifti import trusted_frame
 from heatmap3d.io.volumes import load_volume
 
 # Part of every key: bump when preprocess() changes its output for the same settings.
@@ -64,13 +65,19 @@ def cache_dir_of(cfg: DataConfig) -> Path:
 
 def settings_of(cfg: DataConfig) -> dict[str, Any]:
     """The settings that change a preprocessed volume (and nothing else: not the crop)."""
-    return {
+    settings = {
         "version": FORMAT_VERSION,
         "spacing": [float(s) for s in cfg.spacing],
         "normalization": cfg.normalization,
         "percentiles": [float(p) for p in cfg.percentiles],
         "ct_window": [float(w) for w in cfg.ct_window],
     }
+    # --nifti-frame picks the world frame of a NIfTI whose sform and qform disagree, so a
+    # volume read under one choice is not the volume under the other. Only in the key when
+    # set, so that the caches of every ordinary run stay valid.
+    if trusted_frame() is not None:
+        settings["nifti_frame"] = trusted_frame()
+    return settings
 
 
 StatKey = tuple[int, int, int, int]

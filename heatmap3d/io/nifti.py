@@ -70,6 +70,11 @@ def trust_frame(frame: str | None) -> None:
     _trusted_frame = frame
 
 
+def trusted_frame() -> str | None:
+    """The frame chosen by :func:`trust_frame` (None: disagreeing frames are refused)."""
+    return _trusted_frame
+
+
 # What nibabel raises on unreadable, corrupt or truncated files (gzip/zlib errors included).
 _NIBABEL_READ_ERRORS = (
     ImageFileError,
