@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from heatmap3d.errors import InputError, first_line
+from heatmap3d.errors import InputError
 from heatmap3d.io.json_file import load_json
 from heatmap3d.planning.fingerprint import fingerprint_dataset
 from heatmap3d.planning.plan import make_plan
@@ -52,12 +52,7 @@ def resolve_device(device: str) -> str:
 def _read_labels(path: Path | None) -> dict[str, str] | None:
     if path is None:
         return None
-    try:
-        labels = load_json(path, what="labels file")
-    except FileNotFoundError:
-        raise InputError(f"{path}: labels file not found") from None
-    except (OSError, ValueError) as err:
-        raise InputError(f"{path}: not a JSON file ({first_line(err)})") from None
+    labels = load_json(path, what="labels file")  # any failure: one line naming it
     if not isinstance(labels, dict) or not all(isinstance(v, str) for v in labels.values()):
         raise InputError(f'{path}: expected {{"name": "description", ...}}')
     return {str(k): v for k, v in labels.items()}
