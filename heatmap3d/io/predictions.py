@@ -7,11 +7,12 @@ Per scan, :func:`write_prediction` writes two landmark files and :func:`write_he
     The project's CSV (see :mod:`heatmap3d.io.landmarks`) with columns
     ``name,x,y,z,confidence,radius_mm,status,review,written_by``. ``radius_mm`` is the
     calibrated expected error radius (empty when the model has no calibration);
-    ``status`` is ``ok``, ``review`` (radius above the review limit), ``moved`` (placed by
-    the shape model), ``absent`` (declared not in the scan) or ``missing`` (no peak found).
-    ``review`` is 1 when the landmark is missing, its
-    confidence is below ``review_below`` or its status is not ``ok``, else 0. A missing
-    landmark has empty x, y, z (never zeros). ``written_by`` is the provenance marker.
+    ``status`` is ``ok``, ``review`` (radius above the review limit, or a model folder
+    whose calibration states none), ``moved`` (placed by the shape model), ``absent``
+    (declared not in the scan) or ``missing`` (no peak found). ``review`` is 1 when the
+    landmark is missing, its confidence is below ``review_below`` or its status is not
+    ``ok``, else 0. A missing landmark has empty x, y, z (never zeros). ``written_by`` is
+    the provenance marker, sealed (see below).
 ``<stem>.mrk.json`` (3D Slicer markups, LPS, as Slicer >= 5 writes them)
     One point list. Every control point's ``description`` holds its confidence and radius
     (``confidence=0.83 radius=2.4mm``); the ones to review read ``REVIEW confidence=0.31
