@@ -53,6 +53,7 @@ def test_report_of_a_prediction_folder(tmp_path, capsys):
     assert [f for f in files if "-l" not in f] == ["s0.png", "s1.png", "s2.png", "s3.png"]
     assert len([f for f in files if "-l" in f]) == 6
     assert 'href="case001.mrk.json"' in page
+    assert "confidence 0.20, radius 6.0 mm, status review" in page  # case001's to review
     # Every picture is a PNG heatmap3d wrote.
     for name in files:
         with Image.open(pred / "report_files" / name) as img:

@@ -256,9 +256,10 @@ def _scan(page: Page, n: int, s: ScanRecord) -> str:
 
 def _figure(page: Page, n: int, s: ScanRecord, i: int) -> str:
     t = s.table
+    radius = _num(t.radius_mm[i], 1)
     caption = (
-        f"<b>{_e(s.names[i])}</b>: confidence {_num(t.confidence[i])}, radius "
-        f"{_num(t.radius_mm[i], 1) or 'not stated'} mm, status {_e(t.status[i])}"
+        f"<b>{_e(s.names[i])}</b>: confidence {_num(t.confidence[i])}, "
+        f"{f'radius {radius} mm' if radius else 'no radius stated'}, status {_e(t.status[i])}"
     )
     return (
         f'<figure id="s{n}-l{i}"><img src="{_e(quote(page.tiles[(s.stem, i)]))}" '
