@@ -335,3 +335,16 @@ def test_a_bad_shard_or_worker_count_is_one_line(capsys, tmp_path, option, says)
     code = main([*argv, "--out", str(tmp_path / "out"), "--device", "cpu"])
     err = capsys.readouterr().err.strip()
     assert code == 2 and err.startswith(f"error: {says}") and "\n" not in err, err
+
+
+def test_a_scan_named_like_a_formula_is_text_in_the_tables(tmp_path):
+    """The scan column comes from a file name, which may start with '=': neutralised as
+    landmark names are, and given back by the reader."""
+    from heatmap3d.inference.tables import scan_rows
+    from heatmap3d.io.landmark_fields import from_spreadsheet_safe
+
+    stem = "=HYPERLINK(1)"
+    header = "name,x,y,z,confidence,radius_mm,status,review,written_by\n"
+    (tmp_path / f"{stem}.csv").write_text(header + "a,1,2,3,0.9,2.0,ok,0,heatmap3d 0.1.0\n")
+    (row,) = scan_rows(tmp_path, stem)
+    assert row["scan"] == "'" + stem and from_spreadsheet_safe(row["scan"]) == stem

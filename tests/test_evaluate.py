@@ -205,3 +205,16 @@ def test_write_report_keeps_its_signature_for_training(tmp_path):
     errors = np.array([[1.0, np.nan], [np.inf, 2.0]])
     text = write_report(tmp_path / "ev", summarize(errors, ["a", "b"]), errors, ["x", "y"], "ab")
     assert "worst cases" in text and is_evaluation_output(tmp_path / "ev" / "errors.csv")
+
+
+@pytest.mark.parametrize("name", ["landmarks.csv", "review.csv"])
+def test_the_cohort_tables_of_predict_are_not_cases(tmp_path, name):
+    """predict writes P/landmarks.csv and P/review.csv beside the per-scan files; evaluate
+    --pred P read them as the landmark files of cases 'landmarks' and 'review' and failed.
+    A table edited by hand (its seal broken) is still a table, not a case."""
+    pred, truth = folders(tmp_path)
+    header = "scan,landmark,x,y,z,confidence,radius_mm,status,review,written_by\n"
+    (pred / name).write_text(header + "case000,a,1,0,0,0.9,,review,1,edited by hand\n")
+    assert sorted(read_dir(pred)) == list(TRUTH)
+    evaluate_dirs(pred, truth)
+    assert [r["case"] for r in rows(pred / "evaluation" / "errors.csv")] == list(TRUTH)

@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from heatmap3d.errors import InputError, one_line
+from heatmap3d.inference.tables import has_table_header
 from heatmap3d.io.landmark_fields import from_spreadsheet_safe
 from heatmap3d.io.landmarks import Landmarks, read_landmarks
 from heatmap3d.io.layout import landmark_candidates, landmark_case_id
@@ -88,10 +89,15 @@ def _numbers(cells: Sequence[str]) -> bool:
 
 def landmark_files(directory: Path) -> dict[str, Path]:
     """Every landmark file directly in ``directory`` by case id, sorted; the CSVs an
-    evaluation wrote there (:func:`is_evaluation_output`) are not landmark files."""
+    evaluation wrote there (:func:`is_evaluation_output`) and the cohort tables of
+    ``predict`` (``landmarks.csv``, ``review.csv``) are not landmark files."""
     if not directory.is_dir():
         raise InputError(f"{directory}: not a folder")
-    files = [p for p in directory.iterdir() if p.is_file() and not is_evaluation_output(p)]
+    files = [
+        p
+        for p in directory.iterdir()
+        if p.is_file() and not is_evaluation_output(p) and not has_table_header(p)
+    ]
     stems = sorted({landmark_case_id(p) for p in files} - {None})
     # The first suffix in find_landmark_file's order among the files kept (so that our
     # metrics.csv never shadows a user's metrics.json).

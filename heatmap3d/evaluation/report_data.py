@@ -220,7 +220,7 @@ def _check_cohort_table(cohort: Cohort) -> None:
         return
     try:
         with path.open(encoding="utf-8-sig", newline="") as f:
-            listed = {row.get("scan", "") for row in csv.DictReader(f)}
+            listed = {from_spreadsheet_safe(row.get("scan", "")) for row in csv.DictReader(f)}
     except (OSError, UnicodeDecodeError, csv.Error) as exc:
         cohort.problems.append(f"{path.name}: unreadable ({one_line(exc)})")
         return

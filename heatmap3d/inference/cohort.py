@@ -205,7 +205,7 @@ def _finish(job: Job, world: DistInfo, reports: list[RankReport]) -> None:
     whole = job.shard[1] == 1
 
     def tables():
-        if not whole:
+        if not whole or not done:  # no scan has outputs: no empty tables left behind
             return None, None
         written = write_tables(job.out, done, overwrite=job.overwrite)
         return written, (job.then() if job.then is not None else None)
@@ -227,6 +227,8 @@ def _finish(job: Job, world: DistInfo, reports: list[RankReport]) -> None:
             print(f"cohort of {what}; {written.flagged} landmark(s) flagged for review: {tables}")
             if then:
                 print(then)
+        elif whole:
+            print(f"cohort of {what}; no tables written (no scan has predictions)")
         else:
             share, count = job.shard
             print(

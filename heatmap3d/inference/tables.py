@@ -38,6 +38,7 @@ from pathlib import Path
 
 from heatmap3d.errors import InputError, one_line
 from heatmap3d.io.atomic import atomic_write_bytes, remove_stale
+from heatmap3d.io.landmark_fields import spreadsheet_safe
 from heatmap3d.io.predictions import MARKER, check_overwrite
 from heatmap3d.io.seal import seal, seal_state
 
@@ -86,6 +87,20 @@ def is_cohort_table(path: Path) -> bool:
     )
 
 
+def has_table_header(path: Path) -> bool:
+    """Whether ``path`` is named and headed like one of the two tables (edited or not):
+    what a reader of per-scan prediction files skips."""
+    path = Path(path)
+    if path.name not in TABLES or not path.is_file():
+        return False
+    try:
+        with open(path, encoding="utf-8", newline="") as f:
+            head = next(csv.reader(f), [])
+    except (OSError, UnicodeDecodeError, csv.Error):
+        return False
+    return head[: len(COLUMNS)] == list(COLUMNS)
+
+
 def scan_rows(out: Path, stem: str) -> list[dict[str, str]]:
     """The table rows of ``out/<stem>.csv`` (written by ``predict``), cells as written."""
     path = Path(out) / f"{stem}.csv"
@@ -98,7 +113,9 @@ def scan_rows(out: Path, stem: str) -> list[dict[str, str]]:
     missing = [c for c in _FROM.values() if c not in (reader.fieldnames or [])]
     if missing:
         raise InputError(f"{path}: not a heatmap3d prediction (no {', '.join(missing)} column)")
-    return [{"scan": stem, **{c: row[src] for c, src in _FROM.items()}} for row in reader]
+    # The scan's name is text from a file name: neutralised as the landmark names are.
+    scan = spreadsheet_safe(stem)
+    return [{"scan": scan, **{c: row[src] for c, src in _FROM.items()}} for row in reader]
 
 
 def _number(cell: str, missing: float) -> float:
