@@ -8,6 +8,7 @@ extra), and on real files from packages on PyPI (see the section "Real files").
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 
@@ -561,6 +562,9 @@ def test_expand_scans(tmp_path: Path) -> None:
         expand_scans([images / "notes"])
     with raises_naming(tmp_path / "gone", "no such file or folder"):
         expand_scans([tmp_path / "gone"])
+    os.mkfifo(tmp_path / "pipe.nii.gz")  # exists, but no scan: said so, never opened
+    with raises_naming(tmp_path / "pipe.nii.gz", "not a regular file or folder"):
+        expand_scans([tmp_path / "pipe.nii.gz"])
 
 
 def test_expand_scans_on_a_real_dicom_tree() -> None:

@@ -263,14 +263,14 @@ def test_select_rejects_unexpected_and_duplicated_names() -> None:
         dup.select(["a", "b"], source="case8.csv")
 
 
-def test_find_landmark_file_precedence(tmp_path: Path) -> None:
+def test_find_landmark_file_refuses_two_files_for_one_case(tmp_path: Path) -> None:
+    """Two landmark files for one case (which one is meant cannot be guessed): refused,
+    naming both; one file in any format is found."""
     for suffix in (".json", ".csv", ".mrk.json"):
         (tmp_path / f"case1{suffix}").write_text("{}")
-    assert find_landmark_file(tmp_path, "case1") == tmp_path / "case1.mrk.json"
-    (tmp_path / "case1.mrk.json").unlink()
-    assert find_landmark_file(tmp_path, "case1") == tmp_path / "case1.csv"
+    with raises_naming("case1.mrk.json", "case1.csv", "case1.json"):
+        find_landmark_file(tmp_path, "case1")
     (tmp_path / "case2.fcsv").write_text("")
-    (tmp_path / "case2.csv").write_text("")
     assert find_landmark_file(tmp_path, "case2") == tmp_path / "case2.fcsv"
     with raises_naming(tmp_path, "case3.mrk.json", "case3.fcsv", "case3.csv", "case3.json"):
         find_landmark_file(tmp_path, "case3")

@@ -162,6 +162,8 @@ def expand_scans(paths: list[Path]) -> list[Path]:
     for path in map(Path, paths):
         if path.is_file():
             scans.append(path)
+        elif path.exists() and not path.is_dir():
+            raise InputError(f"{path}: not a regular file or folder (a FIFO, device or socket)")
         elif not path.is_dir():
             raise InputError(f"{path}: no such file or folder")
         elif holds_dicom(path):

@@ -124,19 +124,14 @@ def _unstamped(text: str) -> str:
 
 
 def _read_text(path: Path) -> str:
-    try:
-        return path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise InputError(f"{path}: plan file not found") from None
-    except (OSError, UnicodeDecodeError) as err:
-        raise InputError(f"{path}: cannot read the plan ({first_line(err)})") from None
+    return read_text(path, what="plan file")  # a FIFO or a folder: one line, never a hang
 
 
 def is_our_plan(path: str | Path) -> bool:
     """True when ``path`` is a plan file heatmap3d wrote and nobody changed since."""
     try:
-        text = Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError):
+        text = read_text(path, what="plan file")
+    except InputError:
         return False
     first, _, body = text.partition("\n")
     if not first.startswith(_STAMP) or "; sha256 " not in first:
