@@ -1,0 +1,335 @@
+"""A population shape prior: how one landmark sits relative to all the others, in people.
+
+Fitted on many real configurations (``heatmap3d shape fit``, e.g. the 122 AFIDs
+individuals), not on a dataset's few training scans: a Gaussian of the similarity-aligned
+configuration (all coordinates world RAS mm, K landmarks, 3K numbers) with a shrunk
+covariance. Each landmark is judged from the others alone:
+
+1. the case is aligned onto the mean shape by a similarity transform fitted on the OTHER
+   landmarks (so the landmark under test cannot drag the alignment towards itself);
+2. the landmark's position given the others is a Gaussian (the conditional of the 3K-dim
+   Gaussian: its own anisotropic 3x3 covariance), and its Mahalanobis distance d^2 from that
+   prediction is compared with a threshold calibrated on configurations held out of the fit.
+
+Same interface as :class:`~heatmap3d.inference.shape.ShapeModel` (``reconstruct``,
+``residuals``, ``thresholds``, ``outliers``, ``correct``), so a model folder's ``shape.json``
+may hold either; ``kind: "population"`` tells them apart.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from heatmap3d.inference.shape import ShapeReview, _procrustes, _similarity
+
+KIND = "population"
+MIN_CASES = 10  # fewer cannot calibrate a threshold on held-out configurations
+# Landmarks flagged per clean case the threshold is calibrated for (held-out folds of the fit).
+# Leave-one-set-out on the 122 AFIDs configurations this gave 0.07 (target <= 0.1).
+FALSE_ALARMS = 0.05
+_SHRINK_GRID = (0.05, 0.1, 0.2, 0.3, 0.5, 0.7, 0.9)
+_FOLDS = 5
+_RIDGE_MM2 = 0.01  # added to the covariance's diagonal: never singular
+TAIL = 0.95  # the held-out quantile that sets each landmark's scale
+_TAIL_PRIOR = 10.0  # pseudo-cases of the median landmark's scale (shrinkage for small N)
+_MIN_OTHERS = 4  # a similarity transform (7 numbers) needs 3 points; one spare
+
+
+def _blocks(cov: np.ndarray) -> np.ndarray:
+    """(3K, 3K): ``cov`` with only its 3x3 per-landmark diagonal blocks kept."""
+    k = cov.shape[0] // 3
+    out = np.zeros_like(cov)
+    for i in range(k):
+        out[3 * i : 3 * i + 3, 3 * i : 3 * i + 3] = cov[3 * i : 3 * i + 3, 3 * i : 3 * i + 3]
+    return out
+
+
+def _covariance(dev: np.ndarray, shrink: float) -> np.ndarray:
+    """(3K, 3K) mm^2 from deviations ``dev`` (N, 3K): the sample covariance shrunk towards
+    its per-landmark 3x3 blocks (each landmark's own anisotropic spread, no coupling)."""
+    s = dev.T @ dev / max(len(dev) - 1, 1)
+    return (1 - shrink) * s + shrink * _blocks(s) + _RIDGE_MM2 * np.eye(len(s))
+
+
+def _aligned_deviations(shapes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Procrustes of (N, K, 3) mm -> (mean (K, 3), deviations (N, 3K)); an absent landmark
+    sits at the mean (it adds no variation)."""
+    mean, aligned = _procrustes(shapes)
+    filled = np.where(np.isfinite(aligned), aligned, mean)
+    return mean, (filled - mean).reshape(len(shapes), -1)
+
+
+def _loglik(dev: np.ndarray, cov: np.ndarray) -> float:
+    """Mean Gaussian log-likelihood (up to a constant) of rows ``dev`` under ``cov``."""
+    sign, logdet = np.linalg.slogdet(cov)
+    quad = np.einsum("ij,ij->i", dev, np.linalg.solve(cov, dev.T).T)
+    return float(-0.5 * (logdet + quad.mean())) if sign > 0 else -np.inf
+
+
+def _folds(n: int) -> list[np.ndarray]:
+    """Held-out index sets: every case once, fixed (no randomness: fits are reproducible)."""
+    return [np.arange(i, n, _FOLDS) for i in range(min(_FOLDS, n))]
+
+
+def _choose_shrink(shapes: np.ndarray) -> float:
+    """The shrinkage whose covariance best predicts held-out configurations (likelihood)."""
+    score = np.zeros(len(_SHRINK_GRID))
+    for held in _folds(len(shapes)):
+        rest = np.delete(shapes, held, axis=0)
+        mean, dev = _aligned_deviations(rest)
+        test = _aligned_to(shapes[held], mean)
+        for i, lam in enumerate(_SHRINK_GRID):
+            score[i] += _loglik(test, _covariance(dev, lam))
+    return float(_SHRINK_GRID[int(np.argmax(score))])
+
+
+def _aligned_to(shapes: np.ndarray, mean: np.ndarray) -> np.ndarray:
+    """(N, 3K) deviations of each of ``shapes`` (N, K, 3) aligned onto ``mean`` on all its
+    present landmarks (absent: at the mean)."""
+    out = []
+    for s in shapes:
+        p = np.isfinite(s).all(-1)
+        sc, rot, t = _similarity(s[p], mean[p])
+        y = np.where(p[:, None], sc * s @ rot.T + t, mean)
+        out.append((y - mean).ravel())
+    return np.array(out)
+
+
+@dataclass(frozen=True)
+class PopulationShape(ShapeReview):
+    """``names`` K; ``mean`` (K, 3) mm, centred; ``cov`` (3K, 3K) mm^2 of the aligned
+    configuration; ``d2_limit`` the Mahalanobis d^2 above which a landmark is off (factor
+    3, the pipeline's default); ``n_cases`` how many configurations it was fitted on;
+    ``shrink`` the shrinkage used (for the record); ``scale`` (K,) each landmark's d^2
+    divisor: how much heavier its held-out tail is than a Gaussian's (real annotations of
+    some landmarks, AFIDs 29/30, stray far more than the others)."""
+
+    names: list[str]
+    mean: np.ndarray
+    cov: np.ndarray
+    d2_limit: float
+    n_cases: int
+    shrink: float
+    scale: np.ndarray
+
+    @classmethod
+    def fit(
+        cls, names: Sequence[str], shapes: np.ndarray, *, false_alarms: float = FALSE_ALARMS
+    ) -> PopulationShape:
+        """Fit on ``shapes`` (N, K, 3) world mm (NaN: absent). ValueError for N < 10.
+
+        The threshold: each of 5 folds is held out, the model refitted on the rest and every
+        landmark of the held-out cases scored; ``d2_limit`` is the score exceeded by
+        ``false_alarms`` landmarks per case (never below the chi-square(3) value of that
+        rate: a Gaussian's own tail).
+        """
+        shapes = np.asarray(shapes, dtype=float)
+        names = [str(n) for n in names]
+        if shapes.ndim != 3 or shapes.shape[1:] != (len(names), 3):
+            raise ValueError(f"shapes must be (N, {len(names)}, 3), got {shapes.shape}")
+        if len(shapes) < MIN_CASES:
+            raise ValueError(
+                f"a population prior needs at least {MIN_CASES} configurations, got {len(shapes)}"
+            )
+        shrink = _choose_shrink(shapes)
+        d2 = np.full(shapes.shape[:2], np.nan)
+        for held in _folds(len(shapes)):
+            sub = cls._build(names, np.delete(shapes, held, axis=0), shrink, np.inf)
+            for i in held:
+                d2[i] = sub._d2(shapes[i], np.isfinite(shapes[i]).all(-1))[0]
+        scale = _tail_scale(d2)
+        scores = (d2 / scale)[np.isfinite(d2)]
+        rate = false_alarms / len(names)
+        empirical = float(np.quantile(scores, 1 - rate)) if scores.size else 0.0
+        return cls._build(names, shapes, shrink, max(empirical, _chi2_3_upper(rate)), scale)
+
+    @classmethod
+    def _build(cls, names, shapes, shrink, limit, scale=None) -> PopulationShape:
+        mean, dev = _aligned_deviations(shapes)
+        scale = np.ones(len(names)) if scale is None else scale
+        cov = _covariance(dev, shrink)
+        return cls(names, mean, cov, float(limit), len(shapes), shrink, scale)
+
+    # -- the test ------------------------------------------------------------------------
+
+    def _d2(self, points: np.ndarray, use: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Per landmark k of ``points`` (K, 3) world mm: d^2 / ``scale[k]`` against its
+        prediction from the landmarks in ``use`` other than k, and that prediction (K, 3)
+        world mm (NaN where absent or fewer than 4 usable others)."""
+        k_all = len(self.names)
+        d2, guess = np.full(k_all, np.nan), np.full((k_all, 3), np.nan)
+        present = np.isfinite(points).all(-1)
+        usable = use & present
+        others = usable[None, :] & ~np.eye(k_all, dtype=bool)  # row k: k's others
+        test = present & (others.sum(1) >= _MIN_OTHERS)
+        if not test.any():
+            return d2, guess
+        s, rot, t = _similarities(np.where(present[:, None], points, 0.0), self.mean, others)
+        y = s[:, None, None] * np.einsum("kab,jb->kja", rot, np.nan_to_num(points)) + t[:, None]
+        inside = test & usable  # conditioned on all of `usable` but itself: one precision
+        if inside.any():
+            idx = np.flatnonzero(np.repeat(usable, 3))
+            prec = np.linalg.inv(self.cov[np.ix_(idx, idx)])
+            dev = (y - self.mean)[:, usable].reshape(k_all, -1)[inside]  # (n, 3U)
+            g = dev @ prec
+            pos = np.cumsum(usable) - 1  # landmark -> its place among the usable
+            for row, k in enumerate(np.flatnonzero(inside)):
+                b = slice(3 * pos[k], 3 * pos[k] + 3)
+                cond = np.linalg.inv(prec[b, b])  # covariance of k given the others
+                r = cond @ g[row, b]  # y_k minus its conditional mean
+                d2[k] = r @ g[row, b]
+                guess[k] = y[k, k] - r
+        for k in np.flatnonzero(test & ~usable):  # set aside: conditioned on the usable
+            mu, cond = self._conditional(k, others[k], y[k])
+            r = y[k, k] - mu
+            d2[k], guess[k] = r @ np.linalg.solve(cond, r), mu
+        # Back to world mm: x = R^T (y - t) / s, per landmark's own transform.
+        guess[test] = np.einsum("kab,ka->kb", rot[test], guess[test] - t[test]) / s[test, None]
+        return d2 / self.scale, guess
+
+    def _conditional(self, k: int, others: np.ndarray, y: np.ndarray):
+        """Mean (3,) and covariance (3, 3) mm^2 of landmark k in the model frame given the
+        ``others`` of ``y`` (K, 3), model frame."""
+        idx = np.flatnonzero(np.repeat(others, 3))
+        kk = np.arange(3 * k, 3 * k + 3)
+        s_oo, s_ko = self.cov[np.ix_(idx, idx)], self.cov[np.ix_(kk, idx)]
+        gain = np.linalg.solve(s_oo, s_ko.T).T  # (3, 3 * used)
+        dev = (y - self.mean).ravel()[idx]
+        mu = self.mean[k] + gain @ dev
+        return mu, self.cov[np.ix_(kk, kk)] - gain @ s_ko.T
+
+    def ratios(self, points: np.ndarray, use: np.ndarray, factor: float) -> np.ndarray:
+        """(K,) how far past its limit each landmark is: > 1 = off. ``factor`` 3 (the
+        default) is ``d2_limit``; other factors scale the distance limit in proportion."""
+        d2, _ = self._d2(np.asarray(points, dtype=float), np.asarray(use, dtype=bool))
+        return np.sqrt(d2 / self.d2_limit) * 3.0 / factor
+
+    def reconstruct(self, points: np.ndarray, k: int, *, use: np.ndarray | None = None):
+        """(3,) world mm: the most likely place of landmark ``k`` given the others (NaN when
+        fewer than 4 usable others)."""
+        points = np.asarray(points, dtype=float).copy()
+        use = np.ones(len(self.names), bool) if use is None else np.asarray(use, bool)
+        if not np.isfinite(points[k]).all():
+            points[k] = 0.0  # only its prediction is wanted; its own position is not used
+        return self._d2(points, use)[1][k]
+
+    def residuals(self, points: np.ndarray, *, use: np.ndarray | None = None) -> np.ndarray:
+        """(K,) world mm: each landmark's distance from its prediction from the others."""
+        points = np.asarray(points, dtype=float)
+        use = np.ones(len(self.names), bool) if use is None else np.asarray(use, bool)
+        _, guess = self._d2(points, use)
+        return np.linalg.norm(points - guess, axis=1)
+
+    def thresholds(self, factor: float = 3.0) -> np.ndarray:
+        """(K,) mm: the limit along each landmark's widest conditional direction (given all
+        the others), a search radius for another peak."""
+        full = np.ones(len(self.names), bool)
+        out = np.empty(len(self.names))
+        for k in range(len(self.names)):
+            others = full.copy()
+            others[k] = False
+            _, cond = self._conditional(k, others, self.mean)
+            out[k] = np.sqrt(self.d2_limit * self.scale[k] * np.linalg.eigvalsh(cond)[-1])
+        return out * factor / 3.0
+
+    # -- files ---------------------------------------------------------------------------
+
+    def select(self, names: Sequence[str]) -> PopulationShape:
+        """The prior of a subset of its landmarks (a Gaussian's marginal), in ``names``'
+        order; KeyError naming a landmark it does not have."""
+        missing = [n for n in names if n not in self.names]
+        if missing:
+            raise KeyError(f"the prior has no landmark(s) {missing[:5]}")
+        idx = [self.names.index(n) for n in names]
+        flat = np.array([3 * i + a for i in idx for a in range(3)])
+        mean = self.mean[idx] - self.mean[idx].mean(0)
+        cov = self.cov[np.ix_(flat, flat)]
+        scale = self.scale[idx]
+        return PopulationShape(
+            list(names), mean, cov, self.d2_limit, self.n_cases, self.shrink, scale
+        )
+
+    def to_dict(self) -> dict:
+        """JSON-safe, with ``kind: "population"``."""
+        return {
+            "kind": KIND,
+            "names": list(self.names),
+            "mean": self.mean.tolist(),
+            "cov": self.cov.tolist(),
+            "d2_limit": float(self.d2_limit),
+            "n_cases": int(self.n_cases),
+            "shrink": float(self.shrink),
+            "scale": self.scale.tolist(),
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict) -> PopulationShape:
+        """Inverse of :meth:`to_dict`; ValueError (one line) on anything malformed."""
+        names = d.get("names")
+        if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+            raise ValueError("malformed shape prior: 'names' must be a list of strings")
+        k = len(names)
+        try:
+            mean = np.asarray(d["mean"], dtype=float).reshape(k, 3)
+            cov = np.asarray(d["cov"], dtype=float).reshape(3 * k, 3 * k)
+            limit, n = float(d["d2_limit"]), int(d["n_cases"])
+            shrink = float(d.get("shrink", 0.0))
+            scale = np.asarray(d["scale"], dtype=float).reshape(k)
+        except (KeyError, TypeError, ValueError, OverflowError) as e:
+            raise ValueError(f"malformed shape prior: {e!r}") from e
+        if not all(np.isfinite(a).all() for a in (mean, cov, scale, np.array(limit))):
+            raise ValueError("malformed shape prior: non-finite values")
+        if k < _MIN_OTHERS + 1 or limit <= 0 or n < 1 or (scale <= 0).any():
+            raise ValueError("malformed shape prior: too few landmarks, or a bad limit or mean")
+        if not np.allclose(cov, cov.T, atol=1e-6) or np.linalg.eigvalsh(cov)[0] <= 0:
+            raise ValueError("malformed shape prior: 'cov' is not symmetric positive definite")
+        if np.abs(mean).max() > 1e6 or np.abs(cov).max() > 1e12:
+            raise ValueError("malformed shape prior: a position or variance beyond 1 km")
+        return cls(names, mean, cov, limit, n, shrink, scale)
+
+
+def _tail_scale(d2: np.ndarray) -> np.ndarray:
+    """(K,) per landmark: its held-out d^2 (N, K) 95th percentile over a chi-square(3)'s
+    (7.8), shrunk towards the median landmark's by 10 pseudo-cases, never below 1."""
+    n = np.isfinite(d2).sum(0)
+    own = np.nanquantile(d2, TAIL, axis=0) / _chi2_3_upper(1 - TAIL)
+    pooled = np.nanmedian(own)
+    own = np.where(n > 0, own, pooled)
+    return np.maximum((n * own + _TAIL_PRIOR * pooled) / (n + _TAIL_PRIOR), 1.0)
+
+
+def _similarities(
+    src: np.ndarray, dst: np.ndarray, weights: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Umeyama similarity fits, one per row of ``weights`` (M, K) 0/1, of ``src`` (K, 3)
+    onto ``dst`` (K, 3): s (M,), R (M, 3, 3) with det +1 (never a mirror), t (M, 3)."""
+    w = weights.astype(float)
+    n = np.maximum(w.sum(1), 1.0)
+    mu_s, mu_d = w @ src / n[:, None], w @ dst / n[:, None]
+    cross = np.einsum("mj,ja,jb->mab", w, dst, src) - n[:, None, None] * np.einsum(
+        "ma,mb->mab", mu_d, mu_s
+    )
+    var = w @ (src**2).sum(1) - n * (mu_s**2).sum(1)
+    u, sig, vt = np.linalg.svd(cross)
+    d = np.ones((len(w), 3))
+    d[:, 2] = np.where(np.linalg.det(u @ vt) < 0, -1.0, 1.0)
+    rot = (u * d[:, None, :]) @ vt
+    s = (sig * d).sum(1) / np.where(var > 0, var, 1.0)
+    return s, rot, mu_d - s[:, None] * np.einsum("mab,mb->ma", rot, mu_s)
+
+
+def _chi2_3_upper(p: float) -> float:
+    """The chi-square(3) value exceeded with probability ``p`` (bisection; no scipy)."""
+    from math import erf, exp, pi, sqrt
+
+    def tail(x: float) -> float:  # P(chi2_3 > x) = 2 (1 - Phi(sqrt x)) + sqrt(2x/pi) e^(-x/2)
+        return 1 - erf(sqrt(x / 2)) + sqrt(2 * x / pi) * exp(-x / 2)
+
+    lo, hi = 0.0, 200.0
+    for _ in range(100):
+        mid = 0.5 * (lo + hi)
+        lo, hi = (mid, hi) if tail(mid) > p else (lo, mid)
+    return 0.5 * (lo + hi)
