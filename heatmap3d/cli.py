@@ -270,12 +270,19 @@ def _add_gpus(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--n", type=int, default=1, help="how many GPUs to pick (default 1)")
 
 
+def _add_shape(sub: argparse._SubParsersAction) -> None:
+    from heatmap3d.inference.shape_command import add_shape_arguments
+
+    add_shape_arguments(sub.add_parser("shape", help="a population shape prior from landmarks"))
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="heatmap3d", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     adders = (_add_synth, _add_check, _add_plan, _add_train, _add_predict, _add_evaluate, _add_gpus)
     adders += (_add_report,)
     adders += (_add_collect,)
+    adders += (_add_shape,)
     for add in adders:
         add(sub)
     for name in _READ_SCANS:
@@ -325,6 +332,10 @@ def _run(args: argparse.Namespace) -> None:
         from heatmap3d.planning.command import plan_command
 
         plan_command(args)
+    elif args.command == "shape":
+        from heatmap3d.inference.shape_command import shape_command
+
+        shape_command(args)
     elif args.command == "gpus":
         from heatmap3d.training.gpus import report
 

@@ -143,6 +143,10 @@ class TrainConfig:
     # this many random placements of each (rotated, regridded, rescaled: real scans vary
     # so; heatmap3d.evaluation.placements). 0 = the stored scans only.
     calibration_views: int = 4
+    # A population shape prior (heatmap3d shape fit FILES --out prior.json): the model
+    # folder's shape model (shape.json, a copy) instead of one fitted on the training
+    # landmarks, which few scans cannot make (how individuals vary). "" = fit on them.
+    shape_prior: str = ""
     out_dir: str = "runs"
     name: str = "demo"  # run folder: out_dir/name (checkpoints, TensorBoard events)
     amp: bool = True  # bf16 autocast on CUDA (ignored on CPU); what precision "auto" follows

@@ -124,9 +124,7 @@ def test_shape_fit_refusals_are_one_line_naming_the_file(tmp_path, capsys):
     # A file of another landmark set.
     other = tmp_path / "other.fcsv"
     write_landmarks(other, Landmarks([f"M{k}" for k in range(K)], _people(1, seed=4)[0]))
-    _refused(
-        capsys, ["shape", "fit", str(people), str(other), "--out", out], str(other), "--map"
-    )
+    _refused(capsys, ["shape", "fit", str(people), str(other), "--out", out], str(other), "--map")
     # ... and with --names given, a file naming others is refused by name.
     _refused(
         capsys,
@@ -164,7 +162,9 @@ def test_on_real_people_a_set_never_seen_is_rarely_flagged_and_gross_errors_are_
     from heatmap3d.inference.shape_files import landmark_files, read_configurations
 
     names = [str(k) for k in range(1, 33)]
-    sets = {s: read_configurations(landmark_files([REAL / d]), names=names)[1] for s, d in SETS.items()}
+    sets = {
+        s: read_configurations(landmark_files([REAL / d]), names=names)[1] for s, d in SETS.items()
+    }
     train = np.concatenate([c for s, c in sets.items() if s != "HCP"])
     prior = PopulationShape.fit(names, train)
     test = sets["HCP"]

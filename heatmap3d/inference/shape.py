@@ -67,8 +67,80 @@ def _present(points: np.ndarray) -> np.ndarray:
     return np.isfinite(points).all(-1)
 
 
+class ShapeReview:
+    """The review both shape models share: which landmarks are off, and their correction.
+
+    A subclass gives ``names``, ``ratios(points, use, factor)`` ((K,) how far past its limit
+    each landmark is, judged from the others in ``use``; > 1 = off), ``reconstruct``,
+    ``residuals`` and ``thresholds`` (mm).
+    """
+
+    def outliers(
+        self, points: np.ndarray, *, factor: float = 3.0, max_fraction: float = 0.25
+    ) -> np.ndarray:
+        """(K,) bool: landmarks of ``points`` (K, 3) world mm too far from where the others say.
+
+        The worst residual/threshold ratio above 1 is set aside (out of the fits of the
+        others) and the rest recomputed, until none exceeds or ``max_fraction`` of the present
+        landmarks are set aside: one landmark 20 mm off pulls every fit a little, and would
+        make its neighbours look off if all were judged at once. A set-aside landmark stays
+        flagged only if it is still too far from the final fit.
+        """
+        present = _present(np.asarray(points, dtype=float))
+        aside = np.zeros_like(present)
+        limit = int(np.floor(max_fraction * present.sum()))
+        while True:
+            ratio = self.ratios(points, present & ~aside, factor)
+            open_ = present & ~aside
+            if aside.sum() >= limit or not open_.any():
+                break
+            k = int(np.argmax(np.where(open_ & np.isfinite(ratio), ratio, -np.inf)))
+            if not ratio[k] > 1.0:
+                break
+            aside[k] = True
+        return aside & (ratio > 1.0)
+
+    def correct(
+        self,
+        points: np.ndarray,
+        candidates: Sequence[np.ndarray] | None = None,
+        candidate_scores: Sequence[np.ndarray] | None = None,
+        *,
+        factor: float = 3.0,
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Replace the outliers of ``points`` (K, 3) world mm.
+
+        ``candidates[k]`` (C_k, 3) world mm: other positions for landmark k (next heatmap
+        maxima), ``candidate_scores[k]`` (C_k,) higher = better (without scores: the nearest).
+        An outlier takes its best candidate within its threshold of the reconstruction from
+        the non-outliers (status 1), else the reconstruction (status 2). Returns (corrected
+        (K, 3) mm, status (K,) int8 0 kept / 1 another peak / 2 reconstructed, residual (K,) mm
+        of the original points against the reconstruction from the non-outlier others).
+        """
+        points = np.asarray(points, dtype=float)
+        bad = self.outliers(points, factor=factor)
+        use = _present(points) & ~bad
+        residual = self.residuals(points, use=use)
+        thr = self.thresholds(factor)
+        out, status = points.copy(), np.zeros(len(self.names), dtype=np.int8)
+        for k in np.flatnonzero(bad):
+            target = self.reconstruct(points, k, use=use)
+            if not np.isfinite(target).all():
+                continue  # too few trusted others to say where it belongs: keep it
+            out[k], status[k] = target, 2
+            if candidates is None or len(candidates[k]) == 0:
+                continue
+            cand = np.asarray(candidates[k], dtype=float).reshape(-1, 3)
+            dist = np.linalg.norm(cand - target, axis=1)
+            score = -dist if candidate_scores is None else np.asarray(candidate_scores[k], float)
+            ok = np.flatnonzero(dist <= thr[k])
+            if ok.size:
+                out[k], status[k] = cand[ok[np.argmax(score[ok])]], 1
+        return out, status, residual
+
+
 @dataclass(frozen=True)
-class ShapeModel:
+class ShapeModel(ShapeReview):
     """Mean shape and modes of a landmark configuration; see :meth:`fit`.
 
     ``names`` K landmark names; ``mean`` (K, 3) mm, centred, in the model's aligned frame;
@@ -205,69 +277,9 @@ class ShapeModel:
         """(K,) mm: max(floor_mm, factor * scale_mm)."""
         return np.maximum(self.floor_mm, factor * self.scale_mm)
 
-    def outliers(
-        self, points: np.ndarray, *, factor: float = 3.0, max_fraction: float = 0.25
-    ) -> np.ndarray:
-        """(K,) bool: landmarks of ``points`` (K, 3) world mm too far from where the others say.
-
-        The worst residual/threshold ratio above 1 is set aside (out of the fits of the
-        others) and the rest recomputed, until none exceeds or ``max_fraction`` of the present
-        landmarks are set aside: one landmark 20 mm off pulls every fit a little, and would
-        make its neighbours look off if all were judged at once. A set-aside landmark stays
-        flagged only if it is still too far from the final fit.
-        """
-        present = _present(np.asarray(points, dtype=float))
-        thr = self.thresholds(factor)
-        aside = np.zeros_like(present)
-        limit = int(np.floor(max_fraction * present.sum()))
-        while True:
-            ratio = self.residuals(points, use=present & ~aside) / thr
-            open_ = present & ~aside
-            if aside.sum() >= limit or not open_.any():
-                break
-            k = int(np.argmax(np.where(open_ & np.isfinite(ratio), ratio, -np.inf)))
-            if not ratio[k] > 1.0:
-                break
-            aside[k] = True
-        return aside & (ratio > 1.0)
-
-    def correct(
-        self,
-        points: np.ndarray,
-        candidates: Sequence[np.ndarray] | None = None,
-        candidate_scores: Sequence[np.ndarray] | None = None,
-        *,
-        factor: float = 3.0,
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Replace the outliers of ``points`` (K, 3) world mm.
-
-        ``candidates[k]`` (C_k, 3) world mm: other positions for landmark k (next heatmap
-        maxima), ``candidate_scores[k]`` (C_k,) higher = better (without scores: the nearest).
-        An outlier takes its best candidate within its threshold of the reconstruction from
-        the non-outliers (status 1), else the reconstruction (status 2). Returns (corrected
-        (K, 3) mm, status (K,) int8 0 kept / 1 another peak / 2 reconstructed, residual (K,) mm
-        of the original points against the reconstruction from the non-outlier others).
-        """
-        points = np.asarray(points, dtype=float)
-        bad = self.outliers(points, factor=factor)
-        use = _present(points) & ~bad
-        residual = self.residuals(points, use=use)
-        thr = self.thresholds(factor)
-        out, status = points.copy(), np.zeros(len(self.names), dtype=np.int8)
-        for k in np.flatnonzero(bad):
-            target = self.reconstruct(points, k, use=use)
-            if not np.isfinite(target).all():
-                continue  # too few trusted others to say where it belongs: keep it
-            out[k], status[k] = target, 2
-            if candidates is None or len(candidates[k]) == 0:
-                continue
-            cand = np.asarray(candidates[k], dtype=float).reshape(-1, 3)
-            dist = np.linalg.norm(cand - target, axis=1)
-            score = -dist if candidate_scores is None else np.asarray(candidate_scores[k], float)
-            ok = np.flatnonzero(dist <= thr[k])
-            if ok.size:
-                out[k], status[k] = cand[ok[np.argmax(score[ok])]], 1
-        return out, status, residual
+    def ratios(self, points: np.ndarray, use: np.ndarray, factor: float) -> np.ndarray:
+        """(K,) residual / threshold, judged from the others in ``use``."""
+        return self.residuals(points, use=use) / self.thresholds(factor)
 
     def to_dict(self) -> dict:
         """JSON-safe: names, arrays as nested lists of floats."""
@@ -276,13 +288,17 @@ class ShapeModel:
         return {"names": list(self.names), **arrays, **floats}
 
     @classmethod
-    def from_dict(cls, d: dict) -> ShapeModel:
+    def from_dict(cls, d: dict) -> ShapeModel | ShapeReview:
         """Inverse of :meth:`to_dict`; ValueError on missing keys, wrong shapes, bad values,
         and for a model that cannot reconstruct its own mean shape (what prediction asks
         of it for every scan: better refused once, naming the file, than failing each scan
         with a numpy error)."""
         if not isinstance(d, dict):
             raise ValueError(f"malformed shape model: an object expected, got {type(d).__name__}")
+        if d.get("kind") == "population":  # a population prior (heatmap3d shape fit)
+            from heatmap3d.inference.shape_prior import PopulationShape
+
+            return PopulationShape.from_dict(d)
         names = d.get("names")
         if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
             raise ValueError("malformed shape model: 'names' must be a list of strings")

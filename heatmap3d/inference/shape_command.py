@@ -44,7 +44,9 @@ def add_shape_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help='JSON {"name in the files": "dataset name"} when the files name them otherwise',
     )
-    p.add_argument("--overwrite", action="store_true", help="replace a file heatmap3d did not write")
+    p.add_argument(
+        "--overwrite", action="store_true", help="replace a file heatmap3d did not write"
+    )
 
 
 def _names(text: str | None) -> list[str] | None:

@@ -11,15 +11,20 @@ each as stored and under ``train.calibration_views`` random placements
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 
 from heatmap3d import distributed
 from heatmap3d.distributed import DistInfo
+from heatmap3d.errors import InputError
 from heatmap3d.evaluation.calibration import Calibration, fit_calibration
 from heatmap3d.evaluation.metrics import radial_errors
 from heatmap3d.evaluation.placements import Placements, random_placement
 from heatmap3d.inference.predictor import Prediction
 from heatmap3d.inference.shape import ShapeModel
+from heatmap3d.inference.shape_prior import PopulationShape
+from heatmap3d.io.json_file import load_json
 from heatmap3d.io.landmarks import read_landmarks
 from heatmap3d.io.layout import Case
 from heatmap3d.io.volumes import load_volume
@@ -36,19 +41,49 @@ def truth_points(cases: list[Case], names: list[str]) -> dict[str, np.ndarray]:
 
 
 def shape_floor_mm(n_cases: int) -> float:
-    """The smallest outlier threshold of a shape model fitted on ``n_cases``, mm: 3 + 15/N.
+    """The smallest outlier threshold of a shape model fitted on ``n_cases``, mm: 3 + 135/N^2.
 
-    Why: a few cases cannot show how much a configuration varies. Measured on AFIDs: fitted
-    on the three templates (averages of many brains, so alike), every landmark's
-    leave-one-out scale is under 1.3 mm, while the individual Colin27's true landmarks sit
-    up to 5.3 mm from where its other landmarks put them (16 and 11 mm for 29 and 30); a
-    3 mm floor flagged 8 of its 32 true landmarks, 8 mm (N = 3) flags only 29 and 30.
+    Why: a few cases cannot show how much a configuration varies. Measured on the 122 real
+    AFIDs configurations (benchmarks/shape_prior.py): fitted on the three templates
+    (averages of many brains, so alike; every leave-one-out scale under 1.3 mm), a floor of
+    8 mm flagged 0.5 of 32 true landmarks per real person, 14 mm 0.12, 17 mm 0.10; so
+    N = 3 gets 18 mm: it catches 20 mm errors, not 10 mm ones (a population prior does,
+    ``train.shape_prior``). Fitted on 10 real people, 4.5 mm already flags 0.07 per person
+    (N = 10 gets 4.35 mm).
     """
-    return 3.0 + 15.0 / max(n_cases, 1)
+    return 3.0 + 135.0 / max(n_cases, 1) ** 2
 
 
-def fit_shape(cases: list[Case], names: list[str]) -> ShapeModel | None:
-    """The shape model of ``cases``' landmarks; None (said why) when they cannot make one."""
+def read_prior(path: str | Path, names: list[str] | None = None) -> PopulationShape:
+    """The population prior of ``train.shape_prior`` (``heatmap3d shape fit``), for
+    ``names`` when given; InputError (one line naming the file) when it is not a prior or
+    lacks one of ``names``."""
+    doc = load_json(Path(path), what="shape prior (train.shape_prior)")
+    try:
+        prior = ShapeModel.from_dict(doc)
+    except (ValueError, np.linalg.LinAlgError) as err:
+        raise InputError(f"{path}: train.shape_prior: {' '.join(str(err).split())}") from None
+    if not isinstance(prior, PopulationShape):
+        raise InputError(f"{path}: train.shape_prior: not a prior of heatmap3d shape fit")
+    missing = [n for n in names or [] if n not in prior.names]
+    if missing:
+        raise InputError(
+            f"{path}: train.shape_prior lacks the dataset's landmark(s) {missing[:4]} "
+            f"(it has {prior.names[:4]}...; refit it with --names/--map)"
+        )
+    return prior.select(names) if names else prior
+
+
+def fit_shape(
+    cases: list[Case], names: list[str], prior: str = ""
+) -> ShapeModel | PopulationShape | None:
+    """The shape model of ``cases``' landmarks; None (said why) when they cannot make one.
+    With ``prior`` (``train.shape_prior``): that population prior for ``names`` instead,
+    copied into the model folder by the caller (shape.json), so the folder stays whole."""
+    if prior:
+        found = read_prior(prior, names)
+        print(f"shape model: the population prior {prior} ({found.n_cases} configurations)")
+        return found
     shapes = np.stack(list(truth_points(cases, names).values()))
     try:
         return ShapeModel.fit(names, shapes, floor_mm=shape_floor_mm(len(shapes)))

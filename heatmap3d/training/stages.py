@@ -41,7 +41,13 @@ from heatmap3d.planning.plan_file import (
     write_plan,
     write_plan_copy,
 )
-from heatmap3d.training.heldout import calibrate, fit_shape, placed_predictions, truth_points
+from heatmap3d.training.heldout import (
+    calibrate,
+    fit_shape,
+    placed_predictions,
+    read_prior,
+    truth_points,
+)
 from heatmap3d.training.members import Member, member_config, plan_members
 from heatmap3d.training.trainer import Trainer, train
 from heatmap3d.training.validation import read_on_main, write_results
@@ -173,6 +179,9 @@ def run_stages(
     after the other (:mod:`heatmap3d.training.members`).
     """
     members = members or [Member("")]
+    first = stages[0][1]
+    if first.train.shape_prior:  # a bad prior is refused now, not after hours of training
+        read_prior(first.train.shape_prior, list(first.data.landmarks) or None)
     runs: list[list[Trainer]] = []
     for member in members:
         trainers = []
@@ -231,7 +240,8 @@ def _finish(
     ]
     train_cases = {c.case_id: c for run in runs for c in run[0].train_cases}
     shape = distributed.main_then_broadcast(
-        world, lambda: fit_shape(list(train_cases.values()), names)
+        world,
+        lambda: fit_shape(list(train_cases.values()), names, runs[0][0].cfg.train.shape_prior),
     )
     if world.is_main:
         write_model_folder(model_dir, entries)
@@ -288,7 +298,8 @@ def _held_out(runs, members, entries, model_dir, world, shape) -> HeldOut:
         for f, run in enumerate(runs):
             own = [dataclasses.replace(e, checkpoints=(e.checkpoints[f],)) for e in entries]
             fold_shape = distributed.main_then_broadcast(
-                world, lambda run=run: fit_shape(run[0].train_cases, names)
+                world,
+                lambda run=run: fit_shape(run[0].train_cases, names, cfg.train.shape_prior),
             )
             parts.append((Pipeline(_model_of(world, model_dir, own), fold_shape), run[0]))
         label = f"{model_dir}, each fold's model on its own validation scans"

@@ -1,0 +1,76 @@
+"""``train.shape_prior``: a model folder trained with a population prior carries a copy of
+it as its shape model (and needs nothing outside itself); a prior that lacks the dataset's
+landmarks is refused, naming the file, before training."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from torchrun_util import run
+
+from heatmap3d.data.synthetic import _TEMPLATE_POINTS, LANDMARK_NAMES
+from heatmap3d.io.landmarks import Landmarks, write_landmarks
+
+TINY = ["data.num_workers=0", "model.channels=2", "model.depth=2", "data.patch_size=[16,16,16]"]
+
+
+def cli(*args: str | Path) -> subprocess.CompletedProcess:
+    return run([sys.executable, "-m", "heatmap3d.cli", *map(str, args)], timeout=600)
+
+
+def _prior(folder: Path, names: list[str]) -> Path:
+    """A prior fitted by ``heatmap3d shape fit`` on 12 varied phantom configurations."""
+    rng = np.random.default_rng(0)
+    folder.mkdir()
+    for i in range(12):
+        points = _TEMPLATE_POINTS * rng.uniform(0.9, 1.1) + rng.normal(0, 1.5, (6, 3))
+        write_landmarks(folder / f"p{i:02d}.fcsv", Landmarks(list(names), points))
+    out = folder.parent / "prior.json"
+    proc = cli("shape", "fit", folder, "--out", out)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return out
+
+
+@pytest.mark.slow
+def test_a_model_trained_with_a_prior_carries_a_copy_as_its_shape_model(phantoms, copy_of):
+    data = copy_of(phantoms(n_train=4, n_val=2, n_test=0, seed=3))
+    prior = _prior(data.parent / "people", list(LANDMARK_NAMES))
+    out = data.parent / "runs"
+    proc = cli(
+        "train",
+        data,
+        "train.budget_minutes=0.1",
+        "train.calibration_views=0",
+        f"train.out_dir={out}",
+        f"train.shape_prior={prior}",
+        *TINY,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    model = out / "data"
+    assert json.loads((model / "model.json").read_text())["shape"] == "shape.json"
+    shape = json.loads((model / "shape.json").read_text())
+    fitted = json.loads(prior.read_text())
+    assert shape["kind"] == "population" and shape["names"] == list(LANDMARK_NAMES)
+    assert np.allclose(shape["cov"], fitted["cov"]) and shape["n_cases"] == 12
+    assert "the population prior" in proc.stdout
+
+
+def test_a_prior_without_the_datasets_landmarks_is_refused_before_training(
+    phantoms, copy_of, tmp_path
+):
+    data = copy_of(phantoms(n_train=4, n_val=2, n_test=0, seed=3))
+    prior = _prior(tmp_path / "people", [f"other{k}" for k in range(6)])
+    out = data.parent / "runs"
+    proc = cli(
+        "train", data, "train.budget_minutes=0.1", f"train.out_dir={out}",
+        f"train.shape_prior={prior}", *TINY,
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    err = proc.stderr.strip().splitlines()[-1]
+    assert err.startswith(f"error: {prior}") and "train.shape_prior" in err
+    assert not list(out.rglob("*.pt"))  # refused before any training
