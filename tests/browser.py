@@ -6,6 +6,7 @@ playwright downloads no browser here: it is pointed at the system's).
 
 from __future__ import annotations
 
+import os
 import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -24,10 +25,18 @@ ARGS = [
 ]
 
 
+def missing(why: str) -> None:
+    """Skip a browser test where the browser cannot be had; fail in CI, whose .ci/run
+    installs it, so that the report is never left untested by a silent skip."""
+    if os.environ.get("CI") == "true":
+        pytest.fail(f"{why}: .ci/run should have installed it")
+    pytest.skip(why)
+
+
 def chromium_path() -> str:
-    """The browser to drive, or a pytest skip."""
+    """The browser to drive, or a pytest skip (a failure in CI)."""
     if not Path(CHROMIUM).is_file() and shutil.which("chromium") is None:
-        pytest.skip("no chromium (apt-get install chromium)")
+        missing("no chromium (apt-get install chromium)")
     return CHROMIUM if Path(CHROMIUM).is_file() else str(shutil.which("chromium"))
 
 
@@ -35,7 +44,10 @@ def chromium_path() -> str:
 def open_page(path: Path, *, width: int = 1200, height: int = 900) -> Iterator[tuple]:
     """``(page, messages)``: the HTML file at ``path`` loaded in a fresh headless browser;
     ``messages`` collects console errors and uncaught page errors as they come."""
-    sync_api = pytest.importorskip("playwright.sync_api")
+    try:
+        from playwright import sync_api
+    except ImportError:
+        missing("no playwright (pip install playwright)")
     executable = chromium_path()
     with sync_api.sync_playwright() as p:
         browser = p.chromium.launch(executable_path=executable, args=ARGS)
