@@ -88,6 +88,12 @@ class UNet3D(nn.Module):
         # The input follows the weights' dtype, so a float64 model (train.precision=fp64)
         # takes the float32 scans of the loader and of prediction. Under autocast the
         # convolutions cast anyway; memory format is preserved.
+        return self.head(self.features(x))
+
+    def features(self, x: torch.Tensor) -> torch.Tensor:
+        """Everything but the head: ``(B, channels, I, J, K)`` features, each output channel
+        being ``head`` (a 1x1x1 convolution) of them. Prediction that needs one channel per
+        image (a refinement window) applies only that row of the head."""
         x = x.to(self.head.weight.dtype)
         skips = [self._block(self.stem, x)]
         for down in self.downs:
@@ -95,7 +101,7 @@ class UNet3D(nn.Module):
         x = skips.pop()
         for up in self.ups:
             x = self._block(up, x, skips.pop())
-        return self.head(x)
+        return x
 
     def _block(self, block: Callable[..., torch.Tensor], *inputs: torch.Tensor) -> torch.Tensor:
         """Run one block; with activation checkpointing, recompute it in the backward pass.

@@ -116,31 +116,44 @@ class Pipeline:
             return points, out, shape.residuals(points)
         limits = shape.thresholds(self.shape_factor)
         candidates, scores = [np.empty((0, 3))] * len(points), [np.empty(0)] * len(points)
-        for k in np.flatnonzero(out):
-            guess = shape.reconstruct(points, int(k), use=~out)
-            if np.isfinite(guess).all():
-                candidates[k], scores[k] = self._look_near(pred, prepared, int(k), guess, limits[k])
+        guesses = {int(k): shape.reconstruct(points, int(k), use=~out) for k in np.flatnonzero(out)}
+        guesses = {k: g for k, g in guesses.items() if np.isfinite(g).all()}
+        if isinstance(self.model, Cascade) and guesses:
+            # Every outlier's refinement window in one call (as few forwards as fit).
+            candidates, scores = self._refine_near(prepared[1], guesses, candidates, scores)
+        else:
+            for k, guess in guesses.items():
+                candidates[k], scores[k] = self._look_near(pred, prepared, k, guess, limits[k])
         fixed, how, residual = shape.correct(points, candidates, scores, factor=self.shape_factor)
         return fixed, how > 0, residual
 
+    def _refine_near(self, vol, guesses: dict[int, np.ndarray], candidates, scores):
+        """``candidates`` and ``scores`` (lists of K) with the refinement model's peak of each
+        landmark ``k`` of ``guesses`` near its guess (world mm ``(3,)``) in the fine volume
+        ``vol``: ``(1, 3)`` world mm and ``(1,)`` height, or empty when there is none."""
+        fine = self.model.fine
+        ks = list(guesses)
+        channels = [fine.names.index(self.names[k]) for k in ks]
+        world, conf, _ = refine_landmarks(fine, vol, np.stack([guesses[k] for k in ks]), channels)
+        candidates, scores = list(candidates), list(scores)
+        for row, k in enumerate(ks):
+            keep = np.isfinite(world[row : row + 1]).all(1)
+            candidates[k] = world[row : row + 1][keep]
+            scores[k] = np.asarray(conf[row : row + 1], float)[keep]
+        return candidates, scores
+
     def _look_near(self, pred: Prediction, prepared, k: int, guess: np.ndarray, sigma_mm: float):
-        """The best peak of landmark ``k`` near ``guess`` (world mm): ``(1, 3)`` world mm and
-        its height ``(1,)``; empty when there is none."""
-        if isinstance(self.model, Cascade):
-            fine = self.model.fine
-            world, conf, _ = refine_landmarks(
-                fine, prepared[1], guess[None], [fine.names.index(self.names[k])]
-            )
-        else:
-            vol = prepared
-            heat = torch.from_numpy(pred.heatmaps[k][None, None])
-            prior = _gaussian_around(
-                heat.shape[2:], vol.spacing, world_to_voxel(guess, vol.affine), sigma_mm
-            )
-            coords, c = decode_heatmaps(
-                heat, spacing=tuple(vol.spacing), window=self.first.settings.decode_mm, prior=prior
-            )
-            world, conf = voxel_to_world(coords[0].double().numpy(), vol.affine), c[0].numpy()
+        """The best whole-scan heatmap peak of landmark ``k`` near ``guess`` (world mm):
+        ``(1, 3)`` world mm and its height ``(1,)``; empty when there is none."""
+        vol = prepared
+        heat = torch.from_numpy(pred.heatmaps[k][None, None])
+        prior = _gaussian_around(
+            heat.shape[2:], vol.spacing, world_to_voxel(guess, vol.affine), sigma_mm
+        )
+        coords, c = decode_heatmaps(
+            heat, spacing=tuple(vol.spacing), window=self.first.settings.decode_mm, prior=prior
+        )
+        world, conf = voxel_to_world(coords[0].double().numpy(), vol.affine), c[0].numpy()
         keep = np.isfinite(world).all(1)
         return world[keep], np.asarray(conf, float)[keep]
 

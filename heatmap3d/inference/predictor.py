@@ -23,7 +23,7 @@ from heatmap3d.data.preprocess import outside_value, preprocess
 from heatmap3d.errors import InputError, first_line
 from heatmap3d.geometry import Volume, pad_to_multiple, voxel_to_world
 from heatmap3d.inference.decode import decode_heatmaps
-from heatmap3d.inference.settings import InferenceSettings
+from heatmap3d.inference.settings import FORWARD_VOXELS, InferenceSettings
 from heatmap3d.inference.sliding import sliding_window
 from heatmap3d.io.landmarks import Landmarks
 from heatmap3d.io.volumes import load_volume
@@ -161,23 +161,79 @@ class Predictor:
         """The models as a function of ``(B, 1, I, J, K)`` float32 images on the device, in
         their layout and precision, returning contiguous float32 heatmaps
         ``(B, P * K, I, J, K)``: the K channels of each of the :attr:`passes` P in turn
-        (member by member; plain, then mirrored and mapped back to the input's frame)."""
+        (member by member; plain, then mirrored and mapped back to the input's frame).
+
+        Why one forward per member: the plain and the mirrored input go through each
+        member as one batch of ``2B`` when that fits :data:`FORWARD_VOXELS` (a batch
+        costs less per image than two forwards of half of it, and InstanceNorm is per
+        image, so the result is the same); larger inputs take two forwards.
+        """
+        perm = torch.as_tensor(self.settings.mirror_perm, device=self.device, dtype=torch.long)
+
+        def heads(model: torch.nn.Module, x: torch.Tensor, split: int) -> torch.Tensor:
+            out = model(x).float()  # images from ``split`` on are flipped: left is right
+            return torch.cat([out[:split], out[split:, perm]]) if split < len(out) else out
+
+        run = self._passes(heads)
+        return lambda x: run(x).flatten(1, 2).contiguous()
+
+    def picked_net(self) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+        """Like :meth:`net`, but each image ``b`` gets only its channel ``channels[b]``:
+        ``(x (B, 1, I, J, K), channels (B,) int64) -> (B, P, I, J, K)`` float32.
+
+        Why: a refinement window needs one landmark's heatmap, and the full output of 32
+        windows x 6 passes x 32 landmarks at 32^3 is 800 MB that every later step would
+        copy; the head (a 1x1x1 convolution) is applied to the features for that channel
+        only. Models without ``features`` and a 1x1x1 ``head`` run whole (the same result).
+        """
+        perm = torch.as_tensor(self.settings.mirror_perm, device=self.device, dtype=torch.long)
+        box: dict[str, torch.Tensor] = {}
+
+        def heads(model: torch.nn.Module, x: torch.Tensor, split: int) -> torch.Tensor:
+            chosen = box["ch"].repeat(len(x) // len(box["ch"]))  # (n,): one per image
+            ch = torch.cat([chosen[:split], perm[chosen[split:]]]) if split < len(x) else chosen
+            head = getattr(model, "head", None)
+            if not (hasattr(model, "features") and isinstance(head, torch.nn.Conv3d)):
+                out = model(x).float()
+                return out[torch.arange(len(ch), device=out.device), ch][:, None]
+            w, bias = head.weight[ch, :, 0, 0, 0], head.bias[ch]  # (n, C), (n,)
+            out = torch.einsum("bcijk,bc->bijk", model.features(x), w) + bias[:, None, None, None]
+            return out.float()[:, None]
+
+        run = self._passes(heads)
+
+        def picked(x: torch.Tensor, channels: torch.Tensor) -> torch.Tensor:
+            box["ch"] = channels.to(self.device, torch.long)
+            return run(x)[:, :, 0]
+
+        return picked
+
+    def _passes(self, heads) -> Callable[[torch.Tensor], torch.Tensor]:
+        """``x (B, 1, I, J, K) -> (B, P, C, I, J, K)``: ``heads(model, images, split)`` of
+        every member on ``x`` and (with mirroring) on ``x`` flipped (the images from
+        ``split`` on), flipped back. ``heads`` maps the channels of flipped images."""
         s = self.settings
         layout = torch.channels_last_3d if s.channels_last else torch.contiguous_format
         axis = 2 + s.mirror_axis
-        perm = torch.as_tensor(s.mirror_perm, device=self.device, dtype=torch.long)
+        models = list(self.models)
 
         @torch.no_grad()
         def run(x: torch.Tensor) -> torch.Tensor:
             x = x.contiguous(memory_format=layout)
-            flipped = x.flip(axis).contiguous(memory_format=layout) if axis >= 2 else None
-            outs = []
+            b, outs = x.shape[0], []
             with autocast_context(self.device, s.autocast):
-                for model in self.models:
-                    outs.append(model(x).float())
-                    if flipped is not None:  # the flipped scan's left is this scan's right
-                        outs.append(model(flipped).float()[:, perm].flip(axis))
-            return torch.cat(outs, 1).contiguous()
+                if axis < 2:
+                    outs = [heads(model, x, b) for model in models]
+                elif 2 * x.numel() <= FORWARD_VOXELS:
+                    both = torch.cat([x, x.flip(axis)]).contiguous(memory_format=layout)
+                    for model in models:
+                        out = heads(model, both, b)
+                        outs += [out[:b], out[b:].flip(axis)]
+                else:
+                    flipped = x.flip(axis).contiguous(memory_format=layout)
+                    for model in models:
+                        outs += [heads(model, x, b), heads(model, flipped, 0).flip(axis)]
+            return torch.stack(outs, 1)
 
         return run
 
@@ -213,10 +269,11 @@ class Predictor:
         passes = self.heatmaps(vol)
         heat = passes.mean(0, keepdim=True)
         spacing, window = tuple(vol.spacing), self.settings.decode_mm
-        coords, conf = decode_heatmaps(heat, spacing=spacing, window=window)
-        voxels = coords[0].cpu().double().numpy()
+        # The mean and each pass decoded in one call: row 0 is the mean.
+        coords, conf = decode_heatmaps(torch.cat([heat, passes]), spacing=spacing, window=window)
+        coords = coords.cpu().double().numpy()
+        voxels, each = coords[0], coords[1:]
         world = voxel_to_world(voxels, vol.affine)
-        each = decode_heatmaps(passes, spacing=spacing, window=window)[0].cpu().double().numpy()
         confidence = conf[0].cpu().numpy().astype(float)
         return Prediction(
             landmarks=Landmarks(self.names, world),

@@ -16,6 +16,13 @@ import torch
 from heatmap3d import precision
 from heatmap3d.config import Config, mirror_permutation
 
+# Input voxels (all images of a batch together) one forward pass may take when prediction
+# batches on its own (the mirrored pass with the plain one, refinement windows): 4 M
+# voxels of float32 are 16 MB in, and about 1.5 GB of activations through the default
+# U-Net (8 channels at full resolution); below that, on CPU, batches stop getting cheaper
+# per image. A user's ``inference.batch`` is never lowered by it.
+FORWARD_VOXELS = 2**22
+
 
 @dataclass(frozen=True)
 class InferenceSettings:
