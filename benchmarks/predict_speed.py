@@ -1,0 +1,182 @@
+"""Prediction speed of the whole model: this code against an earlier commit, side by side.
+
+The whole model is what ``heatmap3d predict --model`` runs: a coarse and a fine stage,
+each an ensemble of 3 members with test-time mirroring, and the shape review. Speed does
+not depend on the weights, so by default the model folder is built from the plan that
+``heatmap3d plan`` makes for the AFIDs templates (the architecture and sizes a user would
+get) with randomly initialised weights (``--model`` takes a trained folder instead). The
+scans are hard placements of Colin27 (``benchmarks/review.py``'s ``views``).
+
+Both versions run in their own worker process (``PYTHONPATH`` at the earlier commit's
+``git worktree``), on the same scans, repeats interleaved (earlier, this, earlier, ...) so
+that a change of machine load hits both. Reported: seconds per scan (``predict_volume``:
+preprocessing, both stages, decoding, shape review; median and min over scans and
+repeats) and the largest distance between the two versions' landmarks, mm.
+
+    git worktree add --detach /tmp/base <commit>
+    python benchmarks/predict_speed.py --base /tmp/base --views 4 --repeats 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+
+
+def build_random_folder(work: Path, members: int = 3, seed: int = 0) -> Path:
+    """A model folder as ``heatmap3d train DATA --folds 3`` leaves it for the AFIDs
+    templates (the plan's stages, ``members`` per stage, a shape model of the templates'
+    landmarks), with random weights; the heads' bias is raised so that every heatmap has a
+    peak above the decoder's threshold, as a trained model's has. Returns the folder."""
+    import torch
+
+    sys.path.insert(0, str(HERE))
+    from afids import REAL, TRAIN
+    from review import dataset
+
+    from heatmap3d.checkpoint import Checkpoint, save
+    from heatmap3d.config import to_dict
+    from heatmap3d.inference.shape import ShapeModel
+    from heatmap3d.io.landmarks import read_landmarks
+    from heatmap3d.io.model_folder import StageEntry, write_model_folder
+    from heatmap3d.model import build_model
+    from heatmap3d.planning.fingerprint import fingerprint_dataset
+    from heatmap3d.planning.plan import make_plan
+    from heatmap3d.planning.plan_file import read_plan, stage_configs, write_plan
+
+    data = dataset(work)
+    fp = fingerprint_dataset(data)
+    write_plan(work / "plan.yaml", make_plan(fp, device="cpu"), fp)
+    stages = stage_configs(
+        read_plan(work / "plan.yaml"), data_root=data, overrides=[], budget_minutes=45
+    )
+    truth = [read_landmarks(REAL / folder / fcsv) for folder, _, fcsv in TRAIN.values()]
+    names = list(truth[0].names)
+    folder, entries = work / "model", []
+    for s, (name, cfg) in enumerate(stages):
+        cfg.data.landmarks = names
+        paths = []
+        for m in range(members):
+            torch.manual_seed(seed + 100 * s + m)
+            net = build_model(cfg.model, len(names))
+            with torch.no_grad():
+                net.head.bias.fill_(0.3)
+            path = folder / f"fold{m}" / name / "best.pt"
+            path.parent.mkdir(parents=True)
+            ckpt = Checkpoint(net.state_dict(), to_dict(cfg), names, role=cfg.model.role)
+            save(path, ckpt)
+            paths.append(str(path.relative_to(folder)))
+        entries.append(StageEntry(name, cfg.model.role, tuple(paths)))
+    shapes = np.stack([t.select(names).points for t in truth])
+    shape = ShapeModel.fit(names, shapes, floor_mm=8.0)  # training's floor for 3 cases
+    (folder / "shape.json").write_text(json.dumps(shape.to_dict()))
+    write_model_folder(folder, entries, shape="shape.json")
+    return folder
+
+
+def worker(model: Path, scans: Path, threads: int) -> None:
+    """Load the model, then for each line ``run`` on stdin predict every scan and print
+    one JSON line ``{"seconds": [...], "points": [...]}``; stop at end of input."""
+    import time
+
+    import torch
+
+    from heatmap3d.geometry import Volume
+    from heatmap3d.inference.pipeline import load_pipeline
+
+    torch.set_num_threads(threads)
+    pipeline = load_pipeline(model, torch.device("cpu"))
+    saved = np.load(scans)
+    vols = [Volume(saved[f"data{i}"], saved[f"affine{i}"]) for i in range(int(saved["n"]))]
+    pipeline.predict_volume(vols[0])  # warm-up (first-call allocations, any tracing)
+    import heatmap3d
+
+    print(json.dumps({"ready": heatmap3d.__file__}), flush=True)
+    for line in sys.stdin:
+        if line.strip() != "run":
+            break
+        seconds, points = [], []
+        for vol in vols:
+            start = time.perf_counter()
+            pred = pipeline.predict_volume(vol)
+            seconds.append(time.perf_counter() - start)
+            points.append(np.nan_to_num(pred.landmarks.points, nan=1e9).tolist())
+        print(json.dumps({"seconds": seconds, "points": points}), flush=True)
+
+
+def _start(code: Path, model: Path, scans: Path, threads: int) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONPATH": str(code)}
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", str(model)]
+    cmd += ["--scans", str(scans), "--threads", str(threads)]
+    proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+    ready = json.loads(proc.stdout.readline()).get("ready", "")
+    assert ready.startswith(str(code)), f"{code}: the worker runs {ready}"
+    return proc
+
+
+def _ask(proc: subprocess.Popen) -> dict:
+    proc.stdin.write("run\n")
+    proc.stdin.flush()
+    return json.loads(proc.stdout.readline())
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--base", type=Path, help="the earlier commit's worktree (required)")
+    p.add_argument("--model", type=Path, help="a trained model folder (default: random)")
+    p.add_argument("--views", type=int, default=4, help="hard placements of Colin27")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--worker", type=Path, help=argparse.SUPPRESS)
+    p.add_argument("--scans", type=Path, help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.worker is not None:
+        return worker(args.worker, args.scans, args.threads)
+    if args.base is None:
+        p.error("--base is required")
+    sys.path.insert(0, str(HERE))
+    from review import views
+
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        model = args.model or build_random_folder(work / "built")
+        _, scans = views(args.views, seed=1)
+        arrays = {"n": len(scans)}
+        for i, (vol, *_) in enumerate(scans):
+            arrays[f"data{i}"], arrays[f"affine{i}"] = vol.data, vol.affine
+        np.savez(work / "scans.npz", **arrays)
+        here = HERE.parent
+        procs = {
+            name: _start(code, model, work / "scans.npz", args.threads)
+            for name, code in (("before", args.base), ("after", here))
+        }
+        times = {name: [] for name in procs}
+        points = {}
+        for _ in range(args.repeats):
+            for name, proc in procs.items():  # interleaved
+                out = _ask(proc)
+                times[name] += out["seconds"]
+                points[name] = np.array(out["points"])
+        for proc in procs.values():
+            proc.stdin.close()
+            proc.wait()
+    diff = float(np.abs(np.linalg.norm(points["before"] - points["after"], axis=-1)).max())
+    print(f"{len(scans)} scans x {args.repeats} repeats, {args.threads} threads")
+    print(f"{'code':<8} {'median s/scan':>14} {'min s/scan':>11}")
+    for name, t in times.items():
+        print(f"{name:<8} {np.median(t):14.3f} {np.min(t):11.3f}")
+    speedup = np.median(times["before"]) / np.median(times["after"])
+    print(f"speed-up (median): {speedup:.2f}x; largest landmark difference {diff:.2e} mm")
+
+
+if __name__ == "__main__":
+    main()
