@@ -38,7 +38,7 @@ def _prior(folder: Path, names: list[str]) -> Path:
 
 @pytest.mark.slow
 def test_a_model_trained_with_a_prior_carries_a_copy_as_its_shape_model(phantoms, copy_of):
-    data = copy_of(phantoms(n_train=4, n_val=2, n_test=0, seed=3))
+    data = copy_of(phantoms(n_train=4, n_val=2, n_test=1, seed=3))
     prior = _prior(data.parent / "people", list(LANDMARK_NAMES))
     out = data.parent / "runs"
     proc = cli(
@@ -58,6 +58,12 @@ def test_a_model_trained_with_a_prior_carries_a_copy_as_its_shape_model(phantoms
     assert shape["kind"] == "population" and shape["names"] == list(LANDMARK_NAMES)
     assert np.allclose(shape["cov"], fitted["cov"]) and shape["n_cases"] == 12
     assert "the population prior" in proc.stdout
+    # predict --model reviews scans with it (the prior read back from the folder's copy)
+    prior.unlink()
+    (case,) = json.loads((data / "split.json").read_text())["test"]
+    scan = next((data / "images").glob(f"{case}.*"))
+    pred = cli("predict", "--model", model, scan, "--out", data.parent / "pred")
+    assert pred.returncode == 0, pred.stderr[-2000:]
 
 
 def test_a_prior_without_the_datasets_landmarks_is_refused_before_training(

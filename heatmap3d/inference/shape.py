@@ -36,6 +36,28 @@ def _similarity(src: np.ndarray, dst: np.ndarray) -> tuple[float, np.ndarray, np
     return s, rot, mu_d - s * rot @ mu_s
 
 
+def _similarities(
+    src: np.ndarray, dst: np.ndarray, weights: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """:func:`_similarity` for many fits at once: row m of ``weights`` (M, K) 0/1 picks the
+    pairs of ``src`` ((K, 3), or (M, K, 3): one per fit; no NaN where weighted) and ``dst``
+    (K, 3). Returns s (M,), R (M, 3, 3) with det +1, t (M, 3)."""
+    w = weights.astype(float)
+    src = np.broadcast_to(np.where(w[..., None] > 0, src, 0.0), (len(w), *dst.shape))
+    n = np.maximum(w.sum(1), 1.0)
+    mu_s, mu_d = np.einsum("mj,mja->ma", w, src) / n[:, None], w @ dst / n[:, None]
+    cross = np.einsum("mj,ja,mjb->mab", w, dst, src) - n[:, None, None] * np.einsum(
+        "ma,mb->mab", mu_d, mu_s
+    )
+    var = np.einsum("mj,mj->m", w, (src**2).sum(-1)) - n * (mu_s**2).sum(1)
+    u, sig, vt = np.linalg.svd(cross)
+    d = np.ones((len(w), 3))
+    d[:, 2] = np.where(np.linalg.det(u @ vt) < 0, -1.0, 1.0)  # never a mirror
+    rot = (u * d[:, None, :]) @ vt
+    s = np.where(var > 0, (sig * d).sum(1) / np.where(var > 0, var, 1.0), 1.0)
+    return s, rot, mu_d - s[:, None] * np.einsum("mab,mb->ma", rot, mu_s)
+
+
 def _procrustes(shapes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Generalised Procrustes of (N, K, 3) mm with NaN rows -> (mean (K, 3), aligned (N, K, 3)).
 
@@ -50,10 +72,9 @@ def _procrustes(shapes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     aligned = shapes.copy()
     mean = np.zeros_like(ref)
     for _ in range(_GPA_ITERATIONS):
-        for n, (s, p) in enumerate(zip(shapes, present)):
-            both = p & np.isfinite(ref).all(-1)
-            sc, rot, t = _similarity(s[both], ref[both])
-            aligned[n] = sc * s @ rot.T + t
+        both = present & np.isfinite(ref).all(-1)
+        sc, rot, t = _similarities(shapes, np.nan_to_num(ref), both)
+        aligned = sc[:, None, None] * np.einsum("nab,nkb->nka", rot, shapes) + t[:, None]
         new = np.nanmean(aligned, axis=0)
         new -= new.mean(0)
         new *= size / np.sqrt((new**2).sum(-1).mean())
