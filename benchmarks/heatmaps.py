@@ -8,12 +8,18 @@ Run with ``python benchmarks/heatmaps.py``. Compares, on the same float32 output
   (c) ``gaussian_heatmaps`` on CPU (default exact mode, and ``compat=True``),
   (d) ``gaussian_heatmaps`` on CUDA when available,
   (e) ``out.fill_(1.0)`` of a preallocated tensor of the output's size: the floor set by
-      writing the output once.
+      writing the output once,
+  (f) into a fresh output: ``gaussian_heatmaps`` without ``out`` against ``np.zeros`` +
+      the numpy recipe's patches. Both take fresh pages from the allocator, which the OS
+      zeroes on the first write into each; numpy's ``np.zeros`` never touches the pages
+      outside the patches (they stay unfaulted until someone reads them), the kernel
+      writes every voxel (its exact Gaussian is non-zero far beyond a 3-sigma patch).
 
 Methods are run round-robin (one call of each per repeat) after warm-up, and each
 reports the median time, so ratios are measured side by side in the same run. The
-last line is ``heatmaps: cpu_vs_numpy=R1 cpu_vs_fill=R2 [cuda_vs_fill=R3]``: kernel
-time over the other method's time for case 1 (K=16, one 128^3 volume).
+last line is ``heatmaps: cpu_vs_numpy=R1 cpu_vs_fill=R2 fresh_vs_numpy_1=F1
+fresh_vs_numpy_2=F2 [cuda_vs_fill=R3]``: kernel time over the other method's time for
+case 1 (K=16, one 128^3 volume); F1 and F2 compare (f) in cases 1 and 2.
 """
 
 from __future__ import annotations
@@ -173,6 +179,7 @@ def run_case(label: str, n_batch: int, n_lmk: int, side: int) -> dict:
         "two-pass mul, mul_ (alt.)": lambda: two_pass(coords, out_t),
         "fill_ floor (e)": lambda: out_fill.fill_(1.0),
         "np.zeros + patches": lambda: numpy_patches_fresh(coords_np, out_np.shape),
+        "torch cpu, fresh output": lambda: gaussian_heatmaps(coords, shape, **kw),
     }
     times = time_round_robin(fns, lambda: None)
     # Same semantics, same output: the compat kernel reproduces the numpy recipe.
@@ -315,6 +322,9 @@ def main() -> None:
         f"heatmaps: cpu_vs_numpy={case1['torch cpu (c)'] / case1['numpy patches (b)']:.2f}"
         f" cpu_vs_fill={case1['torch cpu (c)'] / case1['fill_ floor (e)']:.2f}"
     )
+    for n, case in enumerate(results, 1):  # both allocate their output: see the docstring
+        fresh = case["torch cpu, fresh output"] / case["np.zeros + patches"]
+        line += f" fresh_vs_numpy_{n}={fresh:.2f}"
     if "torch cuda (d)" in case1:
         line += f" cuda_vs_fill={case1['torch cuda (d)'] / case1['cuda fill_ floor']:.2f}"
     print(line)

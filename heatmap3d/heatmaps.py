@@ -24,6 +24,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 from torch import Tensor
 from torch.nn import functional as F
@@ -280,9 +281,9 @@ def gaussian_heatmaps(
         raise ValueError(f"shape must be 3 positive ints (I, J, K), got {shape}")
     device = pts.device
     full_shape = (n_batch, n_lmk, *shape)
-    if out is None:
-        out = torch.empty(full_shape, dtype=dtype, device=device)
-    elif tuple(out.shape) != full_shape or out.device != device or not out.is_contiguous():
+    if out is not None and (
+        tuple(out.shape) != full_shape or out.device != device or not out.is_contiguous()
+    ):
         raise ValueError(
             f"out must be a contiguous {full_shape} tensor on {device}, "
             f"got {tuple(out.shape)} on {out.device}"
@@ -291,12 +292,32 @@ def gaussian_heatmaps(
     sig = as_sigma(sigma, n_lmk, device)
     sp = as_spacing(spacing, device)
     point_mask = channel_mask(pts, mask)
-    gi, gj, gk = axis_factors(pts, point_mask, shape, sig, sp, truncate, compat, out.dtype)
+    out_dtype = dtype if out is None else out.dtype
+    gi, gj, gk = axis_factors(pts, point_mask, shape, sig, sp, truncate, compat, out_dtype)
 
+    if out is None:
+        out = _fresh_output(full_shape, dtype, device)
     write_outer(gi[:, :, 0], gj[:, :, 0], gk[:, :, 0], out)
     if n_pts > 1:
         _merge_points_max(gi, gj, gk, out)
     return out
+
+
+_NUMPY_DTYPES = {torch.float32: np.float32, torch.float64: np.float64}
+
+
+def _fresh_output(shape: tuple, dtype: torch.dtype, device: torch.device) -> Tensor:
+    """An uninitialised output; on CPU from numpy's allocator.
+
+    Why: a new output of this size is fresh memory, and the first write into each page
+    faults into the OS, which zeroes the page first. numpy places large arrays on 2 MB
+    boundaries and asks for transparent huge pages (``madvise``), so that is one fault per
+    2 MB instead of one per 4 kB page as with ``torch.empty``: writing a fresh 134 MB
+    output took 55 ms instead of 132 ms on 2 cores (benchmarks/RESULTS.md, issue 28).
+    """
+    if device.type == "cpu" and dtype in _NUMPY_DTYPES:
+        return torch.from_numpy(np.empty(shape, dtype=_NUMPY_DTYPES[dtype]))
+    return torch.empty(shape, dtype=dtype, device=device)
 
 
 def _merge_points_max(gi: Tensor, gj: Tensor, gk: Tensor, out: Tensor) -> None:

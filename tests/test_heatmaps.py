@@ -404,3 +404,17 @@ def test_cuda_compiled_loss_matches_materialised():
     empty = heatmap_loss(pred, coords, sigma=1.5, mask=torch.zeros_like(mask))
     empty.backward()
     assert empty.item() == 0.0 and torch.count_nonzero(pred.grad) == 0
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_a_fresh_output_equals_a_preallocated_one(dtype):
+    """The fresh CPU output comes from numpy's allocator (huge pages; issue 28): same
+    values, dtype and layout as writing into a given ``out``, and a tensor of its own."""
+    coords = torch.tensor([[[3.2, 20.7, 9.1], [math.nan, 1.0, 1.0], [30.0, 5.5, 12.25]]])
+    kw = {"sigma": 2.5, "spacing": (0.9, 1.1, 1.3), "dtype": dtype}
+    fresh = gaussian_heatmaps(coords, (34, 28, 20), **kw)
+    given = gaussian_heatmaps(coords, (34, 28, 20), out=torch.empty_like(fresh), **kw)
+    assert fresh.dtype == dtype and fresh.is_contiguous() and torch.equal(fresh, given)
+    assert fresh[0, 1].abs().sum() == 0 and fresh[0, 0].max() > 0.9
+    again = gaussian_heatmaps(coords, (34, 28, 20), **kw)
+    assert again.data_ptr() != fresh.data_ptr()  # no shared buffer between calls
