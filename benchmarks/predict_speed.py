@@ -15,6 +15,7 @@ repeats) and the largest distance between the two versions' landmarks, mm.
 
     git worktree add --detach /tmp/base <commit>
     python benchmarks/predict_speed.py --base /tmp/base --views 4 --repeats 3
+    python benchmarks/predict_speed.py --device cuda      # this code alone, on a GPU
 """
 
 from __future__ import annotations
@@ -83,7 +84,7 @@ def build_random_folder(work: Path, members: int = 3, seed: int = 0) -> Path:
     return folder
 
 
-def worker(model: Path, scans: Path, threads: int) -> None:
+def worker(model: Path, scans: Path, threads: int, device: str) -> None:
     """Load the model, then for each line ``run`` on stdin predict every scan and print
     one JSON line ``{"seconds": [...], "points": [...]}``; stop at end of input."""
     import time
@@ -94,7 +95,7 @@ def worker(model: Path, scans: Path, threads: int) -> None:
     from heatmap3d.inference.pipeline import load_pipeline
 
     torch.set_num_threads(threads)
-    pipeline = load_pipeline(model, torch.device("cpu"))
+    pipeline = load_pipeline(model, torch.device(device))
     saved = np.load(scans)
     vols = [Volume(saved[f"data{i}"], saved[f"affine{i}"]) for i in range(int(saved["n"]))]
     pipeline.predict_volume(vols[0])  # warm-up (first-call allocations, any tracing)
@@ -113,10 +114,10 @@ def worker(model: Path, scans: Path, threads: int) -> None:
         print(json.dumps({"seconds": seconds, "points": points}), flush=True)
 
 
-def _start(code: Path, model: Path, scans: Path, threads: int) -> subprocess.Popen:
+def _start(code: Path, model: Path, scans: Path, threads: int, device: str) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": str(code)}
     cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", str(model)]
-    cmd += ["--scans", str(scans), "--threads", str(threads)]
+    cmd += ["--scans", str(scans), "--threads", str(threads), "--device", device]
     proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
     ready = json.loads(proc.stdout.readline()).get("ready", "")
     assert ready.startswith(str(code)), f"{code}: the worker runs {ready}"
@@ -131,7 +132,8 @@ def _ask(proc: subprocess.Popen) -> dict:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--base", type=Path, help="the earlier commit's worktree (required)")
+    p.add_argument("--base", type=Path, help="the earlier commit's worktree (else: this only)")
+    p.add_argument("--device", default="cpu", help="cpu or cuda")
     p.add_argument("--model", type=Path, help="a trained model folder (default: random)")
     p.add_argument("--views", type=int, default=4, help="hard placements of Colin27")
     p.add_argument("--repeats", type=int, default=3)
@@ -140,9 +142,7 @@ def main() -> None:
     p.add_argument("--scans", type=Path, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.worker is not None:
-        return worker(args.worker, args.scans, args.threads)
-    if args.base is None:
-        p.error("--base is required")
+        return worker(args.worker, args.scans, args.threads, args.device)
     sys.path.insert(0, str(HERE))
     from review import views
 
@@ -155,9 +155,10 @@ def main() -> None:
             arrays[f"data{i}"], arrays[f"affine{i}"] = vol.data, vol.affine
         np.savez(work / "scans.npz", **arrays)
         here = HERE.parent
+        codes = [("before", args.base)] if args.base is not None else []
         procs = {
-            name: _start(code, model, work / "scans.npz", args.threads)
-            for name, code in (("before", args.base), ("after", here))
+            name: _start(code, model, work / "scans.npz", args.threads, args.device)
+            for name, code in [*codes, ("after", here)]
         }
         times = {name: [] for name in procs}
         points = {}
@@ -169,13 +170,14 @@ def main() -> None:
         for proc in procs.values():
             proc.stdin.close()
             proc.wait()
-    diff = float(np.abs(np.linalg.norm(points["before"] - points["after"], axis=-1)).max())
-    print(f"{len(scans)} scans x {args.repeats} repeats, {args.threads} threads")
+    print(f"{len(scans)} scans x {args.repeats} repeats, {args.threads} threads, {args.device}")
     print(f"{'code':<8} {'median s/scan':>14} {'min s/scan':>11}")
     for name, t in times.items():
         print(f"{name:<8} {np.median(t):14.3f} {np.min(t):11.3f}")
-    speedup = np.median(times["before"]) / np.median(times["after"])
-    print(f"speed-up (median): {speedup:.2f}x; largest landmark difference {diff:.2e} mm")
+    if "before" in times:
+        speedup = np.median(times["before"]) / np.median(times["after"])
+        diff = float(np.linalg.norm(points["before"] - points["after"], axis=-1).max())
+        print(f"speed-up (median): {speedup:.2f}x; largest landmark difference {diff:.2e} mm")
 
 
 if __name__ == "__main__":

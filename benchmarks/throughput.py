@@ -27,8 +27,14 @@ sampled every 20 ms; CUDA: ``max_memory_allocated``). Then:
 - DDP: the time to all-reduce the model's gradients with gloo between 2 spawned CPU
   processes on localhost, against the step time, and the scaling efficiency it predicts.
 
-The last line is ``throughput: ratio=R data_wait=W% predict_s=P``: R = samples/s of (b)
-over (a), W = (b)'s share of step time waiting for data, P = seconds per 256^3 scan.
+- hardware use (:mod:`hardware_use`): FLOPs of a training step (forward and backward)
+  and of one prediction, the FLOP/s achieved (the step's time without data wait), and
+  their fraction of a large conv3d's and a large matmul's FLOP/s measured in the same run,
+  in the same layout and precision.
+
+The last line is ``throughput: ratio=R data_wait=W% predict_s=P train_of_peak=T%
+predict_of_peak=Q%``: R = samples/s of (b) over (a), W = (b)'s share of step time waiting
+for data, P = seconds per 256^3 scan, T and Q = achieved FLOP/s over the conv3d peak.
 """
 
 from __future__ import annotations
@@ -41,6 +47,7 @@ import os
 import resource
 import socket
 import statistics
+import sys
 import tempfile
 import threading
 import time
@@ -56,6 +63,9 @@ import torch.multiprocessing as mp
 from scipy.ndimage import gaussian_filter, zoom
 from torch.nn import functional as F
 from torch.utils.data import DataLoader, Dataset
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import hardware_use  # noqa: E402
 
 from heatmap3d.config import Config, DataConfig, ModelConfig, TrainConfig
 from heatmap3d.data.cache import build_entries
@@ -293,8 +303,11 @@ def allreduce_seconds(numel: int, repeats: int = 20) -> float:
 # --------------------------------------------------------------------------- main
 
 
-def predict_seconds(model, cfg: Config, names: list[str], device, s: Settings) -> list[float]:
-    """End-to-end seconds of ``Predictor.predict_volume`` on a synthetic 1 mm 256^3 scan."""
+def predict_seconds(
+    model, cfg: Config, names: list[str], device, s: Settings
+) -> tuple[list[float], int]:
+    """End-to-end seconds of ``Predictor.predict_volume`` on a synthetic 1 mm 256^3 scan,
+    and the FLOPs of one call."""
     n = s.predict_side
     rng = np.random.default_rng(1)
     data = zoom(gaussian_filter(rng.normal(size=(n // 8,) * 3), 1.0), 8, order=1)
@@ -308,7 +321,13 @@ def predict_seconds(model, cfg: Config, names: list[str], device, s: Settings) -
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         times.append(time.perf_counter() - t0)
-    return times[1:]
+    return times[1:], hardware_use.count_flops(lambda: predictor.predict_volume(vol))
+
+
+def step_flops(model, loader, device, layout) -> int:
+    """FLOPs of one training step's forward and backward (the optimizer is elementwise)."""
+    batch = next(iter(loader))
+    return hardware_use.count_flops(lambda: ours_loss(model, batch, device, layout)[0].backward())
 
 
 def main() -> None:
@@ -399,6 +418,7 @@ def main() -> None:
 
         model = pipelines["heatmap3d"][2]
         numel = sum(p.numel() for p in model.parameters())
+        train_flops = step_flops(model, pipelines["heatmap3d"][0], device, OUR_LAYOUT)
         del pipelines, loader
     step_s = rows["heatmap3d"][2]
     t_ar = allreduce_seconds(numel)
@@ -414,14 +434,23 @@ def main() -> None:
         print(f"  N={n}: all-reduce {t_n * 1e3:.2f} ms, efficiency {step_s / (step_s + t_n):.3f}")
 
     cfg = Config(data=DataConfig(spacing=[SPACING] * 3, landmarks=names), model=model_cfg)
-    times = predict_seconds(build_model(model_cfg, s.landmarks).to(device), cfg, names, device, s)
+    model = build_model(model_cfg, s.landmarks).to(device)
+    times, predict_flops = predict_seconds(model, cfg, names, device, s)
     predict_s = statistics.median(times)
     side = round(s.predict_side / SPACING)
     listed = ", ".join(f"{t:.2f}" for t in times)
     print(f"\npredict: {s.predict_side}^3 scan at 1 mm -> {side}^3 at {SPACING} mm, padded to a "
           f"multiple of {2**s.depth}; seconds per scan: {listed}")  # fmt: skip
+    # Hardware use: both workloads against the peak of the same kind of work, measured now.
+    peak = hardware_use.measure_peak(device, OUR_LAYOUT, None)
+    print("\n" + hardware_use.peak_lines(peak, OUR_LAYOUT, None))
+    print(hardware_use.report(f"training step (batch {s.batch})", train_flops, step_s, peak))
+    print(hardware_use.report("prediction (one scan)", predict_flops, predict_s, peak))
+    train_use = train_flops / step_s / peak.conv3d
+    predict_use = predict_flops / predict_s / peak.conv3d
     print(f"throughput: ratio={ratio:.2f} data_wait={rows['heatmap3d'][1]:.1f}% "
-          f"predict_s={predict_s:.2f}")  # fmt: skip
+          f"predict_s={predict_s:.2f} train_of_peak={100 * train_use:.1f}% "
+          f"predict_of_peak={100 * predict_use:.1f}%")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -1,0 +1,199 @@
+"""Everything this project wants measured on its first GPU, in one command.
+
+    python benchmarks/gpu.py [--results benchmarks/RESULTS.md] [--quick]
+
+On a machine with CUDA it runs, one after another, each as its own process:
+
+1. the CUDA tests (``pytest -m cuda``);
+2. the throughput benchmark (training samples/s against the common recipe, data wait,
+   memory, FLOPs and their fraction of the GPU's conv3d/matmul peak);
+3. the heatmap kernel against the memory-bandwidth floor (``benchmarks/heatmaps.py``'s
+   ``cuda_vs_fill``);
+4. prediction per scan of the whole model (``benchmarks/predict_speed.py --device cuda``);
+5. DDP on every visible GPU: a synthetic dataset trained for a few epochs with
+   ``torchrun --nproc_per_node=1`` and ``=N`` (wall time, so the scaling with start-up).
+
+and appends its figures to ``--results`` as a dated section (through the project's
+atomic writer: a reader sees the old file or the new one). Without CUDA it says so in one
+line and exits 0 without writing anything. A step that fails is recorded with its exit
+status and the tail of its output; the others still run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "RESULTS.md"
+
+
+@dataclass
+class Step:
+    """One command of the plan and how to read its figures from its output."""
+
+    name: str
+    argv: list[str]
+    parse: Callable[[str], str]
+    timeout: int = 3600
+
+
+@dataclass
+class Outcome:
+    step: Step
+    returncode: int
+    seconds: float
+    figures: str
+    tail: list[str] = field(default_factory=list)
+
+
+def last_line(prefix: str) -> Callable[[str], str]:
+    """The last output line starting with ``prefix``, without it ('' when none)."""
+
+    def parse(output: str) -> str:
+        lines = [ln for ln in output.splitlines() if ln.startswith(prefix)]
+        return lines[-1][len(prefix) :].strip() if lines else ""
+
+    return parse
+
+
+def pytest_summary(output: str) -> str:
+    """pytest's final count line, e.g. ``12 passed, 3 skipped in 40.1s``."""
+    found = re.findall(r"^=*\s*(\d+ (?:passed|failed|skipped|error).*?)\s*=*$", output, re.M)
+    return found[-1] if found else ""
+
+
+def wall_only(output: str) -> str:
+    return ""
+
+
+def plan(gpus: int, work: Path, *, quick: bool = False) -> list[Step]:
+    """The commands, in order (``work``: a scratch folder for the DDP dataset and runs)."""
+    py = sys.executable
+    data = work / "ddp_data"
+    epochs = "train.epochs=2" if quick else "train.epochs=5"
+    steps = [
+        Step("CUDA tests", [py, "-m", "pytest", "-q", "-m", "cuda", "-p", "no:cacheprovider"],
+             pytest_summary),
+        Step("throughput", [py, "benchmarks/throughput.py", *(
+            ["--repeats", "1", "--predict-repeats", "1"] if quick else [])],
+             last_line("throughput:")),
+        Step("heatmap kernel", [py, "benchmarks/heatmaps.py"], last_line("heatmaps:")),
+        Step("prediction, whole model", [py, "benchmarks/predict_speed.py", "--device", "cuda",
+             "--views", "2" if quick else "4", "--repeats", "1" if quick else "3"],
+             last_line("after")),
+        Step("synthetic dataset", [py, "-m", "heatmap3d.cli", "synth", str(data),
+             "--n-train", "8", "--n-val", "2", "--n-test", "0"], wall_only),
+    ]  # fmt: skip
+    for n in sorted({1, gpus}):
+        steps.append(
+            Step(
+                f"DDP, {n} GPU(s)",
+                [
+                    py,
+                    "-m",
+                    "torch.distributed.run",
+                    "--standalone",
+                    f"--nproc_per_node={n}",
+                    "train_ddp.py",
+                    f"data.root={data}",
+                    f"train.out_dir={work / 'runs'}",
+                    f"train.name=ddp{n}",
+                    epochs,
+                    "train.device=cuda",
+                ],
+                wall_only,
+            )  # fmt: skip
+        )
+    return steps
+
+
+def run(step: Step) -> Outcome:
+    """Run one step from the repository root; its output goes to the terminal too."""
+    print(f"\n== {step.name}: {' '.join(step.argv)}", flush=True)
+    start = time.perf_counter()
+    try:
+        done = subprocess.run(
+            step.argv, cwd=ROOT, capture_output=True, text=True, timeout=step.timeout
+        )
+        code, output = done.returncode, done.stdout + done.stderr
+    except subprocess.TimeoutExpired as err:
+        code, output = 124, f"{err.stdout or ''}{err.stderr or ''}\ntimed out"
+    seconds = time.perf_counter() - start
+    print(output[-3000:], flush=True)
+    return Outcome(step, code, seconds, step.parse(output), output.splitlines()[-5:])
+
+
+def section(outcomes: list[Outcome], machine: str, day: datetime.date) -> str:
+    """The RESULTS.md section: date, machine, one table row per step, failures' tails."""
+    lines = [
+        f"### {day.isoformat()}, first GPU run (`python benchmarks/gpu.py`)",
+        "",
+        f"Machine: {machine}.",
+        "",
+        "| step | exit | wall s | figures |",
+        "|---|---|---|---|",
+    ]
+    for o in outcomes:
+        figures = o.figures.replace("|", "/") or "-"
+        lines.append(f"| {o.step.name} | {o.returncode} | {o.seconds:.1f} | {figures} |")
+    ddp = {o.step.name: o for o in outcomes if o.step.name.startswith("DDP")}
+    if len(ddp) == 2 and all(o.returncode == 0 for o in ddp.values()):
+        one, many = sorted(ddp.values(), key=lambda o: len(o.step.name))
+        lines += ["", f"DDP wall time ({one.step.name} / {many.step.name}, start-up "
+                  f"included): {one.seconds / many.seconds:.2f}x"]  # fmt: skip
+    for o in outcomes:
+        if o.returncode != 0:
+            lines += ["", f"{o.step.name} failed (exit {o.returncode}); its last lines:", "```"]
+            lines += [*o.tail, "```"]
+    return "\n".join(lines) + "\n"
+
+
+def append_section(results: Path, text: str) -> None:
+    """``results`` with ``text`` appended after a blank line, written atomically."""
+    from heatmap3d.io.atomic import atomic_write_bytes
+
+    old = results.read_text() if results.exists() else ""
+    joined = old.rstrip("\n") + "\n\n" + text if old else text
+    atomic_write_bytes(results, joined.encode())
+
+
+def machine() -> str:
+    import torch
+
+    names = {torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())}
+    return (
+        f"{torch.cuda.device_count()} x {', '.join(sorted(names))}; torch {torch.__version__}, "
+        f"CUDA {torch.version.cuda}"
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--results", type=Path, default=RESULTS, help="the file to append to")
+    p.add_argument("--quick", action="store_true", help="shorter runs (checking the script)")
+    args = p.parse_args(argv)
+    import torch
+
+    if not torch.cuda.is_available():
+        print("gpu.py: no CUDA device here; nothing run, nothing written")
+        return 0
+    with tempfile.TemporaryDirectory() as tmp:
+        steps = plan(torch.cuda.device_count(), Path(tmp), quick=args.quick)
+        outcomes = [run(step) for step in steps]
+    text = section(outcomes, machine(), datetime.date.today())
+    append_section(args.results, text)
+    print(f"\nappended to {args.results}:\n\n{text}")
+    return 0 if all(o.returncode == 0 for o in outcomes) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,87 @@
+"""``benchmarks/gpu.py``'s CPU-side logic: the plan of commands, reading figures, the
+RESULTS.md section and its atomic append, and the one-line exit without CUDA."""
+
+import datetime
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+import gpu  # noqa: E402
+
+
+def test_the_plan_runs_every_measurement_and_ddp_on_every_gpu(tmp_path):
+    steps = gpu.plan(4, tmp_path)
+    names = [s.name for s in steps]
+    assert names[:4] == ["CUDA tests", "throughput", "heatmap kernel", "prediction, whole model"]
+    assert steps[0].argv[1:6] == ["-m", "pytest", "-q", "-m", "cuda"]
+    assert "--device" in steps[3].argv and "cuda" in steps[3].argv
+    ddp = [s for s in steps if s.name.startswith("DDP")]
+    assert [s.name for s in ddp] == ["DDP, 1 GPU(s)", "DDP, 4 GPU(s)"]
+    assert "--nproc_per_node=4" in ddp[1].argv and "train.device=cuda" in ddp[1].argv
+    data = str(tmp_path / "ddp_data")
+    assert data in steps[4].argv and f"data.root={data}" in ddp[0].argv
+    # One GPU: one DDP run, not the same one twice.
+    assert [s.name for s in gpu.plan(1, tmp_path) if s.name.startswith("DDP")] == ["DDP, 1 GPU(s)"]
+    for script in ("benchmarks/throughput.py", "benchmarks/heatmaps.py", "train_ddp.py"):
+        assert (ROOT / script).is_file()  # the plan names files that exist
+
+
+def test_figures_are_read_from_each_commands_output():
+    out = "noise\nthroughput: ratio=1.50 data_wait=2.0%\nthroughput: ratio=2.10 data_wait=0.5%\n"
+    assert gpu.last_line("throughput:")(out) == "ratio=2.10 data_wait=0.5%"
+    assert gpu.last_line("heatmaps:")(out) == ""
+    log = "....s\n=========== 7 passed, 2 skipped in 12.3s ===========\n"
+    assert gpu.pytest_summary(log) == "7 passed, 2 skipped in 12.3s"
+    assert gpu.pytest_summary("5 passed in 1.0s\n") == "5 passed in 1.0s"
+    assert gpu.pytest_summary("collected 0 items\n") == ""
+
+
+def outcome(name: str, code: int, seconds: float, figures: str) -> gpu.Outcome:
+    step = gpu.Step(name, ["x"], gpu.wall_only)
+    return gpu.Outcome(step, code, seconds, figures, ["line a", "last line"])
+
+
+def test_the_section_is_dated_and_has_a_row_per_step_and_the_failures_tails():
+    outcomes = [
+        outcome("throughput", 0, 12.34, "ratio=3.0 | x"),
+        outcome("heatmap kernel", 1, 5.0, ""),
+        outcome("DDP, 1 GPU(s)", 0, 100.0, ""),
+        outcome("DDP, 2 GPU(s)", 0, 60.0, ""),
+    ]
+    text = gpu.section(outcomes, "2 x NVIDIA H100", datetime.date(2026, 11, 25))
+    lines = text.splitlines()
+    assert lines[0] == "### 2026-11-25, first GPU run (`python benchmarks/gpu.py`)"
+    assert "Machine: 2 x NVIDIA H100." in lines
+    assert "| throughput | 0 | 12.3 | ratio=3.0 / x |" in lines  # a '|' cannot break the table
+    assert "| heatmap kernel | 1 | 5.0 | - |" in lines
+    assert any("1.67x" in ln for ln in lines)  # 100 s on one GPU against 60 s on two
+    assert "heatmap kernel failed (exit 1); its last lines:" in text and "last line" in text
+
+
+def test_the_section_is_appended_atomically_keeping_the_file(tmp_path):
+    results = tmp_path / "RESULTS.md"
+    results.write_text("# Results\n\nearlier\n")
+    gpu.append_section(results, "### new\n")
+    assert results.read_text() == "# Results\n\nearlier\n\n### new\n"
+    assert [p.name for p in tmp_path.iterdir()] == ["RESULTS.md"]  # no temporary left
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the path without CUDA")
+def test_without_cuda_one_line_exit_0_and_nothing_written(tmp_path):
+    results = tmp_path / "RESULTS.md"
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "gpu.py"), "--results", str(results)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().splitlines() == [
+        "gpu.py: no CUDA device here; nothing run, nothing written"
+    ]
+    assert not results.exists()
