@@ -139,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     tpl = np.stack([read_configurations([REAL / t], names=names)[1][0] for t in TEMPLATES])
     everyone = np.concatenate(list(sets.values()))
-    for label, floor in (("floor 8 mm, before", 8.0), ("today", shape_floor_mm(len(tpl)))):
+    for label, floor in (("8 mm (before)", 8.0), ("today", shape_floor_mm(len(tpl)))):
         three = ShapeModel.fit(names, tpl, floor_mm=floor)
         r = score(three, everyone, args.moves, np.random.default_rng(args.seed))
         print(row(f"three templates / {label}", r, len(everyone)))

@@ -177,3 +177,26 @@ def test_on_real_people_a_set_never_seen_is_rarely_flagged_and_gross_errors_are_
         if names[k] not in ("29", "30")  # the disputed pair: raters differ by cm
     ]
     assert np.mean(caught) >= 0.95
+
+
+TEMPLATES = [
+    "MNI152NLin2009cAsym/tpl-MNI152NLin2009cAsym_res-01_desc-groundtruth_afids.fcsv",
+    "MNI152NLin6Asym/tpl-MNI152NLin6Asym_res-01_desc-groundtruth_afids.fcsv",
+    "approx_MNI152NLin2009aSym_nilearn/tpl-MNI152NLin2009cSym_res-1_desc-groundtruth_afids.fcsv",
+]
+
+
+@pytest.mark.skipif(not REAL.is_dir(), reason=f"real AFIDs population not found at {REAL}")
+def test_a_model_fitted_on_the_three_templates_does_not_cry_wolf_on_real_people():
+    """Without a prior, training fits the three templates (floor 3 + 150/N^2 mm): on real
+    people it flags few true landmarks (the old 8 mm floor flagged 0.7 per person)."""
+    from heatmap3d.inference.shape_files import landmark_files, read_configurations
+    from heatmap3d.training.heldout import shape_floor_mm
+
+    names = [str(k) for k in range(1, 33)]
+    tpl = read_configurations([REAL.parent / t for t in TEMPLATES], names=names)[1]
+    model = ShapeModel.fit(names, tpl, floor_mm=shape_floor_mm(3))
+    people = read_configurations(landmark_files([REAL / SETS["HCP"]]), names=names)[1]
+    assert np.mean([model.outliers(p).sum() for p in people]) <= 0.2
+    rng = np.random.default_rng(0)
+    assert np.mean([model.outliers(_moved(p, 0, 40.0, rng))[0] for p in people[:10]]) == 1.0

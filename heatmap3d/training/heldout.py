@@ -41,17 +41,17 @@ def truth_points(cases: list[Case], names: list[str]) -> dict[str, np.ndarray]:
 
 
 def shape_floor_mm(n_cases: int) -> float:
-    """The smallest outlier threshold of a shape model fitted on ``n_cases``, mm: 3 + 135/N^2.
+    """The smallest outlier threshold of a shape model fitted on ``n_cases``, mm: 3 + 150/N^2.
 
     Why: a few cases cannot show how much a configuration varies. Measured on the 122 real
     AFIDs configurations (benchmarks/shape_prior.py): fitted on the three templates
     (averages of many brains, so alike; every leave-one-out scale under 1.3 mm), a floor of
-    8 mm flagged 0.5 of 32 true landmarks per real person, 14 mm 0.12, 17 mm 0.10; so
-    N = 3 gets 18 mm: it catches 20 mm errors, not 10 mm ones (a population prior does,
-    ``train.shape_prior``). Fitted on 10 real people, 4.5 mm already flags 0.07 per person
-    (N = 10 gets 4.35 mm).
+    8 mm flagged 0.71 of 32 true landmarks per real person, 14 mm 0.12, 18 mm 0.107; so
+    N = 3 gets 19.7 mm: it catches 20 mm errors, not 10 mm ones (a population prior does,
+    ``train.shape_prior``). Fitted on 10 real people, 4.5 mm flags 0.07 per person: N = 10
+    gets 4.5 mm (as 3 + 15/N did before).
     """
-    return 3.0 + 135.0 / max(n_cases, 1) ** 2
+    return 3.0 + 150.0 / max(n_cases, 1) ** 2
 
 
 def read_prior(path: str | Path, names: list[str] | None = None) -> PopulationShape:
