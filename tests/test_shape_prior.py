@@ -88,7 +88,9 @@ def _write_people(folder: Path, people: np.ndarray, suffix: str) -> None:
 
 
 def test_shape_fit_reads_fcsv_and_csv_folders_and_writes_a_prior(tmp_path, capsys):
-    _write_people(tmp_path / "a", _people(8, seed=11), ".fcsv")
+    some = _people(8, seed=11)
+    some[0, 3] = np.nan  # a file missing a landmark is fine
+    _write_people(tmp_path / "a", some, ".fcsv")
     _write_people(tmp_path / "b", _people(6, seed=12), ".csv")
     (tmp_path / "a" / "dataset_description.json").write_text('{"Name": "not landmarks"}')
     out = tmp_path / "prior.json"

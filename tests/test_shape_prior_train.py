@@ -30,7 +30,7 @@ def _prior(folder: Path, names: list[str]) -> Path:
     for i in range(12):
         points = _TEMPLATE_POINTS * rng.uniform(0.9, 1.1) + rng.normal(0, 1.5, (6, 3))
         write_landmarks(folder / f"p{i:02d}.fcsv", Landmarks(list(names), points))
-    out = folder.parent / "prior.json"
+    out = folder.parent / f"{folder.name}.json"
     proc = cli("shape", "fit", folder, "--out", out)
     assert proc.returncode == 0, proc.stderr[-2000:]
     return out
@@ -80,3 +80,19 @@ def test_a_prior_without_the_datasets_landmarks_is_refused_before_training(
     err = proc.stderr.strip().splitlines()[-1]
     assert err.startswith(f"error: {prior}") and "train.shape_prior" in err
     assert not list(out.rglob("*.pt"))  # refused before any training
+
+
+def test_plan_with_a_shape_prior_writes_it_into_every_stage(phantoms, copy_of, tmp_path, capsys):
+    from heatmap3d.cli import main
+    from heatmap3d.planning.plan_file import read_plan
+
+    data = copy_of(phantoms(n_train=4, n_val=2, n_test=0, seed=3))
+    prior = _prior(tmp_path / "people", list(LANDMARK_NAMES))
+    assert main(["plan", str(data), "--shape-prior", str(prior)]) == 0
+    stages = read_plan(data / "plan.yaml")
+    assert stages and all(s.config["train"]["shape_prior"] == str(prior.resolve()) for s in stages)
+    other = _prior(tmp_path / "others", [f"other{k}" for k in range(6)])
+    argv = ["plan", str(data), "--shape-prior", str(other), "--overwrite"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"error: {other}") and "\n" not in err

@@ -36,6 +36,12 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="JSON {name: description} for numbered landmarks (to find left/right pairs)",
     )
+    parser.add_argument(
+        "--shape-prior",
+        type=Path,
+        default=None,
+        help="a population shape prior (heatmap3d shape fit): the model folder's shape model",
+    )
     parser.add_argument("--split-file", default="split.json", help="relative to DATA")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing plan")
 
@@ -58,6 +64,18 @@ def _read_labels(path: Path | None) -> dict[str, str] | None:
     return {str(k): v for k, v in labels.items()}
 
 
+def _use_prior(plan, path: Path, names: list[str]) -> None:
+    """Every stage gets ``train.shape_prior`` (absolute: the plan may be run elsewhere),
+    after the prior is read and found to hold the dataset's landmarks (InputError if not)."""
+    from heatmap3d.training.heldout import read_prior
+
+    prior = read_prior(path, names)
+    why = f"a population prior of {prior.n_cases} configurations (heatmap3d shape fit)"
+    for stage in plan.stages:
+        stage.config.setdefault("train", {})["shape_prior"] = str(path.resolve())
+        stage.reasons["train.shape_prior"] = why
+
+
 def plan_command(args: argparse.Namespace) -> None:
     """Print the fingerprint and the plan; write it (never over a plan without --overwrite)."""
     if not Path(args.data).is_dir():
@@ -75,6 +93,8 @@ def plan_command(args: argparse.Namespace) -> None:
         budget_minutes=args.budget_minutes,
         descriptions=descriptions,
     )
+    if getattr(args, "shape_prior", None) is not None:
+        _use_prior(plan, Path(args.shape_prior), list(fp.names))
     text = plan_text(plan, fp)
     print(text, end="")
     write_plan(out, plan, fp)
