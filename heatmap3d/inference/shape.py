@@ -15,73 +15,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from heatmap3d.inference.shape_align import procrustes, similarities, similarity
+
 _PRIOR_SHAPES = 5.0  # pseudo-cases of the pooled RMS in scale_mm (shrinkage for small N)
 _FIT_ITERATIONS = 5  # alternating transform / mode-coefficient fits in reconstruct
-_GPA_ITERATIONS = 20
 _MAX_MM = 1e6  # 1 km: no anatomy; a read shape model beyond it is malformed
 _MIN_MM2 = 1e-6  # the smallest noise_mm2 a read shape model may hold
-
-
-def _similarity(src: np.ndarray, dst: np.ndarray) -> tuple[float, np.ndarray, np.ndarray]:
-    """(s, R (3, 3), t (3,)) minimising ||dst - (s R src + t)||^2 over (n, 3) pairs (Umeyama)."""
-    mu_s, mu_d = src.mean(0), dst.mean(0)
-    a, b = src - mu_s, dst - mu_d
-    u, sig, vt = np.linalg.svd(b.T @ a)
-    # A reflection is never anatomy (left and right would swap): force det(R) = +1.
-    d = np.ones(3)
-    d[2] = np.sign(np.linalg.det(u @ vt)) or 1.0
-    rot = (u * d) @ vt
-    var = float((a * a).sum())
-    s = float((sig * d).sum() / var) if var > 0 else 1.0
-    return s, rot, mu_d - s * rot @ mu_s
-
-
-def _similarities(
-    src: np.ndarray, dst: np.ndarray, weights: np.ndarray
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """:func:`_similarity` for many fits at once: row m of ``weights`` (M, K) 0/1 picks the
-    pairs of ``src`` ((K, 3), or (M, K, 3): one per fit; no NaN where weighted) and ``dst``
-    (K, 3). Returns s (M,), R (M, 3, 3) with det +1, t (M, 3)."""
-    w = weights.astype(float)
-    src = np.broadcast_to(np.where(w[..., None] > 0, src, 0.0), (len(w), *dst.shape))
-    n = np.maximum(w.sum(1), 1.0)
-    mu_s, mu_d = np.einsum("mj,mja->ma", w, src) / n[:, None], w @ dst / n[:, None]
-    cross = np.einsum("mj,ja,mjb->mab", w, dst, src) - n[:, None, None] * np.einsum(
-        "ma,mb->mab", mu_d, mu_s
-    )
-    var = np.einsum("mj,mj->m", w, (src**2).sum(-1)) - n * (mu_s**2).sum(1)
-    u, sig, vt = np.linalg.svd(cross)
-    d = np.ones((len(w), 3))
-    d[:, 2] = np.where(np.linalg.det(u @ vt) < 0, -1.0, 1.0)  # never a mirror
-    rot = (u * d[:, None, :]) @ vt
-    s = np.where(var > 0, (sig * d).sum(1) / np.where(var > 0, var, 1.0), 1.0)
-    return s, rot, mu_d - s[:, None] * np.einsum("mab,mb->ma", rot, mu_s)
-
-
-def _procrustes(shapes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Generalised Procrustes of (N, K, 3) mm with NaN rows -> (mean (K, 3), aligned (N, K, 3)).
-
-    The mean is centred and keeps the median size of the cases (RMS distance from the
-    centroid), so that the aligned frame is still in mm.
-    """
-    present = np.isfinite(shapes).all(-1)
-    size = np.median(
-        [np.sqrt(((s[p] - s[p].mean(0)) ** 2).sum(-1).mean()) for s, p in zip(shapes, present)]
-    )
-    ref = shapes[np.argmax(present.sum(1))]
-    aligned = shapes.copy()
-    mean = np.zeros_like(ref)
-    for _ in range(_GPA_ITERATIONS):
-        both = present & np.isfinite(ref).all(-1)
-        sc, rot, t = _similarities(shapes, np.nan_to_num(ref), both)
-        aligned = sc[:, None, None] * np.einsum("nab,nkb->nka", rot, shapes) + t[:, None]
-        new = np.nanmean(aligned, axis=0)
-        new -= new.mean(0)
-        new *= size / np.sqrt((new**2).sum(-1).mean())
-        if np.abs(new - mean).max() < 1e-4:
-            break
-        mean = ref = new
-    return new, aligned
 
 
 def _present(points: np.ndarray) -> np.ndarray:
@@ -233,7 +172,7 @@ class ShapeModel(ShapeReview):
     ) -> ShapeModel:
         """Procrustes + PCA, up to ``max_modes`` modes; scale_mm left at zero (fit fills it)."""
         n, k = shapes.shape[:2]
-        mean, aligned = _procrustes(shapes)
+        mean, aligned = procrustes(shapes)
         # An absent landmark takes the mean's position: it adds no variation of its own.
         filled = np.where(np.isfinite(aligned), aligned, mean)
         x = (filled - mean).reshape(n, k * 3)
@@ -271,7 +210,7 @@ class ShapeModel(ShapeReview):
         ridge = np.diag(self.noise_mm2 / self.variances) if len(modes) else None
         b = np.zeros(len(modes))
         for _ in range(_FIT_ITERATIONS):
-            s, rot, t = _similarity(shape[idx], dst)
+            s, rot, t = similarity(shape[idx], dst)
             if ridge is None:
                 break
             # Back into the model frame, where the modes and their variances live.
@@ -289,9 +228,48 @@ class ShapeModel(ShapeReview):
         residual. NaN where absent (or too few others).
         """
         points = np.asarray(points, dtype=float)
-        out = np.full(len(self.names), np.nan)
-        for k in np.flatnonzero(_present(points)):
-            out[k] = np.linalg.norm(points[k] - self.reconstruct(points, k, use=use))
+        return np.linalg.norm(points - self._reconstruct_all(points, use), axis=1)
+
+    def _reconstruct_all(self, points: np.ndarray, use: np.ndarray | None) -> np.ndarray:
+        """(K, 3) world mm: :meth:`reconstruct` of every present landmark at once (the same
+        fits, batched over landmarks: row k fits the others of k); NaN where absent."""
+        k_all = len(self.names)
+        present = _present(points)
+        idx = present & (True if use is None else np.asarray(use, dtype=bool))
+        w = idx[None, :] & ~np.eye(k_all, dtype=bool)  # row k: the others of k
+        rows = np.flatnonzero(present & (w.sum(1) >= 4))
+        out = np.full((k_all, 3), np.nan)
+        if not rows.size:
+            return out
+        w, dst = w[rows], np.nan_to_num(points)
+        modes = self.modes.reshape(-1, k_all, 3)
+        gram = np.einsum("mja,nja->jmn", modes, modes)  # (K, M, M) per landmark
+        ridge = np.diag(self.noise_mm2 / self.variances) if len(modes) else None
+        b = np.zeros((len(rows), len(modes)))
+        shape = np.broadcast_to(self.mean, (len(rows), k_all, 3)).copy()
+        done = np.zeros(len(rows), dtype=bool)
+        fit = [np.ones(len(rows)), np.tile(np.eye(3), (len(rows), 1, 1)), np.zeros((len(rows), 3))]
+        for _ in range(_FIT_ITERATIONS):
+            s, rot, t = similarities(shape, dst, w)
+            for part, new in zip(fit, (s, rot, t)):
+                part[~done] = new[~done]  # a converged row keeps its last fit, as reconstruct
+            if ridge is None:
+                break
+            y = np.einsum("rka,rab->rkb", dst[None] - t[:, None], rot) / s[:, None, None]
+            y -= self.mean
+            rhs = np.einsum("rj,mja,rja->rm", w, modes, y)
+            new_b = np.linalg.solve(np.einsum("rj,jmn->rmn", w, gram) + ridge, rhs[..., None])
+            new_b = new_b[..., 0]
+            moving = ~done
+            last = b.copy()
+            b[moving] = new_b[moving]
+            shape[moving] = self.mean + np.einsum("rm,mka->rka", b[moving], modes)
+            done |= np.abs(b - last).max(1, initial=0.0) < 1e-3
+            if done.all():
+                break
+        s, rot, t = fit
+        mine = shape[np.arange(len(rows)), rows]  # (R, 3): each row's own landmark
+        out[rows] = s[:, None] * np.einsum("rab,rb->ra", rot, mine) + t
         return out
 
     def thresholds(self, factor: float = 3.0) -> np.ndarray:

@@ -23,7 +23,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from heatmap3d.inference.shape import ShapeReview, _procrustes, _similarities
+from heatmap3d.inference.shape import ShapeReview
+from heatmap3d.inference.shape_align import procrustes, similarities
 
 KIND = "population"
 MIN_CASES = 10  # fewer cannot calibrate a threshold on held-out configurations
@@ -61,7 +62,7 @@ def _covariance(dev: np.ndarray, shrink: float) -> np.ndarray:
 def _aligned_deviations(shapes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Procrustes of (N, K, 3) mm -> (mean (K, 3), deviations (N, 3K)); an absent landmark
     sits at the mean (it adds no variation)."""
-    mean, aligned = _procrustes(shapes)
+    mean, aligned = procrustes(shapes)
     filled = np.where(np.isfinite(aligned), aligned, mean)
     return mean, (filled - mean).reshape(len(shapes), -1)
 
@@ -140,7 +141,7 @@ class PopulationShape(ShapeReview):
         test = present & (others.sum(1) >= _MIN_OTHERS)
         if not test.any():
             return d2, guess
-        s, rot, t = _similarities(np.where(present[:, None], points, 0.0), self.mean, others)
+        s, rot, t = similarities(np.where(present[:, None], points, 0.0), self.mean, others)
         y = s[:, None, None] * np.einsum("kab,jb->kja", rot, np.nan_to_num(points)) + t[:, None]
         inside = test & usable  # conditioned on all of `usable` but itself: one precision
         if inside.any():
