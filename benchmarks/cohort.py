@@ -17,7 +17,10 @@ outputs are predicted again), then prints:
    start-up and model loading included) and over the ranks' prediction loop alone, and
    for each rank the share of that loop spent waiting for the loader (as the command
    itself reports it: ``waiting for data: rank 0 12% of 30.1 s``);
-3. whether every per-scan CSV is byte-identical between the two runs.
+3. whether every per-scan CSV is byte-identical between one process and two ranks with
+   one CPU thread each (a third run, ``HEATMAP3D_THREADS=1``), and the largest coordinate
+   difference between one process with two threads and two ranks (float32 convolutions
+   sum in an order that depends on the thread count).
 
 The last line is ``cohort: one=A two=B scans/min (loop: C, D) speedup=S wait=W1 W2
 identical=yes|no``.
@@ -26,6 +29,8 @@ identical=yes|no``.
 from __future__ import annotations
 
 import argparse
+import csv
+import os
 import re
 import statistics
 import subprocess
@@ -115,14 +120,31 @@ def step_times(model: Path, scans: list[Path], out: Path) -> dict[str, float]:
     return {name: statistics.median(ts) for name, ts in times.items()}
 
 
-def predict(command: list[str], label: str) -> tuple[float, str]:
-    """Run a predict command to the end; its wall time and output (fails loudly)."""
+def predict(command: list[str], label: str, threads: int = 0) -> tuple[float, str]:
+    """Run a predict command to the end; its wall time and output (fails loudly).
+    ``threads`` > 0 fixes each process's CPU threads (``HEATMAP3D_THREADS``)."""
+    env = {**os.environ, "HEATMAP3D_THREADS": str(threads)} if threads else None
     start = time.perf_counter()
-    proc = subprocess.run(command, capture_output=True, text=True, check=False)
+    proc = subprocess.run(command, capture_output=True, text=True, check=False, env=env)
     wall = time.perf_counter() - start
     if proc.returncode != 0:
         sys.exit(f"{label} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
     return wall, proc.stdout
+
+
+def largest_difference(a: Path, b: Path, names: list[str]) -> float:
+    """The largest |x, y, z| difference (mm) between the same CSVs in folders a and b."""
+    worst = 0.0
+    for name in names:
+        rows = []
+        for folder in (a, b):
+            with open(folder / name, newline="") as f:
+                rows.append(list(csv.DictReader(f)))
+        for ra, rb in zip(*rows):
+            for c in "xyz":
+                if ra[c] and rb[c]:
+                    worst = max(worst, abs(float(ra[c]) - float(rb[c])))
+    return worst
 
 
 def waits(output: str) -> list[tuple[float, float]]:
@@ -173,9 +195,19 @@ def main() -> None:
                 f"{rates[label]:.1f} scans/min end to end ({wall:.1f} s), "
                 f"{loops[label]:.1f} in the loop; waiting for data: {shares[label]}"
             )
-        csvs = sorted(p.name for p in (work / "one").glob("*.csv"))
-        same = all((work / "one" / n).read_bytes() == (work / "two" / n).read_bytes() for n in csvs)
-        print(f"per-scan CSVs byte-identical between 1 and 2 ranks: {same} ({len(csvs)} files)")
+        # One process with one thread, as each of the two ranks has on 2 cores: the outputs
+        # must be the same bytes. With 2 threads the convolutions sum in another order.
+        predict([*runs["one"][:-len(extra) - 2], "--out", str(work / "one1"), *extra],
+                "one1", threads=1)  # fmt: skip
+        csvs = sorted(p.name for p in (work / "one").glob("scan*.csv"))
+        same = all(
+            (work / "one1" / n).read_bytes() == (work / "two" / n).read_bytes() for n in csvs
+        )
+        print(
+            f"per-scan CSVs byte-identical between 1 process and 2 ranks, 1 thread each: {same} "
+            f"({len(csvs)} files); largest difference with 2 threads against 1: "
+            f"{largest_difference(work / 'one', work / 'two', csvs):.2g} mm"
+        )
         print(
             f"cohort: one={rates['one']:.1f} two={rates['two']:.1f} scans/min "
             f"(loop: {loops['one']:.1f}, {loops['two']:.1f}) "

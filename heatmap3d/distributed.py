@@ -104,7 +104,13 @@ def setup(
     else:
         dev = torch.device("cpu")
         # Processes on one node share its cores; oversubscription makes every rank slower.
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world))
+        # HEATMAP3D_THREADS fixes the count: float32 convolutions sum in an order that
+        # depends on it (oneDNN's blocking), so outputs are bit-identical only between
+        # processes with the same number of threads.
+        threads = _env_int("HEATMAP3D_THREADS", 0)
+        if threads <= 0:
+            threads = max(1, (os.cpu_count() or 1) // local_world)
+        torch.set_num_threads(threads)
     if launched_by_torchrun() and not dist.is_initialized():
         global _process_group_created
         _process_group_created = True

@@ -154,3 +154,22 @@ def test_validation_counts_each_scan_once_for_any_world_size(dataset, equivalenc
         assert tables[nproc][0] == metrics, f"per-landmark MRE/SDR differ on {nproc} ranks"
         # During training (Trainer.validate): equal up to float32 rounding of the logs.
         assert logged[nproc] == pytest.approx(logged[1], rel=1e-6, nan_ok=True)
+
+
+def test_heatmap3d_threads_fixes_the_cpu_threads_of_a_process(monkeypatch):
+    """Bit-identical outputs need the same thread count in every process (benchmarks/
+    cohort.py): HEATMAP3D_THREADS sets it; without it, the node's cores are shared."""
+    import os as _os
+
+    from heatmap3d import distributed
+
+    before = torch.get_num_threads()
+    try:
+        monkeypatch.setenv("HEATMAP3D_THREADS", "1")
+        distributed.setup("cpu")
+        assert torch.get_num_threads() == 1
+        monkeypatch.delenv("HEATMAP3D_THREADS")
+        distributed.setup("cpu")
+        assert torch.get_num_threads() == max(1, (_os.cpu_count() or 1))
+    finally:
+        torch.set_num_threads(before)
