@@ -124,6 +124,13 @@ def _start(code: Path, model: Path, scans: Path, threads: int, device: str) -> s
     return proc
 
 
+def _build(code: Path, work: Path) -> Path:
+    env = {**os.environ, "PYTHONPATH": str(code)}
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--build", str(work)]
+    out = subprocess.run(cmd, env=env, check=True, capture_output=True, text=True).stdout
+    return Path(out.strip().splitlines()[-1])
+
+
 def _ask(proc: subprocess.Popen) -> dict:
     proc.stdin.write("run\n")
     proc.stdin.flush()
@@ -140,15 +147,19 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--worker", type=Path, help=argparse.SUPPRESS)
     p.add_argument("--scans", type=Path, help=argparse.SUPPRESS)
+    p.add_argument("--build", type=Path, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.worker is not None:
         return worker(args.worker, args.scans, args.threads, args.device)
+    if args.build is not None:
+        return print(build_random_folder(args.build))
     sys.path.insert(0, str(HERE))
     from review import views
 
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        model = args.model or build_random_folder(work / "built")
+        # Built by the earlier code, so that both read its checkpoints' stored config.
+        model = args.model or _build(args.base or HERE.parent, work / "built")
         _, scans = views(args.views, seed=1)
         arrays = {"n": len(scans)}
         for i, (vol, *_) in enumerate(scans):
@@ -173,7 +184,8 @@ def main() -> None:
     print(f"{len(scans)} scans x {args.repeats} repeats, {args.threads} threads, {args.device}")
     print(f"{'code':<8} {'median s/scan':>14} {'min s/scan':>11}")
     for name, t in times.items():
-        print(f"{name:<8} {np.median(t):14.3f} {np.min(t):11.3f}")
+        listed = " ".join(f"{x:.1f}" for x in t)  # scan by scan, repeat after repeat
+        print(f"{name:<8} {np.median(t):14.3f} {np.min(t):11.3f}   ({listed})")
     if "before" in times:
         speedup = np.median(times["before"]) / np.median(times["after"])
         diff = float(np.linalg.norm(points["before"] - points["after"], axis=-1).max())
