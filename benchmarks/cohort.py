@@ -138,8 +138,8 @@ def largest_difference(a: Path, b: Path, names: list[str]) -> float:
     for name in names:
         rows = []
         for folder in (a, b):
-            with open(folder / name, newline="") as f:
-                rows.append(list(csv.DictReader(f)))
+            with open(folder / name, newline="") as f:  # after the coordinate-system line
+                rows.append(list(csv.DictReader(line for line in f if not line.startswith("#"))))
         for ra, rb in zip(*rows):
             for c in "xyz":
                 if ra[c] and rb[c]:
