@@ -619,3 +619,14 @@ def test_dicom_io_leaves_the_process_locale_alone(tmp_path: Path) -> None:
     save_volume(tmp_path / "series", Volume(scan_data(), np.eye(4)))
     load_volume(tmp_path / "series")
     assert locale.getpreferredencoding(False) == before
+
+
+def test_writing_dicom_keeps_the_process_locale(tmp_path: Path) -> None:
+    """GDCM switches the process to the C locale while writing; left so, Python's default
+    text encoding turns ASCII and later subprocess output with tqdm's bar fails to decode."""
+    import locale
+
+    before = locale.setlocale(locale.LC_ALL)
+    data = np.arange(8 * 8 * 4, dtype=np.float32).reshape(8, 8, 4)
+    write_dicom_series(tmp_path / "series", Volume(data, np.eye(4)))
+    assert locale.setlocale(locale.LC_ALL) == before

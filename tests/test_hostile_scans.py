@@ -21,6 +21,7 @@ from assertions import raises_naming
 from test_bad_input_table import tiny_checkpoint
 
 from heatmap3d.cli import main
+from heatmap3d.io.itk_io import preserved_locale
 from heatmap3d.io.volumes import load_volume
 
 RNG = np.random.default_rng(25)
@@ -67,7 +68,8 @@ def errors_of(err: str) -> list[str]:
 
 def itk_pair(folder: Path, suffix: str) -> str:
     """Write ``ok<suffix>`` (.nhdr or .mhd, data file ``ok.raw``); its header text."""
-    sitk.WriteImage(sitk.GetImageFromArray(SCAN), str(folder / f"ok{suffix}"))
+    with preserved_locale():  # ITK's writers leave the C locale
+        sitk.WriteImage(sitk.GetImageFromArray(SCAN), str(folder / f"ok{suffix}"))
     return (folder / f"ok{suffix}").read_text()
 
 
@@ -146,7 +148,11 @@ def test_a_fifo_as_data_file_or_scan_does_not_hang_predict(model: Path, tmp_path
     args = ["predict", "--checkpoint", str(model), str(scans), "--out", str(tmp_path / "out")]
     code = "import sys; from heatmap3d.cli import entry; entry(sys.argv[1:])"
     done = subprocess.run(
-        [sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=300
+        [sys.executable, "-c", code, *args],
+        capture_output=True,
+        text=True,
+        encoding="utf-8",
+        timeout=300,
     )
     assert done.returncode == 2, done.stderr
     assert f"{header}: data file 'pipe.raw' is not a regular file" in done.stderr
@@ -195,7 +201,8 @@ def test_data_files_inside_the_folder_are_read(tmp_path: Path, suffix: str, line
 @pytest.mark.parametrize("suffix", [".nrrd", ".mha"])
 def test_attached_data_is_read(tmp_path: Path, suffix: str) -> None:
     path = tmp_path / f"scan{suffix}"
-    sitk.WriteImage(sitk.GetImageFromArray(SCAN), str(path), useCompression=True)
+    with preserved_locale():  # ITK's writers leave the C locale
+        sitk.WriteImage(sitk.GetImageFromArray(SCAN), str(path), useCompression=True)
     np.testing.assert_array_equal(load_volume(path).data, SCAN.transpose())
 
 

@@ -20,6 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from heatmap3d.errors import InputError
+from heatmap3d.io.itk_io import preserved_locale
 from heatmap3d.io.volumes import load_volume
 
 SCAN = np.random.default_rng(7).normal(size=(5, 6, 7)).astype(np.float32)
@@ -85,7 +86,8 @@ _VALUES = st.sampled_from(
 )
 def test_any_itk_header_gives_a_volume_or_one_line(suffix, edits, tmp_path_factory) -> None:
     folder = tmp_path_factory.mktemp("itk")
-    sitk.WriteImage(sitk.GetImageFromArray(SCAN), str(folder / f"base{suffix}"))
+    with preserved_locale():  # ITK's writers leave the C locale
+        sitk.WriteImage(sitk.GetImageFromArray(SCAN), str(folder / f"base{suffix}"))
     raw = (folder / f"base{suffix}").read_bytes()
     head, blank, rest = raw.partition(b"\n\n")
     if suffix in (".mha", ".mhd"):  # the header ends with its ElementDataFile line

@@ -15,7 +15,7 @@ import SimpleITK as sitk
 
 from heatmap3d.errors import InputError
 from heatmap3d.geometry import Volume
-from heatmap3d.io.itk_io import itk_from_affine, itk_message, volume_to_image
+from heatmap3d.io.itk_io import itk_from_affine, itk_message, preserved_locale, volume_to_image
 
 __all__ = ["write_dicom_series"]
 
@@ -50,7 +50,8 @@ def write_dicom_series(folder: Path, vol: Volume, description: str = "heatmap3d"
             image_slice.SetMetaData(tag, value)
         writer.SetFileName(str(folder / f"{k:04d}.dcm"))
         try:
-            writer.Execute(image_slice)
+            with preserved_locale():  # GDCM leaves the process in the C locale
+                writer.Execute(image_slice)
         except RuntimeError as exc:
             raise InputError(f"{folder}: cannot write DICOM ({itk_message(exc)})") from exc
 
