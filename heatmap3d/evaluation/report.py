@@ -35,7 +35,7 @@ from heatmap3d.evaluation.evaluate import worst_cases
 from heatmap3d.evaluation.pictures import write_png
 from heatmap3d.evaluation.report_data import Cohort, ScanRecord, read_cohort
 from heatmap3d.evaluation.report_html import GENERATOR, Page, render
-from heatmap3d.io.atomic import atomic_write_bytes
+from heatmap3d.io.atomic import atomic_write_bytes, refuse_foreign
 from heatmap3d.io.landmarks import Landmarks, read_landmarks
 from heatmap3d.io.layout import find_landmark_file
 from heatmap3d.io.predictions import is_ours
@@ -111,13 +111,14 @@ def write_report(
 
 def check_target(out: Path, overwrite: bool) -> None:
     """Refuse a folder in the way, or a ``report.html`` heatmap3d did not write."""
-    if out.is_dir():
-        raise InputError(f"{out}: is a folder; cannot write the report there")
-    if (out.exists() or out.is_symlink()) and not overwrite and not is_report(out):
-        raise InputError(
-            f"{out}: exists and was not written by heatmap3d; refusing to overwrite it "
-            "(use --overwrite)"
-        )
+    refuse_foreign(
+        out,
+        is_report,
+        overwrite=overwrite,
+        folder="cannot write the report there",
+        foreign="exists and was not written by heatmap3d; refusing to overwrite it "
+        "(use --overwrite)",
+    )
     if (out.parent / FILES).exists() and not (out.parent / FILES).is_dir():
         raise InputError(f"{out.parent / FILES}: is a file; the report's pictures go there")
 

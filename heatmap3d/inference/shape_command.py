@@ -19,7 +19,7 @@ from heatmap3d import __version__
 from heatmap3d.errors import InputError
 from heatmap3d.inference.shape_files import landmark_files, read_configurations, read_map
 from heatmap3d.inference.shape_prior import MIN_CASES, PopulationShape
-from heatmap3d.io.atomic import atomic_write_bytes
+from heatmap3d.io.atomic import atomic_write_bytes, refuse_foreign
 from heatmap3d.io.json_file import read_text
 from heatmap3d.io.seal import seal, seal_state
 
@@ -88,19 +88,21 @@ def shape_command(args: argparse.Namespace) -> None:
 def check_target(path: Path, overwrite: bool) -> None:
     """InputError unless ``path`` is free, a prior this command wrote and nobody edited, or
     ``overwrite`` is set (never for a folder)."""
-    path = Path(path)
-    if path.is_dir():
-        raise InputError(f"{path}: is a folder; --out is the prior file")
-    if not (path.exists() or path.is_symlink()) or overwrite:
-        return
+    refuse_foreign(
+        path,
+        _is_our_prior,
+        overwrite=overwrite,
+        folder="--out is the prior file",
+        foreign="exists and was not written by heatmap3d shape fit; refusing to "
+        "overwrite it (use --overwrite)",
+    )
+
+
+def _is_our_prior(path: Path) -> bool:
+    """A prior this command wrote (sealed marker) that nobody edited since."""
     try:
         text = read_text(path, what="shape prior")
         doc = json.loads(text)
-        ours = seal_state(text) is True and str(doc.get("written_by", "")).startswith("heatmap3d ")
+        return seal_state(text) is True and str(doc.get("written_by", "")).startswith("heatmap3d ")
     except (OSError, ValueError, AttributeError, InputError):
-        ours = False
-    if not ours:
-        raise InputError(
-            f"{path}: exists and was not written by heatmap3d shape fit; refusing to "
-            "overwrite it (use --overwrite)"
-        )
+        return False

@@ -16,7 +16,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
 
-__all__ = ["atomic_write", "atomic_write_bytes", "remove_stale", "umask"]
+from heatmap3d.errors import InputError
+
+__all__ = ["atomic_write", "atomic_write_bytes", "refuse_foreign", "remove_stale", "umask"]
 
 
 def umask() -> int:
@@ -65,3 +67,25 @@ def remove_stale(path: str | Path) -> None:
     path = Path(path)
     for stale in path.parent.glob(f".{path.name}.*.tmp"):
         stale.unlink(missing_ok=True)
+
+
+def refuse_foreign(
+    path: str | Path,
+    ours: Callable[[Path], bool],
+    *,
+    overwrite: bool = False,
+    folder: str,
+    foreign: str,
+) -> None:
+    """The rule every writer follows before it writes ``path``: never replace a file
+    heatmap3d did not write (or one a person edited since, as ``ours`` judges).
+
+    InputError ``"<path>: is a folder; <folder>"`` for a folder in the way (even with
+    ``overwrite``), and ``"<path>: <foreign>"`` for a file or link there that ``ours`` does
+    not recognise, unless ``overwrite``.
+    """
+    path = Path(path)
+    if path.is_dir():
+        raise InputError(f"{path}: is a folder; {folder}")
+    if (path.exists() or path.is_symlink()) and not overwrite and not ours(path):
+        raise InputError(f"{path}: {foreign}")

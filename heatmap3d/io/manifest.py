@@ -23,7 +23,7 @@ from typing import Any
 
 from heatmap3d import __version__
 from heatmap3d.errors import InputError
-from heatmap3d.io.atomic import atomic_write_bytes
+from heatmap3d.io.atomic import atomic_write_bytes, refuse_foreign
 from heatmap3d.io.case_ids import checked_case_ids
 from heatmap3d.io.json_file import load_json
 from heatmap3d.io.layout import Case
@@ -58,14 +58,14 @@ def is_our_manifest(path: str | Path) -> bool:
 def check_manifest_target(path: str | Path, overwrite: bool = False) -> None:
     """Raise :class:`InputError` when writing a manifest to ``path`` would replace a file
     heatmap3d did not write (or a manifest edited since); a folder is always refused."""
-    path = Path(path)
-    if path.is_dir():
-        raise InputError(f"{path}: is a folder; the manifest is a file")
-    if (path.exists() or path.is_symlink()) and not overwrite and not is_our_manifest(path):
-        raise InputError(
-            f"{path}: exists and is not a manifest heatmap3d wrote (or was edited since); "
-            "refusing to replace it (choose another --manifest, or use --overwrite)"
-        )
+    refuse_foreign(
+        path,
+        is_our_manifest,
+        overwrite=overwrite,
+        folder="the manifest is a file",
+        foreign="exists and is not a manifest heatmap3d wrote (or was edited since); "
+        "refusing to replace it (choose another --manifest, or use --overwrite)",
+    )
 
 
 def write_manifest(

@@ -79,7 +79,7 @@ import numpy as np
 from heatmap3d import __version__
 from heatmap3d.errors import InputError, one_line
 from heatmap3d.geometry import Volume, resample_to_grid
-from heatmap3d.io.atomic import atomic_write, atomic_write_bytes
+from heatmap3d.io.atomic import atomic_write, atomic_write_bytes, refuse_foreign
 from heatmap3d.io.json_file import read_text
 from heatmap3d.io.landmark_fields import LPS_FLIP
 from heatmap3d.io.landmark_formats import WRITERS
@@ -168,14 +168,14 @@ def check_overwrite(path: str | Path, overwrite: bool = False) -> None:
     Nothing there, or a file heatmap3d wrote, or ``overwrite=True``: fine. A folder in the
     way is refused even with ``overwrite``.
     """
-    path = Path(path)
-    if path.is_dir():
-        raise InputError(f"{path}: is a folder; cannot write a file there")
-    if (path.exists() or path.is_symlink()) and not overwrite and not is_ours(path):
-        raise InputError(
-            f"{path}: exists and was not written by heatmap3d; refusing to overwrite it "
-            "(use --overwrite)"
-        )
+    refuse_foreign(
+        path,
+        is_ours,
+        overwrite=overwrite,
+        folder="cannot write a file there",
+        foreign="exists and was not written by heatmap3d; refusing to overwrite it "
+        "(use --overwrite)",
+    )
 
 
 def _write_text(path: Path, text: str) -> None:

@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 
 from heatmap3d.errors import InputError
+from heatmap3d.io.atomic import refuse_foreign
 from heatmap3d.io.json_file import load_json
 from heatmap3d.planning.fingerprint import fingerprint_dataset
 from heatmap3d.planning.plan import make_plan
@@ -81,10 +82,13 @@ def plan_command(args: argparse.Namespace) -> None:
     if not Path(args.data).is_dir():
         raise InputError(f"{args.data}: dataset folder not found")
     out = args.out or Path(args.data) / "plan.yaml"
-    if out.is_dir():
-        raise InputError(f"{out}: is a folder; the plan is a file (give --out a file name)")
-    if (out.exists() or out.is_symlink()) and not args.overwrite:
-        raise InputError(f"{out}: a plan exists (edit it, or pass --overwrite to replace it)")
+    refuse_foreign(  # any plan there may hold the user's edits: none is taken as ours
+        out,
+        lambda _: False,
+        overwrite=args.overwrite,
+        folder="the plan is a file (give --out a file name)",
+        foreign="a plan exists (edit it, or pass --overwrite to replace it)",
+    )
     descriptions = _read_labels(args.labels)
     fp = fingerprint_dataset(args.data, split_file=getattr(args, "split_file", "split.json"))
     plan = make_plan(

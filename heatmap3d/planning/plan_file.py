@@ -28,7 +28,7 @@ import yaml
 from heatmap3d import __version__
 from heatmap3d.config import Config, _apply_override, from_dict
 from heatmap3d.errors import InputError, first_line
-from heatmap3d.io.atomic import atomic_write_bytes
+from heatmap3d.io.atomic import atomic_write_bytes, refuse_foreign
 from heatmap3d.io.json_file import read_text
 from heatmap3d.planning.fingerprint import Fingerprint
 from heatmap3d.planning.plan import Plan
@@ -142,15 +142,13 @@ def is_our_plan(path: str | Path) -> bool:
 def check_plan_target(path: str | Path) -> None:
     """InputError when writing a plan to ``path`` would replace a file that is not an
     unchanged plan of ours (a plan a person edited: the edit must not be lost)."""
-    path = Path(path)
-    if path.is_dir():
-        raise InputError(f"{path}: is a folder; cannot write the plan there")
-    if (path.exists() or path.is_symlink()) and not is_our_plan(path):
-        raise InputError(
-            f"{path}: was edited since heatmap3d wrote it (or was not written by heatmap3d) "
-            f"and is not replaced; train by it with --plan {path}, or move it away to plan "
-            "afresh"
-        )
+    refuse_foreign(
+        path,
+        is_our_plan,
+        folder="cannot write the plan there",
+        foreign="was edited since heatmap3d wrote it (or was not written by heatmap3d) "
+        f"and is not replaced; train by it with --plan {path}, or move it away to plan afresh",
+    )
 
 
 def read_plan(path: str | Path) -> list[PlanStage]:
