@@ -22,6 +22,7 @@ from heatmap3d.config import Config, DataConfig
 from heatmap3d.data.preprocess import outside_value, preprocess
 from heatmap3d.errors import InputError, first_line
 from heatmap3d.geometry import Volume, pad_to_multiple, voxel_to_world
+from heatmap3d.inference.cpu_threads import split_forward
 from heatmap3d.inference.decode import decode_heatmaps
 from heatmap3d.inference.settings import FORWARD_VOXELS, InferenceSettings
 from heatmap3d.inference.sliding import sliding_window
@@ -171,7 +172,7 @@ class Predictor:
         perm = torch.as_tensor(self.settings.mirror_perm, device=self.device, dtype=torch.long)
 
         def heads(model: torch.nn.Module, x: torch.Tensor, split: int) -> torch.Tensor:
-            out = model(x).float()  # images from ``split`` on are flipped: left is right
+            out = split_forward(model, x).float()  # from ``split`` on: flipped, left is right
             return torch.cat([out[:split], out[split:, perm]]) if split < len(out) else out
 
         run = self._passes(heads)
@@ -194,10 +195,11 @@ class Predictor:
             ch = torch.cat([chosen[:split], perm[chosen[split:]]]) if split < len(x) else chosen
             head = getattr(model, "head", None)
             if not (hasattr(model, "features") and isinstance(head, torch.nn.Conv3d)):
-                out = model(x).float()
+                out = split_forward(model, x).float()
                 return out[torch.arange(len(ch), device=out.device), ch][:, None]
             w, bias = head.weight[ch, :, 0, 0, 0], head.bias[ch]  # (n, C), (n,)
-            out = torch.einsum("bcijk,bc->bijk", model.features(x), w) + bias[:, None, None, None]
+            features = split_forward(model.features, x)
+            out = torch.einsum("bcijk,bc->bijk", features, w) + bias[:, None, None, None]
             return out.float()[:, None]
 
         run = self._passes(heads)

@@ -1,0 +1,72 @@
+"""A batch split across 1-thread workers gives the forward of the whole batch."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+
+from heatmap3d.config import ModelConfig
+from heatmap3d.inference.cpu_threads import split_forward
+from heatmap3d.model import build_model, set_layout
+
+
+@pytest.fixture
+def two_threads():
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield
+    torch.set_num_threads(before)
+
+
+def _unet() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return set_layout(build_model(ModelConfig(channels=4, depth=2), 3).eval(), True)
+
+
+@pytest.mark.parametrize("batch", [1, 2, 3, 5])
+def test_the_split_batch_equals_one_forward(two_threads, batch):
+    model = _unet()
+    x = torch.randn(batch, 1, 16, 16, 12).contiguous(memory_format=torch.channels_last_3d)
+    with torch.no_grad():
+        whole = model(x)
+        split = split_forward(model, x)
+        features = split_forward(model.features, x)
+    assert split.shape == whole.shape
+    torch.testing.assert_close(split, whole, rtol=1e-4, atol=1e-5)  # float32 sums in another order
+    torch.testing.assert_close(
+        features, model.features(x).detach(), rtol=1e-4, atol=1e-5
+    )  # float32 sums in another order
+
+
+def test_each_share_runs_on_its_own_thread(two_threads):
+    seen: list[str] = []
+
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        seen.append(threading.current_thread().name)
+        return x * 2
+
+    out = split_forward(fn, torch.arange(6.0).reshape(6, 1))
+    assert out.flatten().tolist() == [0.0, 2.0, 4.0, 6.0, 8.0, 10.0]  # order kept
+    assert len(seen) == 2 and all(name.startswith("heatmap3d-forward") for name in seen)
+    assert torch.get_num_threads() == 2  # the workers' 1 thread did not leak to the caller
+
+
+def test_the_workers_run_under_the_callers_grad_mode(two_threads):
+    model = _unet()
+    x = torch.randn(2, 1, 8, 8, 8)
+    with torch.no_grad():
+        assert not split_forward(model, x).requires_grad
+    assert split_forward(model, x).requires_grad
+
+
+def test_one_thread_runs_the_batch_as_it_is():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        names: list[str] = []
+        split_forward(lambda x: names.append(threading.current_thread().name) or x, torch.ones(4))
+        assert names == [threading.current_thread().name]
+    finally:
+        torch.set_num_threads(before)
