@@ -72,6 +72,29 @@ def test_empty_split(capsys, data):
     assert "split 'val' is empty" in train(capsys, data)
 
 
+@pytest.mark.parametrize("split", ["val empty", "no split file"])
+def test_training_without_validation_cases_asks_for_folds(capsys, data, tmp_path, split):
+    """Without --folds a run validates on the val cases: refused at once, nothing written."""
+    path = data / "split.json"
+    if split == "val empty":
+        path.write_text('{"train": ["case000", "case001", "case002"], "val": []}')
+        why = "split 'val' is empty"
+    else:
+        path.unlink()
+        why = "not found, so every case found (3) is a training case"
+    out = tmp_path / "runs"
+    assert main(["train", str(data), f"train.out_dir={out}", "train.device=cpu"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (
+        f'error: {path}: {why}: no case to validate on; add validation cases (a "val" '
+        "list of case ids in split.json) or train with --folds K (cross-validation pools "
+        "every case)"
+    )
+    assert not out.exists() and not (data / "plan.yaml").exists()
+    # A run from a config (train_ddp.py --config) says the same.
+    assert f"{path}: {why}: no case to validate on" in train(capsys, data)
+
+
 def test_predict_missing_checkpoint_and_scan(capsys, tmp_path):
     assert (
         main(

@@ -425,11 +425,46 @@ def write_split(root: Path, split: object) -> Path:
     return path
 
 
-def test_empty_val_split(data, capsys):
-    path = write_split(data, {"train": ["case000", "case001", "case002"], "val": []})
+CASES = ["case000", "case001", "case002", "case003", "case004"]
+
+
+@pytest.mark.parametrize("state", ["empty", "missing"])
+def test_no_validation_cases_is_a_warning_that_asks_for_folds(data, capsys, state):
+    """Cross-validation pools every case: a dataset needs no val split of its own."""
+    path = write_split(data, {"train": CASES, "val": []} if state == "empty" else {"train": CASES})
+    status, out = check(data, capsys)
+    assert status == 0
+    (line,) = lines_about(out, path, "warning")
+    assert f"split 'val' is {state}: no validation case; training then needs --folds K" in line
+    assert out.splitlines()[-1] == "5 cases, 0 errors, 1 warnings"
+    # Training cases are still required.
+    write_split(data, {"train": [], "val": CASES})
     status, out = check(data, capsys)
     assert status == 1
-    assert "split 'val' is empty" in lines_about(out, path)[0]
+    assert "split 'train' is empty; training needs training cases" in lines_about(out, path)[0]
+
+
+def test_without_a_split_file_every_case_found_is_a_training_case(data, tmp_path, capsys):
+    (data / "split.json").unlink()
+    (data / "landmarks" / "._case000.csv").write_bytes(b"\0\5\26\7")  # macOS's: no case
+    manifest = tmp_path / "manifest.json"
+    status, out = check(data, capsys, "--manifest", str(manifest))
+    assert status == 0, out
+    (line,) = lines_about(out, data / "split.json", "warning")
+    assert "not found, so every case found (5) is a training case" in line
+    assert "--folds K (cross-validation pools every case)" in line
+    assert out.splitlines()[-2] == "5 cases, 0 errors, 1 warnings"
+    doc = json.loads(manifest.read_text())
+    assert [e["id"] for e in doc["splits"]["train"]] == CASES and "val" not in doc["splits"]
+    # A scan without its landmark file is a case that is reported, not one left out.
+    next((data / "landmarks").glob("case004.*")).unlink()
+    status, out = check(data, capsys)
+    assert status == 1
+    assert "no landmark file" in lines_about(out, data / "landmarks" / "case004")[0]
+    # A split file named on purpose must be there.
+    status, out = check(data, capsys, "--split-file", "small.json")
+    assert status == 1
+    assert "split file not found" in lines_about(out, data / "small.json")[0]
 
 
 def test_case_in_two_splits(data, capsys):
@@ -442,8 +477,10 @@ def test_case_in_two_splits(data, capsys):
     assert out.splitlines()[-1].startswith("4 cases, 1 errors")
 
 
-def test_missing_split_file(data, capsys):
-    (data / "split.json").unlink()
+def test_missing_split_file(tmp_path, capsys):
+    # No split file and no case to take instead: the split file is what is missing.
+    data = tmp_path / "empty"
+    (data / "images").mkdir(parents=True)
     status, out = check(data, capsys)
     assert status == 1
     assert "split file not found" in lines_about(out, data / "split.json")[0]

@@ -36,6 +36,20 @@ def test_folds_give_every_case_to_exactly_one_validation_fold(tmp_path):
     assert json.loads((tmp_path / "split.json").read_text()) == split  # dataset untouched
 
 
+def test_folds_pool_every_case_of_a_dataset_without_a_split_file(tmp_path):
+    """No split.json: every case found (images/, landmarks/) is pooled into the folds."""
+    ids = ["c0", "c1", "c2"]
+    for folder, suffix in (("images", ".nii.gz"), ("landmarks", ".csv")):
+        (tmp_path / folder).mkdir()
+        for case in ids:
+            (tmp_path / folder / f"{case}{suffix}").touch()
+    members = plan_members(tmp_path, "split.json", tmp_path / "model", folds=3)
+    docs = [json.loads(Path(m.split_file).read_text()) for m in members]
+    assert sorted(c for d in docs for c in d["val"]) == ids
+    assert all(len(d["val"]) == 1 and sorted(d["train"] + d["val"]) == ids for d in docs)
+    assert not (tmp_path / "split.json").exists()  # folds are the model's, not the dataset's
+
+
 def test_seeds_and_a_lone_model(tmp_path):
     assert plan_members(tmp_path, "split.json", tmp_path, members=1) == [Member("")]
     seeds = plan_members(tmp_path, "split.json", tmp_path, members=3)

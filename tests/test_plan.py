@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from heatmap3d.cli import main
 from heatmap3d.config import from_dict
 from heatmap3d.errors import InputError
 from heatmap3d.io.landmarks import read_landmarks
@@ -318,6 +319,17 @@ def test_phantoms_fingerprint_and_plan(phantoms, tmp_path):
     with pytest.raises(InputError, match="--overwrite"):
         plan_command(parser.parse_args([str(root), "--out", str(out)]))
     plan_command(parser.parse_args([str(root), "--out", str(out), "--overwrite"]))
+
+
+@pytest.mark.parametrize("split", ["val empty", "no split file"])
+def test_plan_a_dataset_without_validation_cases(phantoms, copy_of, capsys, split):
+    """A dataset for cross-validation (--folds) needs no val split, nor a split file."""
+    data = copy_of(phantoms(n_train=3, n_val=0, seed=2))
+    if split == "no split file":
+        (data / "split.json").unlink()
+    assert main(["plan", str(data), "--device", "cpu"]) == 0
+    assert "3 cases (3 train), 6 landmarks" in capsys.readouterr().out
+    assert [s.name for s in read_plan(data / "plan.yaml")] == ["coarse"]
 
 
 def test_fingerprint_refuses_a_dataset_with_errors(tmp_path):

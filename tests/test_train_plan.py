@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from torchrun_util import run
+from torchrun_util import TINY as TORCHRUN_TINY
+from torchrun_util import run, torchrun
 
 TINY = ["data.num_workers=0", "model.channels=2", "model.depth=2", "data.patch_size=[16,16,16]"]
 
@@ -104,6 +105,41 @@ def test_an_edited_plan_with_a_refiner_trains_a_cascade_of_folds(phantoms, copy_
     rows = (data.parent / "pred" / f"{scan.name.split('.')[0]}.csv").read_text().splitlines()
     assert "radius_mm" in rows[1] and "status" in rows[1]
     assert caveat in pred.stdout
+
+
+@pytest.mark.slow
+def test_torchrun_folds_on_three_scans_without_a_split_file(phantoms, copy_of):
+    """A newcomer's dataset: three scans, no split.json. --folds 3 pools them (each fold
+    trains on two, validates on the third); the dataset is left as it was."""
+    data = copy_of(phantoms(n_train=3, n_val=0, seed=2))
+    (data / "split.json").unlink()
+    (data / ".heatmap3d-synthetic").unlink(missing_ok=True)
+    before = sorted(p.relative_to(data) for p in data.rglob("*"))  # before any cache
+    out = data.parent / "runs"
+    proc = torchrun(
+        1,
+        "--data",
+        str(data),
+        "--folds",
+        "3",
+        f"train.out_dir={out}",
+        "train.budget_minutes=0",
+        "train.epochs=1",
+        "train.calibration_views=0",
+        *TORCHRUN_TINY,
+    )
+    assert proc.returncode == 0, proc.output[-3000:]
+    model = out / "data"
+    (stage,) = json.loads((model / "model.json").read_text())["stages"]
+    assert stage["checkpoints"] == [f"fold{f}/coarse/best.pt" for f in range(3)]
+    folds = [json.loads((model / "folds" / f"fold{f}.json").read_text()) for f in range(3)]
+    cases = ["case000", "case001", "case002"]
+    assert sorted(c for fold in folds for c in fold["val"]) == cases
+    assert all(sorted(fold["train"] + fold["val"]) == cases for fold in folds)
+    oof = (model / "out_of_fold" / "evaluation" / "errors.csv").read_text()
+    assert all(case in oof for case in cases)
+    after = sorted(p.relative_to(data) for p in data.rglob("*") if ".cache" not in p.parts)
+    assert after == before  # no split file written into the dataset (the folds are the model's)
 
 
 def test_a_plan_with_an_unknown_key_is_one_line(phantoms, copy_of, tmp_path):

@@ -6,9 +6,12 @@ every case listed in the split file and collects every problem it finds as a
 :class:`Finding`: an *error* makes the dataset unusable for training, a *warning* is
 legal but worth a look. Checks, one function each:
 
-* split file: missing or invalid, ``train``/``val`` missing or empty, a case listed twice
-  or in two splits (ids normalised first: ``./case001`` and ``case001.nii.gz`` are
-  ``case001``), a case id that is not one file name (:mod:`heatmap3d.io.case_ids`);
+* split file: invalid, ``train`` missing or empty, a case listed twice or in two splits
+  (ids normalised first: ``./case001`` and ``case001.nii.gz`` are ``case001``), a case id
+  that is not one file name (:mod:`heatmap3d.io.case_ids`). No validation case (``val``
+  empty or missing, or no ``split.json`` at all, when every case found is a training
+  case: :func:`heatmap3d.io.layout.dataset_split`) is only a warning: cross-validation
+  (``--folds K``) pools every case, and training without it refuses the dataset;
 * per case: image and landmark file present; the image readable, 3D, finite, not
   constant, with a non-singular affine (:func:`heatmap3d.io.volumes.load_volume` raises for
   these) and not very anisotropic; the landmark file parses (duplicated names are a parse
@@ -52,11 +55,13 @@ from heatmap3d.geometry import Volume
 from heatmap3d.io.landmarks import Landmarks, read_landmarks
 from heatmap3d.io.layout import (
     Case,
+    dataset_split,
     find_image,
     find_landmark_file,
     image_candidates,
     landmark_candidates,
-    read_split,
+    no_validation,
+    split_is_implicit,
 )
 from heatmap3d.io.manifest import check_manifest_target, write_manifest
 from heatmap3d.io.volumes import load_volume
@@ -71,7 +76,6 @@ __all__ = [
     "run_check",
 ]
 
-REQUIRED_SPLITS = ("train", "val")  # training needs both; other splits (test) may be empty
 MAX_ANISOTROPY = 3.0  # warn when the largest voxel side is more than this times the smallest
 
 
@@ -88,7 +92,8 @@ class _CaseData:
 def check_dataset(
     root: str | Path, *, split_file: str = "split.json", landmarks: list[str] | None = None
 ) -> CheckReport:
-    """Read every case of ``root/split_file`` and report every problem (see module doc).
+    """Read every case of ``root/split_file`` (no ``split.json``: every case found, as
+    training) and report every problem (see module doc).
 
     ``landmarks`` are the expected names (in channel order); None or [] means the most
     common name set in the dataset. Never raises :class:`InputError` for a bad file: each
@@ -190,16 +195,34 @@ def run_check(
 
 
 def _check_split(path: Path, report: Collector) -> dict[str, list[str]]:
-    """The split file's case ids by split ({} if unreadable); problems become findings."""
+    """The split file's case ids by split ({} if unreadable); problems become findings.
+
+    Training cases are required. Validation cases are not: ``--folds K`` pools every case
+    into its folds, so a dataset without them (three scans and no split file) is fine for
+    cross-validation, and a warning says so; training without ``--folds`` refuses it
+    (:func:`heatmap3d.data.setup.prepare_dataset`).
+    """
+    root, name = path.parent, path.name
+    implicit = split_is_implicit(root, name)
+
+    def on_bad(err: InputError) -> None:
+        # Without a split file a bad id is a bad file name: reported against that file.
+        report.input_error(_named_path(err) if implicit else path, err)
+
     try:
-        split = read_split(path.parent, path.name, on_bad=lambda e: report.input_error(path, e))
+        split = dataset_split(root, name, on_bad=on_bad)
     except InputError as err:
-        report.input_error(path, err)
+        report.input_error(_named_path(err) if implicit else path, err)
         return {}
-    for name in REQUIRED_SPLITS:
-        if not split.get(name):
-            state = "empty" if name in split else "missing"
-            report.error(path, f"split {name!r} is {state}; training needs train and val cases")
+    if not split.get("train"):
+        state = "empty" if "train" in split else "missing"
+        report.error(path, f"split 'train' is {state}; training needs training cases")
+    elif (why := no_validation(root, name, split)) is not None:
+        report.warning(
+            path,
+            f"{why}: no validation case; training then needs --folds K (cross-validation "
+            "pools every case), or add validation cases",
+        )
     return split
 
 

@@ -9,6 +9,11 @@ every rank with the same one-line message, before any epoch.
 
 With ``data.manifest`` set, the cases and landmark names come from that manifest (written
 by ``heatmap3d check --manifest``) instead of ``split.json``; they are still checked here.
+
+A run validates on the split's ``val`` cases, so a dataset without them (``val`` empty or
+missing, or no ``split.json``: every case a training case) is refused at once
+(:func:`require_validation`), with the way out: add some, or cross-validate
+(``--folds K``, whose fold split files each hold validation cases).
 """
 
 from __future__ import annotations
@@ -21,10 +26,12 @@ from heatmap3d.data.check import CheckReport, check_cases
 from heatmap3d.data.synthetic import generate_dataset
 from heatmap3d.distributed import DistInfo
 from heatmap3d.errors import InputError
-from heatmap3d.io.layout import Case, find_cases, read_split
+from heatmap3d.io.layout import Case, dataset_split, find_cases, no_validation
 from heatmap3d.io.manifest import read_manifest
 
 _WARNINGS_SHOWN = 5  # the rest are counted; `heatmap3d check` lists every one
+
+__all__ = ["prepare_dataset", "require_validation"]
 
 
 def prepare_dataset(cfg: Config, world: DistInfo) -> tuple[list[str], list[Case], list[Case]]:
@@ -43,6 +50,24 @@ def _prepare_on_main(cfg: Config) -> tuple[list[str], list[Case], list[Case]]:
     _refuse_errors(report, cfg)
     check_mirror_pairs(cfg.augment, report.names)
     return report.names, train, val
+
+
+def require_validation(root: Path, split_file: str) -> dict[str, list[str]]:
+    """The split of ``root/split_file`` (:func:`~heatmap3d.io.layout.dataset_split`);
+    InputError naming the split file when it has no validation case.
+
+    Called before anything is planned or trained: a run without ``--folds`` validates on
+    these cases, and finding out after the plan was written helps no one.
+    """
+    split = dataset_split(root, split_file)
+    why = no_validation(root, split_file, split)
+    if why is not None:
+        raise InputError(
+            f"{Path(root) / split_file}: {why}: no case to validate on; add validation cases "
+            f'(a "val" list of case ids in {Path(split_file).name}) or train with --folds K '
+            "(cross-validation pools every case)"
+        )
+    return split
 
 
 def _refuse_errors(report: CheckReport, cfg: Config) -> None:
@@ -87,7 +112,7 @@ def _cases_from_split(cfg: Config, root: Path) -> tuple[list[str], list[Case], l
         s = cfg.synthetic
         print(f"generating the synthetic dataset in {root} (seed {s.seed})")
         generate_dataset(root, n_train=s.n_train, n_val=s.n_val, n_test=s.n_test, seed=s.seed)
-    split = read_split(root, cfg.data.split_file)
+    split = require_validation(root, cfg.data.split_file)
     train = find_cases(root, split.get("train", []), "train")
     val = find_cases(root, split.get("val", []), "val")
     return list(cfg.data.landmarks), train, val

@@ -8,6 +8,11 @@ on what a case is::
     <root>/landmarks/<case>.mrk.json  (or .fcsv, .csv, .json; world mm, RAS or LPS)
     <root>/split.json                 {"train": [case ids], "val": [case ids], "test": [...]}
 
+Without ``split.json`` (the default name only: a split file named on purpose must be there)
+every case found under ``images/`` and ``landmarks/`` is a training case
+(:func:`dataset_split`): cross-validation (``--folds K``) pools every case, so such a
+dataset needs no split of its own.
+
 Every problem raises :class:`heatmap3d.errors.InputError` naming the path.
 """
 
@@ -18,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from heatmap3d.errors import InputError
-from heatmap3d.io.case_ids import sort_case_ids
+from heatmap3d.io.case_ids import case_id_problem, normalise_case_id, sort_case_ids
 from heatmap3d.io.dicom import holds_dicom
 from heatmap3d.io.headers import named_files
 from heatmap3d.io.itk_io import ITK_SUFFIXES
@@ -27,18 +32,26 @@ from heatmap3d.io.landmarks import LANDMARK_SUFFIXES
 from heatmap3d.io.volumes import VOLUME_SUFFIXES
 
 __all__ = [
+    "DEFAULT_SPLIT_FILE",
     "IMAGE_SUFFIXES",
     "Case",
+    "dataset_split",
     "expand_scans",
     "find_cases",
     "find_image",
     "find_landmark_file",
+    "found_case_ids",
     "image_files",
     "image_candidates",
     "landmark_case_id",
+    "no_validation",
     "read_split",
     "scan_stem",
+    "split_is_implicit",
 ]
+
+DEFAULT_SPLIT_FILE = "split.json"
+"""The split file's name when none is given (``--split-file``, ``data.split_file``)."""
 
 IMAGE_SUFFIXES = VOLUME_SUFFIXES
 """Image file suffixes, in order of precedence for :func:`find_image` (NIfTI first); a
@@ -76,6 +89,98 @@ def read_split(
         if problem is not None:
             on_bad(problem)
     return result
+
+
+def split_is_implicit(root: Path, split_file: str) -> bool:
+    """True when ``root`` has no split file and none was named: :func:`dataset_split` then
+    takes every case found as a training case.
+
+    Only the default name qualifies: a split file named on purpose (``--split-file``) that
+    is absent is a mistake, not a request for every case. A dangling link named
+    ``split.json`` is a split file (its reader reports it), not an absent one.
+    """
+    path = Path(root) / split_file
+    return split_file == DEFAULT_SPLIT_FILE and not (path.exists() or path.is_symlink())
+
+
+def found_case_ids(root: Path, *, on_bad: Callable[[InputError], None] | None = None) -> list[str]:
+    """Every case id of ``root``, sorted: the scans of ``root/images`` (found as
+    :func:`find_image` finds them) and the landmark files of ``root/landmarks``.
+
+    The union, so that a scan without a landmark file (or the reverse) becomes a case
+    that ``heatmap3d check`` reports rather than one silently left out. Hidden files (a
+    leading ``.``: macOS's ``._case001.csv``, editors' files) are no cases. A file name
+    that cannot be a case id (:func:`~heatmap3d.io.case_ids.case_id_problem`) raises
+    :class:`InputError` naming it, or goes to ``on_bad`` and is left out.
+    """
+    root = Path(root)
+    named: dict[str, Path] = {}
+    images = root / "images"
+    for path in _visible(images):
+        suffix = next((s for s in IMAGE_SUFFIXES if path.name.endswith(s)), None)
+        if suffix is not None and path.is_file():
+            named.setdefault(path.name[: -len(suffix)], path)
+        elif path.is_dir() and holds_dicom(path):
+            named.setdefault(path.name, path)
+    marks = root / "landmarks"
+    for path in _visible(marks):
+        case_id = landmark_case_id(path)
+        if case_id is not None and path.is_file():
+            named.setdefault(case_id, path)
+    ids = set()
+    for name, path in named.items():
+        case_id = normalise_case_id(name)  # as read_split does: one case, one spelling
+        problem = case_id_problem(case_id)
+        if problem is None:
+            ids.add(case_id)
+            continue
+        err = InputError(
+            f"{path}: this file name cannot name a case ({problem}); rename the file, or "
+            f"list the cases in {root / DEFAULT_SPLIT_FILE}"
+        )
+        if on_bad is None:
+            raise err
+        on_bad(err)
+    return sorted(ids)
+
+
+def _visible(folder: Path) -> list[Path]:
+    """The entries of ``folder`` that are not hidden (no leading ``.``), sorted; [] when
+    it is no folder; InputError naming it when it cannot be listed."""
+    if not folder.is_dir():
+        return []
+    try:
+        return sorted(p for p in folder.iterdir() if not p.name.startswith("."))
+    except OSError as err:  # unreadable folder: one line, not a traceback
+        raise InputError(f"{folder}: cannot list the folder ({err.strerror})") from None
+
+
+def dataset_split(
+    root: Path, split_file: str, *, on_bad: Callable[[InputError], None] | None = None
+) -> dict[str, list[str]]:
+    """The case ids of each split: :func:`read_split`, or, for a dataset without a split
+    file (:func:`split_is_implicit`), ``{"train": every case found}``.
+
+    A dataset with no split file and no case either gets :func:`read_split`'s error
+    ("split file not found"): that says what is missing better than an empty split.
+    """
+    if split_is_implicit(root, split_file):
+        ids = found_case_ids(root, on_bad=on_bad)
+        if ids:
+            return {"train": ids}
+    return read_split(root, split_file, on_bad=on_bad)
+
+
+def no_validation(root: Path, split_file: str, split: dict[str, list[str]]) -> str | None:
+    """Why ``split`` (of ``root/split_file``, by :func:`dataset_split`) has no validation
+    case, or None when it has one. A run without ``--folds`` validates on these cases;
+    cross-validation pools every case and needs none."""
+    if split.get("val"):
+        return None
+    if split_is_implicit(root, split_file):
+        n = len(split.get("train", []))
+        return f"not found, so every case found ({n}) is a training case"
+    return f"split 'val' is {'empty' if 'val' in split else 'missing'}"
 
 
 def image_candidates(root: Path, case_id: str) -> list[Path]:

@@ -25,7 +25,7 @@ import numpy as np
 from heatmap3d.config import Config
 from heatmap3d.errors import InputError
 from heatmap3d.io.atomic import atomic_write_bytes
-from heatmap3d.io.layout import read_split
+from heatmap3d.io.layout import dataset_split
 
 
 @dataclass(frozen=True)
@@ -45,7 +45,8 @@ def plan_members(
 
     Folds split the union of the dataset's train and validation cases into ``folds`` parts
     of near-equal size (a fixed shuffle of the sorted ids, so a resumed run gets the same
-    folds); the test cases stay test cases.
+    folds); the test cases stay test cases. The dataset needs no validation cases, nor a
+    split file (:func:`~heatmap3d.io.layout.dataset_split`: every case found is pooled).
     """
     if folds and members > 1:
         raise InputError("--folds and --members: give one (each fold is a member)")
@@ -53,7 +54,7 @@ def plan_members(
         raise InputError("--members needs N >= 1 and --folds K >= 2")
     if not folds:
         return [Member(f"seed{m}" if members > 1 else "", m) for m in range(members)]
-    split = read_split(root, split_file)
+    split = dataset_split(root, split_file)
     pool = sorted(set(split.get("train", [])) | set(split.get("val", [])))
     if len(pool) < folds:
         raise InputError(

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from heatmap3d import distributed
 from heatmap3d.config import Config, load_config
+from heatmap3d.data.setup import require_validation
 from heatmap3d.distributed import DistInfo
 from heatmap3d.errors import InputError
 from heatmap3d.evaluation.metrics import LandmarkStats
@@ -80,7 +81,14 @@ def train_dataset(
         stages, model_dir, plan_file = distributed.main_then_broadcast(
             world,
             lambda: _planned_stages(
-                data, plan, overrides, base, world, resume=resume, overwrite=overwrite
+                data,
+                plan,
+                overrides,
+                base,
+                world,
+                resume=resume,
+                overwrite=overwrite,
+                cross_validate=folds > 0,
             ),
         )
         first = stages[0][1].data
@@ -106,15 +114,20 @@ def _planned_stages(
     *,
     resume: bool = False,
     overwrite: bool = False,
+    cross_validate: bool = False,
 ) -> tuple[list[tuple[str, Config]], Path, Path]:
     """Rank 0: the stage configs, the model folder and the plan file (written if new).
 
-    Everything that could refuse the run is checked before anything is written: a model
-    folder holding an earlier run's checkpoints (without ``resume`` or ``overwrite``), and
-    a ``plan.yaml`` there that a person edited (never replaced; it may be trained by with
-    ``--plan``). A resumed run without a plan of the dataset goes on by the model folder's.
+    Everything that could refuse the run is checked before anything is written: a dataset
+    without validation cases unless ``cross_validate`` (``--folds``: the folds hold them),
+    a model folder holding an earlier run's checkpoints (without ``resume`` or
+    ``overwrite``), and a ``plan.yaml`` there that a person edited (never replaced; it may
+    be trained by with ``--plan``). A resumed run without a plan of the dataset goes on by
+    the model folder's.
     """
     root = Path(data) if data is not None else Path(plan).parent
+    if not (cross_validate or base.data.manifest):  # a manifest lists its own cases
+        require_validation(root, base.data.split_file)
     named = any(o.split("=")[0].strip() == "train.name" for o in overrides)
     model_dir = Path(base.train.out_dir) / (base.train.name if named else root.resolve().name)
     if plan is None and (root / "plan.yaml").is_file():
