@@ -40,7 +40,14 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def add_overrides(parser: argparse.ArgumentParser) -> None:
-    """``--set KEY=VALUE ...``: passed to training after the plan's choices."""
+    """``--set KEY=VALUE ...``: passed to training after the plan's choices; ``--nproc``:
+    training processes (torchrun's ``--nproc_per_node``)."""
+    parser.add_argument(
+        "--nproc",
+        type=int,
+        default=1,
+        help="torchrun --nproc_per_node for training (on a CPU: processes of one thread each)",
+    )
     parser.add_argument(
         "--set",
         nargs="*",
@@ -128,9 +135,10 @@ def main() -> None:
     print(sh(*cli, "check", data).splitlines()[-1])
     print(sh(*cli, "plan", data))
     start = time.perf_counter()
-    sh(sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=1",
-       "train_ddp.py", "--data", data, f"train.budget_minutes={args.budget}",
-       f"train.out_dir={work / 'runs'}", *args.set)  # fmt: skip
+    sh(sys.executable, "-m", "torch.distributed.run", "--standalone",
+       f"--nproc_per_node={args.nproc}", "train_ddp.py", "--data", data,
+       f"train.budget_minutes={args.budget}", f"train.out_dir={work / 'runs'}",
+       *args.set)  # fmt: skip
     minutes = (time.perf_counter() - start) / 60
     model = work / "runs" / data.name
     t0 = time.perf_counter()

@@ -226,8 +226,8 @@ def main() -> None:
         start = time.perf_counter()
         budget, out = f"train.budget_minutes={args.budget}", f"train.out_dir={work / 'runs'}"
         log = sh(sys.executable, "-m", "torch.distributed.run", "--standalone",
-                 "--nproc_per_node=1", "train_ddp.py", "--data", data, "--folds", args.folds,
-                 budget, out, *args.set)  # fmt: skip
+                 f"--nproc_per_node={args.nproc}", "train_ddp.py", "--data", data,
+                 "--folds", args.folds, budget, out, *args.set)  # fmt: skip
         minutes = (time.perf_counter() - start) / 60
         print(log[-4000:])
         model = work / "runs" / data.name
