@@ -22,6 +22,7 @@ full-size intermediate (see :func:`gaussian_heatmaps` and
 from __future__ import annotations
 
 import math
+import threading
 from collections.abc import Sequence
 
 import numpy as np
@@ -48,6 +49,8 @@ Triple = Sequence[float] | Tensor
 CHUNK_VOXELS = 1 << 24
 # ATen runs an elementwise op on one thread below this many elements (its grain size).
 _SERIAL_ELEMS = 32768
+# ... except its vectorised exp, which goes parallel above this many (its own grain).
+_EXP_GRAIN = 2048
 
 
 def sigma_vox(sigma: float | Tensor, spacing: Triple = (1.0, 1.0, 1.0)) -> Tensor:
@@ -191,7 +194,7 @@ def _gaussian_1d(
     offset_vox = offset_vox - centre[..., None]
     sig = sigma[None, :, None, None, None]
     z = offset_vox * (spacing[:, None] / sig)  # distance in sigmas
-    g = torch.exp(z.square_().mul_(-0.5))
+    g = _exp_(z.square_().mul_(-0.5))
     if truncate is not None:
         g = torch.where(offset_vox.abs() * spacing[:, None] <= truncate * sig, g, 0.0)
     if compat:
@@ -201,6 +204,24 @@ def _gaussian_1d(
     cdt = _compute_dtype(dtype)
     F.threshold_(g, 2.0 * torch.finfo(cdt).tiny ** (1.0 / 3.0), 0.0)  # subnormal flush
     return g.to(cdt)
+
+
+def _exp_(x: Tensor) -> Tensor:
+    """``x.exp_()`` for a contiguous ``x``, on one thread when ``x`` is small.
+
+    Why: ATen's vectorised exp goes parallel above 2048 elements, far below the grain of
+    the other elementwise ops, and waking the thread pool for a few microseconds of work
+    costs milliseconds when other processes keep the cores busy (a float64 exp of 6144
+    elements took 10-14 ms on 2 loaded cores, of 2048 elements 6 us). Chunks of at most
+    2048 elements give the same values (exp is elementwise; tested bit for bit).
+    """
+    flat = x.view(-1)
+    if flat.numel() <= _SERIAL_ELEMS:
+        for part in flat.split(_EXP_GRAIN):
+            part.exp_()
+    else:
+        flat.exp_()
+    return x
 
 
 def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -273,6 +294,11 @@ def gaussian_heatmaps(
     Memory: besides the output, O(B*K*P*(I+J+K)) for the 1D factors plus one (I, J)
     plane per channel (1/K of the output). With P > 1 points, a scratch buffer of at
     most 16M voxels (64 MiB float32) is reused per point.
+
+    Speed: a fresh CPU output (no ``out``; one point per channel; float16/32/64) whose
+    Gaussians are narrow against the volume is ``np.zeros`` with only each channel's box
+    of non-zero values written, so the pages outside every box are never touched; the
+    values are those of the full write bit for bit (see :func:`_boxes_into_zeros`).
     """
     pts, _ = as_points(coords)
     n_batch, n_lmk, n_pts = pts.shape[:3]
@@ -296,6 +322,10 @@ def gaussian_heatmaps(
     gi, gj, gk = axis_factors(pts, point_mask, shape, sig, sp, truncate, compat, out_dtype)
 
     if out is None:
+        if n_pts == 1 and device.type == "cpu" and dtype in _NUMPY_DTYPES:
+            boxes = _nonzero_boxes(gi[:, :, 0], gj[:, :, 0], gk[:, :, 0])
+            if _boxes_pay(boxes, shape):
+                return _boxes_into_zeros(gi[:, :, 0], gj[:, :, 0], gk[:, :, 0], boxes, dtype)
         out = _fresh_output(full_shape, dtype, device)
     write_outer(gi[:, :, 0], gj[:, :, 0], gk[:, :, 0], out)
     if n_pts > 1:
@@ -303,7 +333,7 @@ def gaussian_heatmaps(
     return out
 
 
-_NUMPY_DTYPES = {torch.float32: np.float32, torch.float64: np.float64}
+_NUMPY_DTYPES = {torch.float16: np.float16, torch.float32: np.float32, torch.float64: np.float64}
 
 
 def _fresh_output(shape: tuple, dtype: torch.dtype, device: torch.device) -> Tensor:
@@ -318,6 +348,125 @@ def _fresh_output(shape: tuple, dtype: torch.dtype, device: torch.device) -> Ten
     if device.type == "cpu" and dtype in _NUMPY_DTYPES:
         return torch.from_numpy(np.empty(shape, dtype=_NUMPY_DTYPES[dtype]))
     return torch.empty(shape, dtype=dtype, device=device)
+
+
+# The box write's cost model, in voxels written at fill bandwidth: numpy's per-row
+# overhead of the strided box write, and the per-channel overhead of Python and numpy
+# (about 10 us). Calibrated roughly on 2 CPU cores (benchmarks/RESULTS.md, issue 28).
+_BOX_ROW_COST = 16
+_BOX_CHANNEL_COST = 1 << 15
+# The box write is chosen below this fraction of the full write's voxels: its strided
+# rows write at a fraction of fill bandwidth, and with wide boxes it touches nearly every
+# page anyway (break-even near 0.4 in case 1 of benchmarks/heatmaps.py with sigma 6 mm).
+_BOX_MAX_FRACTION = 0.25
+# Work (same units) per extra thread for the box write: starting a thread costs about
+# 0.1 ms, as much as writing 512k voxels; the page faults each box also pays (the OS
+# zeroes a 2 MB page, 512k float32, on first touch) make threads pay off sooner still.
+_BOX_THREAD_MIN = 1 << 19
+
+
+def _nonzero_boxes(gi: Tensor, gj: Tensor, gk: Tensor) -> np.ndarray:
+    """Each channel's box of non-zero factors: int64 ``(B*K, 3, 2)`` of ``[start, stop)``.
+
+    Args:
+        gi, gj, gk: CPU factors ``(B, K, I)``, ``(B, K, J)``, ``(B, K, K)`` from
+            :func:`axis_factors`.
+
+    A channel with an all-zero factor on any axis (invalid point, or no voxel within
+    range) gets an empty box ``[0, 0)`` on every axis. Outside its box a voxel's product
+    has a zero factor, and the factors are finite and >= 0, so the product is +0.0.
+    """
+    n_ch = gi.shape[0] * gi.shape[1]
+    boxes = np.zeros((n_ch, 3, 2), dtype=np.int64)
+    nonzero = [g.numpy().reshape(n_ch, -1) > 0 for g in (gi, gj, gk)]
+    keep = nonzero[0].any(-1) & nonzero[1].any(-1) & nonzero[2].any(-1)
+    for axis, nz in enumerate(nonzero):
+        boxes[:, axis, 0] = nz.argmax(-1)
+        boxes[:, axis, 1] = nz.shape[-1] - nz[:, ::-1].argmax(-1)
+    boxes[~keep] = 0
+    return boxes
+
+
+def _box_costs(boxes: np.ndarray) -> np.ndarray:
+    """Estimated cost of writing each channel's box, in voxels (see _BOX_ROW_COST)."""
+    size = boxes[:, :, 1] - boxes[:, :, 0]
+    rows = size[:, 0] * size[:, 1]
+    return rows * (size[:, 2] + _BOX_ROW_COST) + _BOX_CHANNEL_COST
+
+
+def _boxes_pay(boxes: np.ndarray, shape: Sequence[int]) -> bool:
+    """Whether box writes into zeroed memory beat writing every voxel of a fresh output.
+
+    The full write faults every page of the output and writes every voxel; the box write
+    faults only the pages its boxes touch but pays per row and per channel. With the
+    exact Gaussian a box spans +-7.5 sigma, so a 3 mm sigma in a 128^3 volume at 1 mm is
+    about 4 % of the voxels; a wide sigma or a tiny volume goes the full way.
+    """
+    return float(_box_costs(boxes).sum()) < _BOX_MAX_FRACTION * boxes.shape[0] * math.prod(shape)
+
+
+def _boxes_into_zeros(
+    gi: Tensor, gj: Tensor, gk: Tensor, boxes: np.ndarray, dtype: torch.dtype
+) -> Tensor:
+    """A fresh ``(B, K, I, J, K)`` output: zeros, each channel's box written by numpy.
+
+    Why: ``np.zeros`` of a large array takes pages that the OS zeroes on first touch,
+    so pages outside every box are never touched; a fresh output written in full
+    faults and writes all of them (issue 28: 12.8 ms against numpy's 9.7 ms patches).
+    The box holds what :func:`write_outer` computes there, bit for bit: the same (I, J)
+    plane ``gi * gj`` rounded to the compute dtype, times ``gk``, one IEEE multiply each
+    (numpy's float32/float64 multiply and cast to ``dtype`` round as torch's do).
+    numpy runs on one thread and releases the GIL inside its loops, so the channels
+    are split over ``torch.get_num_threads()`` Python threads: the page faults, which
+    are most of the cost, then happen on all cores as in torch's own parallel write.
+    """
+    n_batch, n_lmk = gi.shape[:2]
+    shape = (gi.shape[-1], gj.shape[-1], gk.shape[-1])
+    out = np.zeros((n_batch * n_lmk, *shape), dtype=_NUMPY_DTYPES[dtype])
+    cdt = _NUMPY_DTYPES[_compute_dtype(dtype)]
+    fi, fj, fk = (
+        g.numpy().reshape(n_batch * n_lmk, -1).astype(cdt, copy=False) for g in (gi, gj, gk)
+    )
+    costs = _box_costs(boxes)
+    todo = [int(c) for c in np.flatnonzero(boxes[:, 0, 1] > boxes[:, 0, 0])]
+
+    def write(channels: list[int]) -> None:
+        for c in channels:
+            (i0, i1), (j0, j1), (k0, k1) = boxes[c].tolist()
+            plane = np.multiply(fi[c, i0:i1, None], fj[c, None, j0:j1])
+            np.multiply(plane[..., None], fk[c, k0:k1], out=out[c, i0:i1, j0:j1, k0:k1])
+
+    work = int(costs[todo].sum())
+    n_threads = min(torch.get_num_threads(), len(todo), work // max(_BOX_THREAD_MIN, 1))
+    if n_threads <= 1:
+        write(todo)
+    else:
+        _in_threads(write, [todo[t::n_threads] for t in range(n_threads)])
+    return torch.from_numpy(out).view(n_batch, n_lmk, *shape)
+
+
+def _in_threads(fn, parts: list) -> None:
+    """``fn(part)`` for each part, the first on this thread, the others on new threads.
+
+    New threads per call (not a pool) so that nothing is left behind to break in a forked
+    DataLoader worker; an exception in any part is raised here after all have finished.
+    """
+    errors: list[BaseException] = []
+
+    def run(part) -> None:
+        try:
+            fn(part)
+        except BaseException as exc:  # re-raised on the calling thread below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(part,), daemon=True) for part in parts[1:]]
+    for t in threads:
+        t.start()
+    run(parts[0])
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
 
 
 def _merge_points_max(gi: Tensor, gj: Tensor, gk: Tensor, out: Tensor) -> None:

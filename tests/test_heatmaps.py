@@ -418,3 +418,109 @@ def test_a_fresh_output_equals_a_preallocated_one(dtype):
     assert fresh[0, 1].abs().sum() == 0 and fresh[0, 0].max() > 0.9
     again = gaussian_heatmaps(coords, (34, 28, 20), **kw)
     assert again.data_ptr() != fresh.data_ptr()  # no shared buffer between calls
+
+
+# ------------------------------------------------- fresh output: box writes into zeros
+
+
+def box_cases(seed):
+    """Random (coords, shape, kwargs) cases for the box path: per-landmark sigmas from
+    sub-voxel to wider than the volume, centres inside, near and outside the borders,
+    NaN and masked landmarks, anisotropic spacing, truncate and compat."""
+    gen = torch.Generator().manual_seed(seed)
+    for n in range(12):
+        shape = tuple(int(v) for v in torch.randint(1, 40, (3,), generator=gen))
+        n_batch, n_lmk = int(torch.randint(1, 3, (), generator=gen)), 5
+        spacing = (0.3 + 2.0 * torch.rand(3, generator=gen, dtype=torch.float64)).tolist()
+        size = torch.tensor(shape, dtype=torch.float64)
+        coords = 1.2 * torch.rand(n_batch, n_lmk, 3, generator=gen, dtype=torch.float64) - 0.1
+        coords = coords * size  # up to 10 % of the size outside either border
+        coords[0, 0] = torch.tensor([-0.49, size[1] - 0.51, size[2] / 2])  # on the borders
+        coords[-1, 1, n % 3] = math.nan
+        mask = torch.rand(n_batch, n_lmk, generator=gen) > 0.2
+        sigma = torch.exp(torch.linspace(math.log(0.1), math.log(60.0), n_lmk))
+        sigma = sigma[torch.randperm(n_lmk, generator=gen)]
+        kw = {"sigma": sigma, "spacing": spacing, "mask": mask}
+        if n % 4 == 1:
+            kw["truncate"] = 0.5 + 3.0 * float(torch.rand((), generator=gen))
+        if n % 4 == 2:
+            kw["compat"] = True
+        yield coords, shape, kw
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16])
+@pytest.mark.parametrize("threads", [1, 3])
+def test_box_writes_equal_the_full_write_bit_for_bit(monkeypatch, dtype, threads):
+    """The fresh CPU output written box by box into np.zeros (issue 28) holds exactly what
+    the full write into a given ``out`` holds, whichever way the cost model chooses."""
+    monkeypatch.setattr(hm, "_boxes_pay", lambda boxes, shape: True)
+    monkeypatch.setattr(hm, "_BOX_THREAD_MIN", 0)  # split over threads whenever allowed
+    monkeypatch.setattr(torch, "get_num_threads", lambda: threads)
+    n_cases = 0
+    for seed in range(3):
+        for coords, shape, kw in box_cases(seed):
+            fresh = gaussian_heatmaps(coords, shape, dtype=dtype, **kw)
+            full = gaussian_heatmaps(coords, shape, out=torch.empty_like(fresh), **kw)
+            assert fresh.dtype == dtype and fresh.is_contiguous()
+            assert fresh.shape == (*coords.shape[:2], *shape)
+            # Bits, not values: +0.0 outside the boxes, no -0.0, no NaN.
+            assert torch.equal(fresh.view(torch.int8), full.view(torch.int8)), (seed, shape)
+            n_cases += 1
+    assert n_cases == 36
+
+
+def test_box_write_takes_only_the_nonzero_box():
+    """The boxes are where all three factors are non-zero; elsewhere the output is 0."""
+    coords = torch.tensor([[[10.3, 50.0, 31.0], [math.nan, 1.0, 1.0], [-40.0, 5.0, 5.0]]])
+    shape, kw = (64, 48, 40), {"sigma": 2.0, "spacing": (1.0, 0.8, 1.25)}
+    pts, _ = hm.as_points(coords)
+    sig, sp = hm.as_sigma(2.0, 3, pts.device), hm.as_spacing(kw["spacing"], pts.device)
+    gi, gj, gk = (g[:, :, 0] for g in hm.axis_factors(pts, None, shape, sig, sp, None, False))
+    boxes = hm._nonzero_boxes(gi, gj, gk)
+    out = gaussian_heatmaps(coords, shape, **kw)
+    nonzero = out[0, 0].nonzero()
+    assert boxes[0].tolist() == [
+        [int(nonzero[:, a].min()), int(nonzero[:, a].max()) + 1] for a in range(3)
+    ]
+    assert boxes[0, 1, 1] == 48  # clipped at the border (centre 50 is outside)
+    assert boxes[1:].tolist() == [[[0, 0]] * 3] * 2  # NaN; too far outside to reach
+    assert torch.count_nonzero(out[0, 1:]) == 0
+
+
+def test_cost_model_chooses_boxes_for_narrow_gaussians_only(monkeypatch):
+    """A few-mm sigma in a large volume goes the box way, a wide sigma or tiny volumes
+    the full way; both give the same output (the test above)."""
+    calls = []
+    real = hm._boxes_into_zeros
+    monkeypatch.setattr(hm, "_boxes_into_zeros", lambda *a: calls.append(1) or real(*a))
+    coords = torch.rand(1, 4, 3, generator=torch.Generator().manual_seed(5)) * 95
+    big = (96, 96, 96)
+    gaussian_heatmaps(coords, big, sigma=3.0)
+    assert calls == [1]
+    gaussian_heatmaps(coords, big, sigma=20.0)
+    gaussian_heatmaps(coords / 12, (8, 8, 8), sigma=1.0)
+    gaussian_heatmaps(coords, big, sigma=3.0, dtype=torch.bfloat16)  # no numpy type
+    gaussian_heatmaps(coords[:, :, None].expand(1, 4, 2, 3), big, sigma=3.0)  # P points
+    assert calls == [1]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_chunked_exp_equals_one_exp(dtype):
+    """_exp_ keeps small exps on one thread by chunks; the values are those of one exp."""
+    gen = torch.Generator().manual_seed(6)
+    for n in (1, 2047, 2048, 2049, 6144, 6145, hm._SERIAL_ELEMS, hm._SERIAL_ELEMS + 1):
+        x = -60.0 * torch.rand(n, generator=gen, dtype=dtype)
+        assert torch.equal(hm._exp_(x.clone()), torch.exp(x)), n
+
+
+def test_thread_errors_are_raised_on_the_caller():
+    seen = []
+
+    def work(part):
+        seen.append(part)
+        if part == 2:
+            raise RuntimeError("part 2 failed")
+
+    with pytest.raises(RuntimeError, match="part 2 failed"):
+        hm._in_threads(work, [0, 1, 2])
+    assert sorted(seen) == [0, 1, 2]  # every part ran before the error was raised
