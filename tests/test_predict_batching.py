@@ -72,6 +72,9 @@ def test_too_large_an_input_takes_two_forwards_with_the_same_result(monkeypatch)
     x = torch.randn(2, 1, 16, 16, 16)
     batched = p.net()(x)
     monkeypatch.setattr(predictor_module, "FORWARD_VOXELS", x.numel())  # plain + flip > it
+    # One thread: the forwards are counted as the predictor makes them (with more, each is
+    # cut into one share per thread: tests/test_cpu_threads.py).
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 1)
     calls = []
     hook = p.models[0].register_forward_hook(lambda m, i, o: calls.append(i[0].shape[0]))
     separate = p.net()(x)
@@ -90,7 +93,8 @@ def test_picked_net_is_the_full_nets_channel(mirror):
     torch.testing.assert_close(p.picked_net()(x, channels), expected, atol=1e-5, rtol=1e-5)
 
 
-def test_refinement_in_one_forward_places_landmarks_as_window_by_window():
+def test_refinement_in_one_forward_places_landmarks_as_window_by_window(monkeypatch):
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 1)  # forwards counted unsplit
     p = ensemble()
     rng = np.random.default_rng(0)
     affine = np.diag([2.0, 2.0, 2.0, 1.0])

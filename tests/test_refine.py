@@ -139,3 +139,18 @@ def test_cascade_keeps_the_coarse_estimate_where_the_window_has_no_peak():
     np.testing.assert_allclose(pred.landmarks.points, alone.landmarks.points)
     np.testing.assert_allclose(pred.confidence, alone.confidence)
     assert np.isfinite(pred.voxels).all()
+
+
+@pytest.mark.parametrize(
+    "shape", [(2, 3, 5, 6, 7), (1, 1, 1, 4, 4), (3, 2, 2, 1, 5), (1, 2, 1, 1, 1)]
+)
+def test_the_decoders_max_filter_is_max_pool3d(shape):
+    """The local-maximum test of the search prior, axis by axis, equals a 3x3x3 max pool."""
+    from torch.nn import functional as F
+
+    from heatmap3d.inference.decode import _max_filter3
+
+    h = torch.randn(shape, generator=torch.Generator().manual_seed(sum(shape)))
+    h[0, 0, 0, 0, 0] = h.max()  # ties
+    ref = F.max_pool3d(h.flatten(0, 1)[:, None], 3, 1, 1).view_as(h)
+    assert torch.equal(_max_filter3(h), ref)

@@ -54,22 +54,26 @@ def _one_thread(barrier: threading.Barrier) -> None:
     barrier.wait()  # every worker is started and set before any returns
 
 
-def split_forward(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> torch.Tensor:
-    """``fn(x)`` for a batch ``x (B, ...)`` on the CPU, with ``fn`` a per-image function
-    (a network in eval mode: each output row depends on its input row only).
+def split_forward(
+    fn: Callable[..., torch.Tensor], x: torch.Tensor, *rows: torch.Tensor
+) -> torch.Tensor:
+    """``fn(x, *rows)`` for a batch ``x (B, ...)`` on the CPU, with ``fn`` a per-image
+    function (a network in eval mode: each output row depends on its input row, and on
+    the same row of each of ``rows``, tensors ``(B, ...)`` such as each image's head).
 
-    With ``torch.get_num_threads()`` = T > 1 and B >= 2 the batch is cut into min(T, B)
-    shares along dim 0, each run by a 1-thread worker, and the outputs concatenated;
-    otherwise ``fn(x)`` as it is (CUDA tensors, one thread, one image).
+    With ``torch.get_num_threads()`` = T > 1 and B >= 2 the batch (and ``rows``) is cut
+    into min(T, B) shares along dim 0, each run by a 1-thread worker, and the outputs
+    concatenated; otherwise ``fn(x, *rows)`` as it is (CUDA tensors, one thread, one image).
     """
     threads = min(torch.get_num_threads(), len(x))
     if x.device.type != "cpu" or threads < 2:
-        return fn(x)
+        return fn(x, *rows)
     grad = torch.is_grad_enabled()
 
-    def run(share: torch.Tensor) -> torch.Tensor:
+    def run(*share: torch.Tensor) -> torch.Tensor:
         with torch.set_grad_enabled(grad):
-            return fn(share)
+            return fn(*share)
 
-    jobs = [_pool(threads).submit(run, share) for share in x.tensor_split(threads)]
+    shares = zip(*(t.tensor_split(threads) for t in (x, *rows)), strict=True)
+    jobs = [_pool(threads).submit(run, *share) for share in shares]
     return torch.cat([job.result() for job in jobs])

@@ -198,9 +198,12 @@ class Predictor:
                 out = split_forward(model, x).float()
                 return out[torch.arange(len(ch), device=out.device), ch][:, None]
             w, bias = head.weight[ch, :, 0, 0, 0], head.bias[ch]  # (n, C), (n,)
-            features = split_forward(model.features, x)
-            out = torch.einsum("bcijk,bc->bijk", features, w) + bias[:, None, None, None]
-            return out.float()[:, None]
+
+            def picked(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+                out = torch.einsum("bcijk,bc->bijk", model.features(x), w)
+                return out + bias[:, None, None, None]
+
+            return split_forward(picked, x, w, bias).float()[:, None]
 
         run = self._passes(heads)
 
