@@ -88,6 +88,14 @@ class AugmentConfig:
     # thickness drawn up to this many mm, then interpolated back (a 2-3 mm slice scan
     # resampled to a finer grid looks so); 0 = off.
     thick_slices_mm: float = 0.0
+    # Anatomy: the share of samples (0 to 1) deformed so that their landmarks move a random
+    # fraction (0 to 1) of the way to a real person's configuration drawn from
+    # anatomy_prior, after similarity alignment (a smooth spline warp; landmarks move
+    # exactly; heatmap3d.training.anatomy). The population's spread sets how far. 0 = off.
+    anatomy: float = 0.0
+    # The prior file of `heatmap3d shape fit FILES --out prior.json` (it keeps the aligned
+    # configurations); its landmark names must include every one of data.landmarks.
+    anatomy_prior: str = ""
 
 
 @dataclass

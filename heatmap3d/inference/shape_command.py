@@ -4,7 +4,8 @@ landmark files alone (no scans), for ``train.shape_prior`` (see
 
 The prior file is JSON with a sealed ``written_by`` marker (:mod:`heatmap3d.io.seal`):
 the command replaces a file only if it wrote it and nobody edited it since, or with
-``--overwrite``.
+``--overwrite``. It also keeps the similarity-aligned configurations themselves, from
+which ``augment.anatomy_prior`` draws real people (:mod:`heatmap3d.training.anatomy`).
 """
 
 from __future__ import annotations
@@ -77,7 +78,8 @@ def shape_command(args: argparse.Namespace) -> None:
     if absent:
         raise InputError(f"{files[0].parent}: landmark(s) {absent[:4]} in fewer than 2 files")
     prior = PopulationShape.fit(names, shapes)
-    doc = {"written_by": MARKER, **prior.to_dict(), "files": len(files)}
+    # The aligned configurations are kept for anatomy augmentation (augment.anatomy_prior).
+    doc = {"written_by": MARKER, **prior.to_dict(configurations=True), "files": len(files)}
     atomic_write_bytes(args.out, seal(json.dumps(doc) + "\n", MARKER).encode("utf-8"))
     print(
         f"wrote {args.out}: {len(names)} landmarks from {len(files)} configurations "

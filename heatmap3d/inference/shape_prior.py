@@ -14,6 +14,12 @@ covariance. Each landmark is judged from the others alone:
 Same interface as :class:`~heatmap3d.inference.shape.ShapeModel` (``reconstruct``,
 ``residuals``, ``thresholds``, ``outliers``, ``correct``), so a model folder's ``shape.json``
 may hold either; ``kind: "population"`` tells them apart.
+
+The prior file of ``heatmap3d shape fit`` also keeps the aligned configurations themselves
+(``configurations``: M x K x 3 mm in the mean's frame, null where absent), from which
+anatomy augmentation draws real people (:mod:`heatmap3d.training.anatomy`). A model
+folder's copy (``shape.json``) leaves them out: the check needs the Gaussian only, and a
+model that is handed on need not carry the individuals it was augmented with.
 """
 
 from __future__ import annotations
@@ -59,12 +65,13 @@ def _covariance(dev: np.ndarray, shrink: float) -> np.ndarray:
     return (1 - shrink) * s + shrink * _blocks(s) + _RIDGE_MM2 * np.eye(len(s))
 
 
-def _aligned_deviations(shapes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Procrustes of (N, K, 3) mm -> (mean (K, 3), deviations (N, 3K)); an absent landmark
-    sits at the mean (it adds no variation)."""
+def _aligned_deviations(shapes: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Procrustes of (N, K, 3) mm -> (mean (K, 3), deviations (N, 3K), aligned (N, K, 3));
+    an absent landmark sits at the mean in the deviations (it adds no variation) and is NaN
+    in ``aligned``."""
     mean, aligned = procrustes(shapes)
     filled = np.where(np.isfinite(aligned), aligned, mean)
-    return mean, (filled - mean).reshape(len(shapes), -1)
+    return mean, (filled - mean).reshape(len(shapes), -1), aligned
 
 
 def _folds(n: int) -> list[np.ndarray]:
@@ -79,7 +86,9 @@ class PopulationShape(ShapeReview):
     3, the pipeline's default); ``n_cases`` how many configurations it was fitted on;
     ``shrink`` the shrinkage used (for the record); ``scale`` (K,) each landmark's d^2
     divisor: how much heavier its held-out tail is than a Gaussian's (real annotations of
-    some landmarks, AFIDs 29/30, stray far more than the others)."""
+    some landmarks, AFIDs 29/30, stray far more than the others); ``configurations``
+    (N, K, 3) mm, the fitted cases similarity-aligned to ``mean`` (NaN: absent), or None
+    (a prior read from a file that does not keep them)."""
 
     names: list[str]
     mean: np.ndarray
@@ -88,6 +97,7 @@ class PopulationShape(ShapeReview):
     n_cases: int
     shrink: float
     scale: np.ndarray
+    configurations: np.ndarray | None = None
 
     @classmethod
     def fit(
@@ -122,10 +132,10 @@ class PopulationShape(ShapeReview):
 
     @classmethod
     def _build(cls, names, shapes, shrink, limit, scale=None) -> PopulationShape:
-        mean, dev = _aligned_deviations(shapes)
+        mean, dev, aligned = _aligned_deviations(shapes)
         scale = np.ones(len(names)) if scale is None else scale
         cov = _covariance(dev, shrink)
-        return cls(names, mean, cov, float(limit), len(shapes), shrink, scale)
+        return cls(names, mean, cov, float(limit), len(shapes), shrink, scale, aligned)
 
     # -- the test ------------------------------------------------------------------------
 
@@ -219,15 +229,22 @@ class PopulationShape(ShapeReview):
             raise KeyError(f"the prior has no landmark(s) {missing[:5]}")
         idx = [self.names.index(n) for n in names]
         flat = np.array([3 * i + a for i in idx for a in range(3)])
-        mean = self.mean[idx] - self.mean[idx].mean(0)
+        centre = self.mean[idx].mean(0)  # the subset's mean is centred again; its cases follow
         cov = self.cov[np.ix_(flat, flat)]
         scale = self.scale[idx]
-        return PopulationShape(
-            list(names), mean, cov, self.d2_limit, self.n_cases, self.shrink, scale
-        )
+        mean = self.mean[idx] - centre
+        cases = None if self.configurations is None else self.configurations[:, idx] - centre
+        limit, n, shrink = self.d2_limit, self.n_cases, self.shrink
+        return PopulationShape(list(names), mean, cov, limit, n, shrink, scale, cases)
 
-    def to_dict(self) -> dict:
-        """JSON-safe, with ``kind: "population"``."""
+    def to_dict(self, *, configurations: bool = False) -> dict:
+        """JSON-safe, with ``kind: "population"``; with ``configurations`` (the prior file of
+        ``heatmap3d shape fit``, not a model folder's copy) the aligned cases too, rounded to
+        0.1 um, null where absent."""
+        extra = {}
+        if configurations and self.configurations is not None:
+            cases = np.round(self.configurations, 4).astype(object)
+            extra["configurations"] = np.where(np.isfinite(self.configurations), cases, None)
         return {
             "kind": KIND,
             "names": list(self.names),
@@ -237,6 +254,7 @@ class PopulationShape(ShapeReview):
             "n_cases": int(self.n_cases),
             "shrink": float(self.shrink),
             "scale": self.scale.tolist(),
+            **{key: value.tolist() for key, value in extra.items()},
         }
 
     @classmethod
@@ -262,7 +280,22 @@ class PopulationShape(ShapeReview):
             raise ValueError("malformed shape prior: 'cov' is not symmetric positive definite")
         if np.abs(mean).max() > 1e6 or np.abs(cov).max() > 1e12:
             raise ValueError("malformed shape prior: a position or variance beyond 1 km")
-        return cls(names, mean, cov, limit, n, shrink, scale)
+        return cls(names, mean, cov, limit, n, shrink, scale, _configurations(d, k))
+
+
+def _configurations(d: dict, k: int) -> np.ndarray | None:
+    """The optional ``configurations`` of a prior file: (M, K, 3) mm, NaN for null; None
+    when the file has none (written before they were kept, or a model folder's copy)."""
+    if "configurations" not in d:
+        return None
+    try:
+        raw = np.asarray(d["configurations"], dtype=object)
+        cases = np.where(raw == None, np.nan, raw).astype(float).reshape(-1, k, 3)  # noqa: E711
+    except (TypeError, ValueError, OverflowError) as e:
+        raise ValueError(f"malformed shape prior: 'configurations': {e!r}") from e
+    if np.isinf(cases).any() or (np.abs(np.nan_to_num(cases)) > 1e6).any():
+        raise ValueError("malformed shape prior: 'configurations' beyond 1 km")
+    return cases
 
 
 def _tail_scale(d2: np.ndarray) -> np.ndarray:

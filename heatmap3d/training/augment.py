@@ -10,7 +10,11 @@ with ``u`` in millimetres from the volume centre, ``M`` a random rotation x scal
 on the output grid. Images are resampled with ``grid_sample`` (trilinear); a landmark at
 input position ``p`` goes to the ``u`` with ``M (u + d(u)) + t = p``: ``q = M^-1 (p - t)``
 analytically, then ``u + d(u) = q`` by fixed-point iteration ``u <- q - d(u)``, which
-converges because ``d`` is smooth (its slope is well under 1). Mirroring flips an axis
+converges because ``d`` is smooth (its slope is well under 1). Anatomy augmentation
+(``augment.anatomy``, :mod:`heatmap3d.training.anatomy`) adds a smooth spline ``W`` from
+a real person's configuration to the sample's, in the input's mm frame: the input
+position becomes ``W(M (u + d(u)) + t)``, still one resampling, and a landmark starts
+from its target (``W^-1`` of where it was) before the same inversion. Mirroring flips an axis
 and swaps the channels of left/right landmark pairs, so a flipped "R_eye" is labelled
 "L_eye". Thick slices (one axis averaged over a few voxels and interpolated back: what a
 slice scan resampled to a finer grid looks like) and intensity augmentation (gamma,
@@ -31,6 +35,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from heatmap3d.config import AugmentConfig, mirror_permutation
+from heatmap3d.training import anatomy
 
 FIXED_POINT_STEPS = 20  # the error shrinks by MAX_SLOPE a step: 0.5**20 ~ 1e-6
 MAX_SLOPE = 0.5
@@ -56,7 +61,11 @@ def augment_batch(
     """
     if cfg.mirror_axis >= 0:
         image, coords, mask = _mirror(image, coords, mask, cfg, names, generator)
-    image, coords = _spatial(image, coords, cfg, spacing, generator)
+    # Drawn after mirroring: a flipped sample's channels already carry their names again.
+    warp = anatomy.draw_warp(
+        coords, mask, cfg, shape=image.shape[2:], spacing=spacing, names=names, generator=generator
+    )  # None when augment.anatomy is 0 (nothing drawn: the other draws are as before)
+    image, coords = _spatial(image, coords, cfg, spacing, generator, warp)
     inside = ((coords >= 0) & (coords <= coords.new_tensor(image.shape[2:]) - 1)).all(-1)
     mask = mask & inside & torch.isfinite(coords).all(-1)
     coords = torch.where(mask[..., None], coords, torch.full_like(coords, math.nan))
@@ -120,7 +129,12 @@ def _displacement(
 
 
 def _spatial(
-    image: Tensor, coords: Tensor, cfg: AugmentConfig, spacing: Sequence[float], generator
+    image: Tensor,
+    coords: Tensor,
+    cfg: AugmentConfig,
+    spacing: Sequence[float],
+    generator: torch.Generator,
+    warp: anatomy.AnatomyWarp | None = None,
 ) -> tuple[Tensor, Tensor]:
     b, shape, device = image.shape[0], image.shape[2:], image.device
     matrix = random_matrices(b, cfg, generator)
@@ -139,11 +153,16 @@ def _spatial(
     if disp is not None:
         u = u + disp.permute(0, 2, 3, 4, 1)
     src = torch.einsum("bij,b...j->b...i", m, u) + t.view(b, 1, 1, 1, 3)
+    if warp is not None:
+        src = warp.warp_grid(src)
     grid = _to_grid(src / sp + centre, shape)
     out = F.grid_sample(image, grid, mode="bilinear", padding_mode="border", align_corners=True)
 
     # Landmarks: invert the same chain.
-    p = (coords.float() - centre) * sp - t[:, None]
+    p = (coords.float() - centre) * sp
+    if warp is not None:
+        p = warp.move_landmarks(p)  # the warped samples' landmarks start from their targets
+    p = p - t[:, None]
     q = torch.einsum("bij,bnj->bni", torch.linalg.inv(m), p)
     v = q
     if disp is not None:
