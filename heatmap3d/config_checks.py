@@ -111,6 +111,7 @@ def _value_checks(cfg: Config) -> list[tuple[bool, str]]:
         (a.shear >= 0 and a.translation_mm >= 0, "augment.shear, translation_mm: >= 0"),
         (a.elastic_mm >= 0 and a.elastic_grid >= 2, "augment.elastic_mm: >= 0, elastic_grid: >= 2"),
         (a.noise_std >= 0 and a.bias_field >= 0, "augment.noise_std, bias_field: >= 0"),
+        (0 <= a.anatomy <= 1, "augment.anatomy: between 0 and 1 (a share of the samples)"),
         (min(s.n_train, s.n_val, s.n_test) >= 0, "synthetic.n_train, n_val, n_test: >= 0"),
     ]
 

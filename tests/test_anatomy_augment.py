@@ -436,3 +436,35 @@ def test_training_with_anatomy_runs_through_the_train_command(
     assert code == 0
     # Every batch had a sample warped (centred 80 mm crops hold 5 or 6 of the landmarks).
     assert len(warped) >= 2 and min(warped) >= 1, warped
+
+
+def test_a_bad_anatomy_prior_is_refused_before_training_writes_anything(
+    phantoms, copy_of, tmp_path, capsys
+):
+    from heatmap3d.cli import main
+
+    data = copy_of(phantoms(n_train=2, n_val=1, n_test=0, seed=3))
+    missing = tmp_path / "no_such_prior.json"
+    code = main(
+        [
+            "train",
+            str(data),
+            f"train.out_dir={tmp_path / 'runs'}",
+            "train.epochs=1",
+            "train.device=cpu",
+            "augment.enabled=true",
+            "augment.anatomy=0.5",
+            f"augment.anatomy_prior={missing}",
+        ]
+    )
+    err = capsys.readouterr().err
+    assert code != 0 and str(missing) in err and "Traceback" not in err
+    written = [f.name for f in (tmp_path / "runs").rglob("*") if f.is_file()]
+    assert not [n for n in written if n.endswith(".pt") or n.startswith("events")], written
+
+
+def test_an_anatomy_share_outside_0_1_is_a_config_error():
+    from heatmap3d.config import load_config
+
+    with pytest.raises(InputError, match=r"augment\.anatomy: between 0 and 1"):
+        load_config(None, ["augment.anatomy=1.5"])

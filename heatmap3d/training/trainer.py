@@ -24,6 +24,7 @@ from heatmap3d import distributed
 from heatmap3d.data.loaders import build_cache, training_loader
 from heatmap3d.data.setup import prepare_dataset
 from heatmap3d.errors import InputError, Interrupted
+from heatmap3d.training.anatomy import load_population
 from heatmap3d.training.budget import EpochPlan
 from heatmap3d.training.monitor import make_monitor
 from heatmap3d.training.state import TrainState, check_run_dir, claim_run_dir, read_checkpoint
@@ -90,6 +91,8 @@ class Trainer:
     ) -> None:
         self.world = world
         names, train_cases, val_cases = prepare_dataset(cfg, world)
+        if cfg.augment.enabled and cfg.augment.anatomy > 0:
+            load_population(cfg.augment, names)  # a bad prior file: one line, before any work
         self.train_cases = train_cases  # the shape model of the whole model learns from them
         # The resolved names go into the checkpoint's config, so predict needs nothing else.
         self.cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, landmarks=names))
