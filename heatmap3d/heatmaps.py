@@ -22,7 +22,6 @@ full-size intermediate (see :func:`gaussian_heatmaps` and
 from __future__ import annotations
 
 import math
-import threading
 from collections.abc import Sequence
 
 import numpy as np
@@ -295,10 +294,10 @@ def gaussian_heatmaps(
     plane per channel (1/K of the output). With P > 1 points, a scratch buffer of at
     most 16M voxels (64 MiB float32) is reused per point.
 
-    Speed: a fresh CPU output (no ``out``; one point per channel; float16/32/64) whose
-    Gaussians are narrow against the volume is ``np.zeros`` with only each channel's box
-    of non-zero values written, so the pages outside every box are never touched; the
-    values are those of the full write bit for bit (see :func:`_boxes_into_zeros`).
+    Speed: a fresh CPU output (no ``out``, one point per channel) whose Gaussians are
+    narrow against the volume is zeroed memory with only each channel's box of non-zero
+    values written, so the pages outside every box are never touched; the values are
+    those of the full write bit for bit (see :func:`_boxes_into_zeros`).
     """
     pts, _ = as_points(coords)
     n_batch, n_lmk, n_pts = pts.shape[:3]
@@ -322,9 +321,9 @@ def gaussian_heatmaps(
     gi, gj, gk = axis_factors(pts, point_mask, shape, sig, sp, truncate, compat, out_dtype)
 
     if out is None:
-        if n_pts == 1 and device.type == "cpu" and dtype in _NUMPY_DTYPES:
+        if n_pts == 1 and device.type == "cpu":
             boxes = _nonzero_boxes(gi[:, :, 0], gj[:, :, 0], gk[:, :, 0])
-            if _boxes_pay(boxes, shape):
+            if _boxes_pay(boxes, shape, dtype.itemsize):
                 return _boxes_into_zeros(gi[:, :, 0], gj[:, :, 0], gk[:, :, 0], boxes, dtype)
         out = _fresh_output(full_shape, dtype, device)
     write_outer(gi[:, :, 0], gj[:, :, 0], gk[:, :, 0], out)
@@ -333,7 +332,15 @@ def gaussian_heatmaps(
     return out
 
 
-_NUMPY_DTYPES = {torch.float16: np.float16, torch.float32: np.float32, torch.float64: np.float64}
+def _numpy_memory(shape: tuple, dtype: torch.dtype, zeroed: bool) -> Tensor:
+    """A CPU tensor ``shape`` of ``dtype`` on memory from numpy's allocator.
+
+    The bytes come from ``np.empty``/``np.zeros`` as uint8 and are viewed as ``dtype``,
+    so this works for dtypes numpy lacks (bfloat16); all-zero bytes are +0.0.
+    """
+    n_bytes = math.prod(shape) * dtype.itemsize
+    buffer = (np.zeros if zeroed else np.empty)(n_bytes, dtype=np.uint8)
+    return torch.from_numpy(buffer).view(dtype).view(shape)
 
 
 def _fresh_output(shape: tuple, dtype: torch.dtype, device: torch.device) -> Tensor:
@@ -345,24 +352,24 @@ def _fresh_output(shape: tuple, dtype: torch.dtype, device: torch.device) -> Ten
     2 MB instead of one per 4 kB page as with ``torch.empty``: writing a fresh 134 MB
     output took 55 ms instead of 132 ms on 2 cores (benchmarks/RESULTS.md, issue 28).
     """
-    if device.type == "cpu" and dtype in _NUMPY_DTYPES:
-        return torch.from_numpy(np.empty(shape, dtype=_NUMPY_DTYPES[dtype]))
+    if device.type == "cpu":
+        return _numpy_memory(shape, dtype, zeroed=False)
     return torch.empty(shape, dtype=dtype, device=device)
 
 
-# The box write's cost model, in voxels written at fill bandwidth: numpy's per-row
-# overhead of the strided box write, and the per-channel overhead of Python and numpy
-# (about 10 us). Calibrated roughly on 2 CPU cores (benchmarks/RESULTS.md, issue 28).
-_BOX_ROW_COST = 16
-_BOX_CHANNEL_COST = 1 << 15
-# The box write is chosen below this fraction of the full write's voxels: its strided
-# rows write at a fraction of fill bandwidth, and with wide boxes it touches nearly every
-# page anyway (break-even near 0.4 in case 1 of benchmarks/heatmaps.py with sigma 6 mm).
-_BOX_MAX_FRACTION = 0.25
-# Work (same units) per extra thread for the box write: starting a thread costs about
-# 0.1 ms, as much as writing 512k voxels; the page faults each box also pays (the OS
-# zeroes a 2 MB page, 512k float32, on first touch) make threads pay off sooner still.
-_BOX_THREAD_MIN = 1 << 19
+# Cost model of the box write against the full write of a fresh output, in bytes of the
+# full write (faulting a page and writing it cost about the same per byte). The OS
+# zeroes a whole page on the first touch, and numpy's large arrays use 2 MB pages, so a
+# box costs every 2 MB page its memory span touches; plus, per row of the box (its
+# innermost run), about 20 ns of loop overhead (~256 bytes of the full write's time), and
+# per channel its share of an op's Python and thread-pool start-up (~30 us). Measured on
+# 2 CPU cores (issue 28): case 1 of benchmarks/heatmaps.py touches 55 % of the pages and
+# takes 0.6 of the full write; case 2 touches 90 % and took 1.1, so it writes in full.
+_PAGE_BYTES = 2 << 20
+_BOX_ROW_BYTES = 256
+_BOX_CHANNEL_BYTES = 256 << 10
+# The box write is chosen when its estimate is under this fraction of the full write.
+_BOX_MAX_FRACTION = 0.8
 
 
 def _nonzero_boxes(gi: Tensor, gj: Tensor, gk: Tensor) -> np.ndarray:
@@ -387,86 +394,95 @@ def _nonzero_boxes(gi: Tensor, gj: Tensor, gk: Tensor) -> np.ndarray:
     return boxes
 
 
-def _box_costs(boxes: np.ndarray) -> np.ndarray:
-    """Estimated cost of writing each channel's box, in voxels (see _BOX_ROW_COST)."""
+def _box_spans(boxes: np.ndarray, shape: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+    """Memory span of each box in a contiguous ``(B*K, I, J, K)`` output, in elements.
+
+    Returns int64 ``(B*K,)`` ``first`` and ``stop``: the flat index of each box's first
+    voxel and one past its last (meaningless for empty boxes).
+    """
+    strides = np.array([shape[1] * shape[2], shape[2], 1])
     size = boxes[:, :, 1] - boxes[:, :, 0]
-    rows = size[:, 0] * size[:, 1]
-    return rows * (size[:, 2] + _BOX_ROW_COST) + _BOX_CHANNEL_COST
+    first = np.arange(boxes.shape[0]) * math.prod(shape) + boxes[:, :, 0] @ strides
+    return first, first + (size - 1) @ strides + 1
 
 
-def _boxes_pay(boxes: np.ndarray, shape: Sequence[int]) -> bool:
+def _boxes_pay(boxes: np.ndarray, shape: Sequence[int], itemsize: int) -> bool:
     """Whether box writes into zeroed memory beat writing every voxel of a fresh output.
 
-    The full write faults every page of the output and writes every voxel; the box write
-    faults only the pages its boxes touch but pays per row and per channel. With the
-    exact Gaussian a box spans +-7.5 sigma, so a 3 mm sigma in a 128^3 volume at 1 mm is
-    about 4 % of the voxels; a wide sigma or a tiny volume goes the full way.
+    Args:
+        boxes: ``(B*K, 3, 2)`` from :func:`_nonzero_boxes`. shape: ``(I, J, K)``.
+        itemsize: bytes per output element.
+
+    With the exact Gaussian a box spans +-7.5 sigma: a 3 mm sigma at 0.8 mm spacing spans
+    57 voxels, so in a 128^3 volume the box touches about half of its channel's pages,
+    and in a 96^3 volume nearly all of them (see the cost model above).
     """
-    return float(_box_costs(boxes).sum()) < _BOX_MAX_FRACTION * boxes.shape[0] * math.prod(shape)
+    size = boxes[:, :, 1] - boxes[:, :, 0]
+    live = size[:, 0] > 0
+    first, stop = (x[live] * itemsize for x in _box_spans(boxes, shape))
+    pages = (stop - 1) // _PAGE_BYTES - first // _PAGE_BYTES + 1
+    estimate = (
+        _PAGE_BYTES * int(pages.sum())
+        + _BOX_ROW_BYTES * int((size[live, 0] * size[live, 1]).sum())
+        + _BOX_CHANNEL_BYTES * int(live.sum())
+    )
+    return estimate < _BOX_MAX_FRACTION * boxes.shape[0] * math.prod(shape) * itemsize
 
 
 def _boxes_into_zeros(
     gi: Tensor, gj: Tensor, gk: Tensor, boxes: np.ndarray, dtype: torch.dtype
 ) -> Tensor:
-    """A fresh ``(B, K, I, J, K)`` output: zeros, each channel's box written by numpy.
+    """A fresh ``(B, K, I, J, K)`` output: zeros, and each channel's box written.
 
-    Why: ``np.zeros`` of a large array takes pages that the OS zeroes on first touch,
-    so pages outside every box are never touched; a fresh output written in full
-    faults and writes all of them (issue 28: 12.8 ms against numpy's 9.7 ms patches).
-    The box holds what :func:`write_outer` computes there, bit for bit: the same (I, J)
-    plane ``gi * gj`` rounded to the compute dtype, times ``gk``, one IEEE multiply each
-    (numpy's float32/float64 multiply and cast to ``dtype`` round as torch's do).
-    numpy runs on one thread and releases the GIL inside its loops, so the channels
-    are split over ``torch.get_num_threads()`` Python threads: the page faults, which
-    are most of the cost, then happen on all cores as in torch's own parallel write.
+    Args:
+        gi, gj, gk: CPU factors ``(B, K, I)``, ``(B, K, J)``, ``(B, K, K)`` from
+            :func:`axis_factors`. boxes: ``(B*K, 3, 2)`` from :func:`_nonzero_boxes`.
+        dtype: output dtype.
+
+    Why: ``np.zeros`` of a large array takes pages that the OS zeroes on the first touch,
+    so pages outside every box are never touched, whereas a fresh output written in full
+    faults and writes all of them (issue 28: 12.8 ms against 9.7 ms for numpy's 3-sigma
+    patches, case 1 of benchmarks/heatmaps.py). Each write is :func:`write_outer` on views
+    of the factors and the output, so the boxes hold the full write's values bit for bit.
+
+    Channels go two to an op: two equal-sized boxes are one strided view whose outer
+    stride is the distance between them (each box is padded to the pair's size, shifted
+    inside the volume where needed: the extra voxels get their exact values too). torch's
+    pool then splits the op between threads channel by channel, so each core faults its
+    own pages; one op per box split it in the middle, both threads faulted the same 2 MB
+    pages, and it was 12-20 % slower. Half as many ops also means half as many wakes of
+    the pool (each costs milliseconds when other processes keep the cores busy).
     """
     n_batch, n_lmk = gi.shape[:2]
-    shape = (gi.shape[-1], gj.shape[-1], gk.shape[-1])
-    out = np.zeros((n_batch * n_lmk, *shape), dtype=_NUMPY_DTYPES[dtype])
-    cdt = _NUMPY_DTYPES[_compute_dtype(dtype)]
-    fi, fj, fk = (
-        g.numpy().reshape(n_batch * n_lmk, -1).astype(cdt, copy=False) for g in (gi, gj, gk)
-    )
-    costs = _box_costs(boxes)
-    todo = [int(c) for c in np.flatnonzero(boxes[:, 0, 1] > boxes[:, 0, 0])]
-
-    def write(channels: list[int]) -> None:
-        for c in channels:
-            (i0, i1), (j0, j1), (k0, k1) = boxes[c].tolist()
-            plane = np.multiply(fi[c, i0:i1, None], fj[c, None, j0:j1])
-            np.multiply(plane[..., None], fk[c, k0:k1], out=out[c, i0:i1, j0:j1, k0:k1])
-
-    work = int(costs[todo].sum())
-    n_threads = min(torch.get_num_threads(), len(todo), work // max(_BOX_THREAD_MIN, 1))
-    if n_threads <= 1:
-        write(todo)
-    else:
-        _in_threads(write, [todo[t::n_threads] for t in range(n_threads)])
-    return torch.from_numpy(out).view(n_batch, n_lmk, *shape)
+    n_ch = n_batch * n_lmk
+    shape = np.array([gi.shape[-1], gj.shape[-1], gk.shape[-1]])
+    volume = int(shape.prod())
+    strides = [int(shape[1] * shape[2]), int(shape[2]), 1]
+    out = _numpy_memory((n_ch * volume,), dtype, zeroed=True)
+    factors = [g.reshape(n_ch, -1).contiguous().view(-1) for g in (gi, gj, gk)]
+    size = boxes[:, :, 1] - boxes[:, :, 0]
+    live = np.flatnonzero(size[:, 0] > 0)
+    by_size = live[np.argsort(size[live].prod(-1), kind="stable")]  # pair alike boxes
+    n_pairs = len(by_size) // 2
+    for group in (by_size[: 2 * n_pairs].reshape(-1, 2), by_size[2 * n_pairs :, None]):
+        group = np.sort(group, axis=1)  # lower channel first: positive strides
+        extent = size[group].max(1)  # (G, 3): each group's common box size
+        start = np.minimum(boxes[group, :, 0], (shape - extent)[:, None])  # (G, n, 3)
+        at = (group[..., None] * shape + start).transpose(0, 2, 1)  # (G, 3, n)
+        at_out = group * volume + start @ strides  # (G, n)
+        for ext, at_g, at_out_g in zip(extent.tolist(), at.tolist(), at_out.tolist()):
+            views = [_stacked(f, at_g[a], [e], [1]) for a, (f, e) in enumerate(zip(factors, ext))]
+            write_outer(*views, _stacked(out, at_out_g, ext, strides))
+    return out.view(n_batch, n_lmk, *shape.tolist())
 
 
-def _in_threads(fn, parts: list) -> None:
-    """``fn(part)`` for each part, the first on this thread, the others on new threads.
+def _stacked(flat: Tensor, offsets: list[int], sizes: list[int], strides: list[int]) -> Tensor:
+    """``(n, *sizes)`` view of 1D ``flat`` whose item ``m`` starts at ``offsets[m]``.
 
-    New threads per call (not a pool) so that nothing is left behind to break in a forked
-    DataLoader worker; an exception in any part is raised here after all have finished.
+    One stride reaches every item only for n <= 2 (or evenly spaced offsets).
     """
-    errors: list[BaseException] = []
-
-    def run(part) -> None:
-        try:
-            fn(part)
-        except BaseException as exc:  # re-raised on the calling thread below
-            errors.append(exc)
-
-    threads = [threading.Thread(target=run, args=(part,), daemon=True) for part in parts[1:]]
-    for t in threads:
-        t.start()
-    run(parts[0])
-    for t in threads:
-        t.join()
-    if errors:
-        raise errors[0]
+    step = (offsets[-1] - offsets[0]) or 1
+    return flat.as_strided((len(offsets), *sizes), (step, *strides), offsets[0])
 
 
 def _merge_points_max(gi: Tensor, gj: Tensor, gk: Tensor, out: Tensor) -> None:
