@@ -268,6 +268,31 @@ def test_ctrl_c_says_what_was_written_and_leaves_no_partial_scan(model, larger, 
     assert f"{10 - len(done)} predicted, {len(done)} skipped (already done)" in again.output
 
 
+def test_ctrl_c_while_a_record_is_written_counts_that_scan_as_done(
+    model, cohort, tmp_path, capsys, monkeypatch
+):
+    # The deterministic form of the race above: Ctrl-C lands while the first scan's record
+    # is written, so it takes effect once the record is whole, and that scan is counted.
+    from heatmap3d.inference import resume
+
+    write_record = resume.write_record
+
+    def interrupted_while_writing(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGINT)
+        return write_record(*args, **kwargs)
+
+    monkeypatch.setattr(resume, "write_record", interrupted_while_writing)
+    out = tmp_path / "out"
+    code = main([*predict_args(model, cohort, out, "--workers", "0"), "--device", "cpu"])
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert code == 130
+    assert _records(out) == {"s0"}
+    assert last == (
+        f"error: predict interrupted: 1 of 10 scan(s) done in {out} "
+        "(1 predicted now); rerun the same command to finish"
+    )
+
+
 @pytest.mark.parametrize(
     ("device", "says"),
     [

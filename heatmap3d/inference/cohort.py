@@ -161,7 +161,8 @@ def _predict_share(
             resume.write_record(
                 job.out, stem, scan, sha, job.model, job.names(stem), overwrite=job.overwrite
             )
-        report.predicted.append(stem)
+            # Counted inside: a Ctrl-C deferred to the block's end must find it counted.
+            report.predicted.append(stem)
 
     try:
         _, failures = predict_files(
