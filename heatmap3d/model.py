@@ -23,7 +23,60 @@ ARCHITECTURE_KEYS = ("channels", "depth", "norm")
 def _norm(kind: str, channels: int) -> nn.Module:
     if kind == "group":
         return nn.GroupNorm(min(8, channels), channels)
-    return nn.InstanceNorm3d(channels, affine=True)
+    return InstanceNorm3d(channels, affine=True)
+
+
+class InstanceNorm3d(nn.InstanceNorm3d):
+    """``nn.InstanceNorm3d`` (same parameters and state dict) that, without autograd,
+    normalises channels_last_3d float32 input in its own layout.
+
+    Why: torch computes instance norm as a batch norm of a ``(1, B*C, ...)`` view, which
+    for channels_last memory is a copy to the contiguous layout and its output a copy
+    back before the next convolution: two extra passes over the activations, about a
+    third of a CPU forward. Here ``(B, C, I, J, K)`` is read as ``(B, I*J*K, C)`` (a view),
+    its statistics taken along the voxels and ``x * scale + shift`` written once.
+    Training keeps torch's kernel (its backward is fused).
+    """
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if (
+            torch.is_grad_enabled()
+            or x.dtype != torch.float32
+            or x.ndim != 5
+            or not x.is_contiguous(memory_format=torch.channels_last_3d)
+            or self.track_running_stats
+        ):
+            return super().forward(x)
+        b, c = x.shape[:2]
+        voxels = x.permute(0, 2, 3, 4, 1).reshape(b, -1, c)  # (B, I*J*K, C): no copy
+        var, mean = channel_stats(voxels)
+        scale = torch.rsqrt(var + self.eps)
+        if self.affine:
+            scale = scale * self.weight
+        shift = -mean * scale
+        if self.affine:
+            shift = shift + self.bias
+        out = torch.addcmul(shift[:, None], voxels, scale[:, None])  # (B, I*J*K, C)
+        return out.view(b, *x.shape[2:], c).permute(0, 4, 1, 2, 3)
+
+
+def channel_stats(voxels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Biased variance and mean ``(B, C)`` of ``voxels`` ``(B, N, C)`` over N, two-pass.
+
+    Why not ``torch.var_mean(voxels, 1)``: with few channels its reduction runs along a
+    short inner dimension, 5x slower here; summing rows of ``r * C`` (a view of ``r``
+    voxels a row, ``r * C`` about 64) vectorises, and the variance is of the centred
+    values, so it loses nothing to cancellation.
+    """
+    b, n, c = voxels.shape
+    r = max(1, 64 // c)
+    while n % r:
+        r -= 1
+    wide = voxels.reshape(b, n // r, r * c)
+    mean = wide.sum(1).view(b, r, c).sum(1) / n
+    centred = wide - mean.repeat(1, r)[:, None]
+    var = centred.square_().sum(1).view(b, r, c).sum(1) / n
+    return var, mean
 
 
 class ConvBlock(nn.Sequential):
