@@ -7,15 +7,32 @@ asks for ``copy_of(...)`` instead.
 
 from __future__ import annotations
 
+import os
 import shutil
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+import torch
 
 from heatmap3d.data.synthetic import generate_dataset
 
 PhantomFactory = Callable[..., Path]
+
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # The suite runs in pytest-xdist workers, one per core: each worker and every process
+    # it starts gets one thread, since two OpenMP pools of two threads on two cores stall
+    # each other at every layer (benchmarks/cpu_processes.py measured up to 4x). The
+    # heatmap3d commands size their thread count from HEATMAP3D_THREADS.
+    os.environ["OMP_NUM_THREADS"] = "1"
+    os.environ["HEATMAP3D_THREADS"] = "1"
+    torch.set_num_threads(1)
+
+
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """``-n auto``: one worker per core, at most 4 (each test may start torchrun ranks and
+    loader workers of its own)."""
+    return max(1, min(4, os.cpu_count() or 1))
 
 
 @pytest.fixture(scope="session")
