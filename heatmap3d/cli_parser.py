@@ -1,0 +1,314 @@
+"""The ``heatmap3d`` command line: each command's arguments, and their parsing.
+
+:mod:`heatmap3d.cli` runs what is parsed here.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+DESCRIPTION = (
+    "The heatmap3d command: synth, check, plan, train, predict, collect, evaluate, report, "
+    "gpus, shape."
+)
+
+
+def _finite(text: str) -> float:
+    """argparse type: a finite number (float("nan") and "inf" parse, and NaN passes
+    every comparison a later check would make)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if value != value or value in (float("inf"), float("-inf")):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a finite number")
+    return value
+
+
+def _confidence(text: str) -> float:
+    """argparse type: a confidence threshold, a finite number in [0, 1]."""
+    value = _finite(text)
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a confidence between 0 and 1")
+    return value
+
+
+def _radius_mm(text: str) -> float:
+    """argparse type: a radius, a finite number of mm > 0."""
+    value = _finite(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a radius in mm (a number > 0)")
+    return value
+
+
+def _add_synth(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("synth", help="generate a synthetic dataset (phantoms, or CT-like)")
+    p.add_argument("out", type=Path, help="dataset folder to create")
+    p.add_argument(
+        "--kind",
+        choices=("phantom", "ct"),
+        default="phantom",
+        help="phantom: the demo's MR-like phantoms; ct: CT-like torsos in Hounsfield units",
+    )
+    p.add_argument("--n-train", type=int, default=40)
+    p.add_argument("--n-val", type=int, default=8)
+    p.add_argument("--n-test", type=int, default=4)
+    p.add_argument("--seed", type=int, default=0)
+
+
+def _add_train(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("train", help="train (run under torchrun for several processes)")
+    p.add_argument(
+        "--data",
+        type=Path,
+        help="a dataset folder: plan it (or use DATA/plan.yaml) and train every stage into "
+        "runs/<name>/; also given as the first positional argument",
+    )
+    p.add_argument("--plan", type=Path, help="train the stages of this plan file")
+    p.add_argument("--config", type=Path, help="YAML config (default: built-in defaults)")
+    p.add_argument("--resume", action="store_true", help="continue from <run>/last.pt if present")
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="start afresh even if the run folder holds an earlier run's checkpoints (removed)",
+    )
+    p.add_argument(
+        "--members",
+        type=int,
+        default=1,
+        metavar="N",
+        help="with a dataset: train an ensemble of N models with different seeds (the budget "
+        "is shared); prediction averages them",
+    )
+    p.add_argument(
+        "--folds",
+        type=int,
+        default=0,
+        metavar="K",
+        help="with a dataset: K-fold cross-validation over the train and val cases; reports "
+        "the pooled out-of-fold error, and the K models form the ensemble",
+    )
+    p.add_argument(
+        "--init-from",
+        type=Path,
+        help="fine-tune: start from this checkpoint's weights that match (name and shape)",
+    )
+    p.add_argument(
+        "overrides",
+        nargs="*",
+        help="section.key=value, e.g. train.epochs=50 or train.budget_minutes=60 (with a "
+        "plan: the total, split between its stages)",
+    )
+
+
+def _add_predict(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("predict", help="find landmarks on new scans")
+    which = p.add_mutually_exclusive_group(required=True)
+    which.add_argument("--checkpoint", type=Path, help="one model, e.g. runs/demo/best.pt")
+    which.add_argument(
+        "--model", type=Path, help="a model folder of heatmap3d train DATA, e.g. runs/my_data"
+    )
+    p.add_argument(
+        "scans",
+        type=Path,
+        nargs="+",
+        help="scans (NIfTI, NRRD/NHDR, MHA/MHD, or a folder holding one DICOM series), or "
+        "folders of scans",
+    )
+    p.add_argument("--out", type=Path, required=True, help="folder for <scan>.csv/.mrk.json")
+    p.add_argument(
+        "--device",
+        default="auto",
+        help="auto (CUDA if available), cuda (under torchrun: the local rank's GPU), cuda:N, cpu",
+    )
+    p.add_argument(
+        "--shard",
+        metavar="I/N",
+        help="predict share I of N (0 <= I < N) of the sorted scans, the scans rank I of N "
+        "would take: one task of a SLURM array; then heatmap3d collect OUT",
+    )
+    p.add_argument(
+        "--workers",
+        type=int,
+        metavar="N",
+        help="loader processes per rank reading scans ahead (default: on a GPU the rank's "
+        "CPUs but one, at most 8; on a CPU 1); 0 reads in the main process",
+    )
+    p.add_argument(
+        "--refine",
+        type=Path,
+        metavar="CHECKPOINT",
+        help="a refinement model (model.role=refiner) that places each landmark in a window "
+        "around the --checkpoint model's estimate",
+    )
+    p.add_argument("--series", help="DICOM SeriesInstanceUID, for folders with several series")
+    p.add_argument(
+        "--review-below",
+        type=_confidence,
+        default=0.5,
+        metavar="CONF",
+        help="flag landmarks whose confidence is below this for review (default 0.5)",
+    )
+    p.add_argument(
+        "--review-radius",
+        type=_radius_mm,
+        default=5.0,
+        metavar="MM",
+        help="with a --model that has a calibration: flag landmarks whose stated error radius "
+        "(90%% coverage) is above this (default 5 mm)",
+    )
+    p.add_argument(
+        "--no-mirror",
+        action="store_true",
+        help="with --model: skip test-time mirroring (half the inference time)",
+    )
+    p.add_argument(
+        "--save-heatmaps",
+        action="store_true",
+        help="also write <scan>_heatmaps.nii.gz: one channel per landmark on the scan's grid",
+    )
+    p.add_argument(
+        "--snapshots",
+        action="store_true",
+        help="also write <scan>.png: slices through each landmark",
+    )
+    p.add_argument(
+        "--report",
+        action="store_true",
+        help="also write OUT/report.html: the cohort overview and the landmarks to review",
+    )
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace existing output files even if heatmap3d did not write them",
+    )
+
+
+def _add_evaluate(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("evaluate", help="errors of predicted landmarks against the truth")
+    p.add_argument("--pred", type=Path, required=True, help="folder of predicted landmark files")
+    p.add_argument("--truth", type=Path, required=True, help="folder of true landmark files")
+    p.add_argument("--out", type=Path, help="where to write the CSVs (default PRED/evaluation)")
+    p.add_argument(
+        "--report",
+        action="store_true",
+        help="also write PRED/report.html with the error plots (tiles need --scans)",
+    )
+    p.add_argument(
+        "--scans",
+        type=Path,
+        nargs="+",
+        help="with --report: the scans predicted (files or folders), for its pictures",
+    )
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace metrics.csv/errors.csv in --out even if heatmap3d did not write them",
+    )
+
+
+def _add_report(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("report", help="write PRED/report.html: an HTML page for a reviewer")
+    p.add_argument("pred", type=Path, help="a prediction folder (of heatmap3d predict)")
+    p.add_argument(
+        "--scans",
+        type=Path,
+        nargs="+",
+        help="the scans predicted (files or folders), for thumbnails and tiles; without "
+        "them the report shows the tables and the snapshots",
+    )
+    p.add_argument("--evaluation", type=Path, help="folder of errors.csv (default PRED/evaluation)")
+    p.add_argument("--truth", type=Path, help="folder of true landmarks, marked on the tiles")
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace report.html even if heatmap3d did not write it",
+    )
+
+
+def _add_check(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "check",
+        help="read a whole dataset and report every problem (exit 1 if any error)",
+    )
+    p.add_argument("data", type=Path, help="dataset folder: images/, landmarks/, split.json")
+    p.add_argument("--split-file", default="split.json", help="relative to DATA")
+    p.add_argument("--landmarks", default="", help="expected names a,b,c (default: most common)")
+    p.add_argument("--manifest", type=Path, help="write this JSON manifest if there are no errors")
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="let --manifest replace a file that is not an unchanged manifest of heatmap3d",
+    )
+
+
+def _add_plan(sub: argparse._SubParsersAction) -> None:
+    from heatmap3d.planning.command import add_plan_arguments
+
+    add_plan_arguments(
+        sub.add_parser("plan", help="fingerprint a dataset and write DATA/plan.yaml (editable)")
+    )
+
+
+def _add_collect(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "collect", help="the cohort tables of a folder predicted by several jobs (--shard)"
+    )
+    p.add_argument("out", type=Path, help="the --out folder of the predict jobs")
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace landmarks.csv/review.csv even if heatmap3d did not write them",
+    )
+
+
+def _add_gpus(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("gpus", help="list visible GPUs by free memory; pick the freest N")
+    p.add_argument("--n", type=int, default=1, help="how many GPUs to pick (default 1)")
+
+
+def _add_shape(sub: argparse._SubParsersAction) -> None:
+    from heatmap3d.inference.shape_command import add_shape_arguments
+
+    add_shape_arguments(sub.add_parser("shape", help="a population shape prior from landmarks"))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="heatmap3d", description=DESCRIPTION)
+    sub = parser.add_subparsers(dest="command", required=True)
+    adders = (_add_synth, _add_check, _add_plan, _add_train, _add_predict, _add_evaluate, _add_gpus)
+    adders += (_add_report,)
+    adders += (_add_collect,)
+    adders += (_add_shape,)
+    for add in adders:
+        add(sub)
+    for name in READ_SCANS:
+        sub.choices[name].add_argument(
+            "--nifti-frame",
+            choices=("sform", "qform"),
+            help="for NIfTI scans whose sform and qform disagree (refused without this): the "
+            "frame to trust; nibabel uses the sform, ITK and 3D Slicer the qform",
+        )
+    return parser
+
+
+# The commands that read scans (evaluate and report: with --report/--scans, for pictures).
+READ_SCANS = ("check", "plan", "train", "predict", "evaluate", "report")
+
+
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line; ``train``'s overrides and dataset may come before or after its
+    options (``heatmap3d train DATA --folds 5 train.budget_minutes=60``), which argparse
+    alone does not allow for a ``nargs="*"`` positional."""
+    parser = build_parser()
+    args, rest = parser.parse_known_args(argv)
+    if (
+        rest
+        and getattr(args, "command", None) == "train"
+        and not any(a.startswith("-") for a in rest)
+    ):
+        args.overrides = [*args.overrides, *rest]
+    elif rest:
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    return args
