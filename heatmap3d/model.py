@@ -50,12 +50,10 @@ class InstanceNorm3d(nn.InstanceNorm3d):
         b, c = x.shape[:2]
         voxels = x.permute(0, 2, 3, 4, 1).reshape(b, -1, c)  # (B, I*J*K, C): no copy
         var, mean = channel_stats(voxels)
-        scale = torch.rsqrt(var + self.eps)
+        scale = torch.rsqrt(var + self.eps)  # (B, C)
         if self.affine:
             scale = scale * self.weight
-        shift = -mean * scale
-        if self.affine:
-            shift = shift + self.bias
+        shift = (self.bias if self.affine else 0) - mean * scale
         out = torch.addcmul(shift[:, None], voxels, scale[:, None])  # (B, I*J*K, C)
         return out.view(b, *x.shape[2:], c).permute(0, 4, 1, 2, 3)
 
