@@ -15,9 +15,10 @@ placements:
 The same trained model folder and views are predicted with each addition switched on in
 turn, from one seed: one fold's model alone, + test-time mirroring, + the ensemble of
 the folds (heatmaps averaged; the members' coordinates averaged is shown beside it),
-+ the shape model. Reported per variant: mean / median radial error, SDR 2 mm, the worst
-landmark's mean, seconds per scan; for the final model the stated radii's coverage and
-their rank correlation with the true error.
++ the shape model, + the pose pass (the scan turned into the training pose the first
+pass's landmarks show, predicted again). Reported per variant: mean / median radial
+error, SDR 2 mm, the worst landmark's mean, seconds per scan; for the final model the
+stated radii's coverage and their rank correlation with the true error.
 
     python benchmarks/review.py --budget 45
     python benchmarks/review.py --model runs/review_bench/afids/runs/afids   # predict only
@@ -150,7 +151,8 @@ def variants(folder: Path):
     from heatmap3d.inference.predictor import Predictor
     from heatmap3d.inference.refine import Cascade
 
-    full = load_pipeline(folder, torch.device("cpu"))
+    full = load_pipeline(folder, torch.device("cpu"), pose=False)
+    posed = load_pipeline(folder, torch.device("cpu"))
 
     def each(fn):
         m = full.model
@@ -170,6 +172,8 @@ def variants(folder: Path):
     members = [Pipeline(each(lambda p, i=i: member(p, i, True)), None, cal) for i in range(n)]
     out.append((f"+ ensemble of {n} (heatmaps averaged)", Pipeline(each(ensemble), None, cal)))
     out.append(("+ shape model", full))
+    if posed.pose is not None:  # folders trained before the pose pass have none
+        out.append(("+ pose pass", posed))
     return out, members
 
 

@@ -164,6 +164,12 @@ def _add_predict(sub: argparse._SubParsersAction) -> None:
         help="with --model: skip test-time mirroring (half the inference time)",
     )
     p.add_argument(
+        "--no-pose",
+        action="store_true",
+        help="with --model: skip the pose pass (the scan turned into the training pose and "
+        "predicted again; half the inference time)",
+    )
+    p.add_argument(
         "--save-heatmaps",
         action="store_true",
         help="also write <scan>_heatmaps.nii.gz: one channel per landmark on the scan's grid",

@@ -311,7 +311,7 @@ def test_config_deep_nesting(tmp_path):
 
 
 # --------------------------------------------------------------------------------------
-# Model-folder JSON: model.json, calibration.json, shape.json
+# Model-folder JSON: model.json, calibration.json, shape.json, pose.json
 # --------------------------------------------------------------------------------------
 
 PATHS = st.one_of(
@@ -451,6 +451,30 @@ def test_shape_json_near_valid(tmp_path, k, scale, modes, extra):
     doc = {**_shape_doc(k, scale, modes), **extra}
     folder = model_dir(tmp_path)
     _listing(folder, shape=dumps(doc))
+    check_folder(folder)
+
+
+@FAST
+@given(
+    doc=st.one_of(
+        st.fixed_dictionaries(
+            {
+                "kind": st.one_of(st.just("pose"), SCALARS),
+                "names": st.one_of(st.lists(NAMES, max_size=4), SCALARS),
+                "reference_mm": st.one_of(
+                    st.lists(st.one_of(st.none(), st.lists(FLOATS, max_size=4)), max_size=4),
+                    SCALARS,
+                ),
+                "box_mm": st.one_of(st.lists(st.lists(FLOATS, max_size=4), max_size=3), SCALARS),
+                "n_cases": FLOATS,
+            }
+        ),
+        JSON_VALUES,
+    )
+)
+def test_pose_json_near_valid(tmp_path, doc):
+    folder = model_dir(tmp_path)
+    _listing(folder, pose=dumps(doc))
     check_folder(folder)
 
 

@@ -106,13 +106,14 @@ def _model_identity(args: argparse.Namespace) -> str:
     if args.model is not None:
         found = read_model_folder(args.model)
         files = [p for _, paths in found.stages for p in paths]
-        files += [p for p in (found.shape, found.calibration) if p is not None]
+        files += [p for p in (found.shape, found.calibration, found.pose) if p is not None]
     else:
         files = [args.checkpoint] + ([args.refine] if args.refine is not None else [])
     options = {
         "review_below": args.review_below,
         "review_radius": args.review_radius,
         "mirror": not args.no_mirror,
+        "pose": not args.no_pose,
         "series": args.series,
     }
     try:
@@ -128,7 +129,11 @@ def _load(args: argparse.Namespace, device: torch.device) -> Predictor | Cascade
         if args.refine is not None:
             raise InputError("--refine goes with --checkpoint; a --model folder has its stages")
         return load_pipeline(
-            args.model, device, review_radius_mm=args.review_radius, mirror=not args.no_mirror
+            args.model,
+            device,
+            review_radius_mm=args.review_radius,
+            mirror=not args.no_mirror,
+            pose=not args.no_pose,
         )
     predictor = Predictor.from_checkpoint(args.checkpoint, device)
     if args.refine is not None:

@@ -3,15 +3,16 @@
 ``heatmap3d train DATA`` leaves ``runs/<name>/`` holding one run folder per stage of the
 plan (``coarse/``, ``fine/``; with an ensemble, per member: ``fold0/coarse/``, ...), the
 plan it followed (``plan.yaml``), the shape model of the training landmarks
-(``shape.json``), the calibration of the error radii and of absence (``calibration.json``)
-and ``model.json``, which ``heatmap3d predict --model runs/<name>`` reads::
+(``shape.json``), the calibration of the error radii and of absence (``calibration.json``),
+the training pose (``pose.json``) and ``model.json``, which ``heatmap3d predict --model
+runs/<name>`` reads::
 
     {"format": 2,
      "stages": [{"name": "coarse", "role": "whole_scan",
                  "checkpoints": ["fold0/coarse/best.pt", "fold1/coarse/best.pt"]},
                 {"name": "fine", "role": "refiner",
                  "checkpoints": ["fold0/fine/best.pt", "fold1/fine/best.pt"]}],
-     "shape": "shape.json", "calibration": "calibration.json"}
+     "shape": "shape.json", "calibration": "calibration.json", "pose": "pose.json"}
 
 A stage's checkpoints are the members of its ensemble (one for a single model). Paths are
 relative to the folder, so it can be moved or copied whole. Format 1 (one ``checkpoint``
@@ -51,6 +52,7 @@ class ModelFolder:
     stages: list[tuple[StageEntry, list[Path]]]
     shape: Path | None = None
     calibration: Path | None = None
+    pose: Path | None = None
 
 
 def write_model_folder(
@@ -59,6 +61,7 @@ def write_model_folder(
     *,
     shape: str | None = None,
     calibration: str | None = None,
+    pose: str | None = None,
 ) -> Path:
     """Write ``folder/model.json`` (atomically); global rank 0 only."""
     doc = {
@@ -66,6 +69,7 @@ def write_model_folder(
         "stages": [{**vars(s), "checkpoints": list(s.checkpoints)} for s in stages],
         "shape": shape,
         "calibration": calibration,
+        "pose": pose,
     }
     path = Path(folder) / MODEL_FILE
     atomic_write_bytes(path, (json.dumps(doc, indent=2) + "\n").encode())
@@ -104,7 +108,7 @@ def read_model_folder(folder: Path) -> ModelFolder:
             if not checkpoint.is_file():
                 raise InputError(f"{checkpoint}: checkpoint of stage {stage.name!r} not found")
         found.append((stage, paths))
-    extras = {key: _optional(folder, doc.get(key), key) for key in ("shape", "calibration")}
+    extras = {key: _optional(folder, doc.get(key), key) for key in ("shape", "calibration", "pose")}
     return ModelFolder(folder, found, **extras)
 
 

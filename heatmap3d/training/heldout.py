@@ -1,5 +1,5 @@
-"""What a trained model learns about itself after training: its shape model, and the
-calibration of its error radii and of absence, from held-out predictions.
+"""What a trained model learns about itself after training: its shape model, its training
+pose, and the calibration of its error radii and of absence, from held-out predictions.
 
 The shape model (:class:`~heatmap3d.inference.shape.ShapeModel`) is fitted on the training
 cases' landmarks. The calibration (:mod:`heatmap3d.evaluation.calibration`) is fitted on
@@ -11,16 +11,20 @@ each as stored and under ``train.calibration_views`` random placements
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import numpy as np
 
 from heatmap3d import distributed
+from heatmap3d.config import DataConfig
+from heatmap3d.data.dataset import PreprocessedCases
 from heatmap3d.distributed import DistInfo
 from heatmap3d.errors import InputError
 from heatmap3d.evaluation.calibration import Calibration, fit_calibration
 from heatmap3d.evaluation.metrics import radial_errors
 from heatmap3d.evaluation.placements import Placements, random_placement
+from heatmap3d.inference.pose import Pose, fit_pose
 from heatmap3d.inference.predictor import Prediction
 from heatmap3d.inference.shape import ShapeModel
 from heatmap3d.inference.shape_prior import PopulationShape
@@ -89,6 +93,24 @@ def fit_shape(
         return ShapeModel.fit(names, shapes, floor_mm=shape_floor_mm(len(shapes)))
     except ValueError as err:
         print(f"no shape model: {err}")
+        return None
+
+
+def fit_training_pose(cases: list[Case], names: list[str], data: DataConfig) -> Pose | None:
+    """The training pose of ``cases`` (:func:`heatmap3d.inference.pose.fit_pose`): their
+    landmarks, and their fields of view from the volumes preprocessed with ``data`` (the
+    training cache: the scan's field of view, nothing read again). None (said why) when
+    they cannot make one."""
+    volumes = PreprocessedCases(cases, names, dataclasses.replace(data, cache=False))
+    grids, configurations = [], []
+    for index in range(len(volumes)):
+        vol, points = volumes.volume(index)
+        grids.append((vol.affine, vol.shape))
+        configurations.append(points)
+    try:
+        return fit_pose(names, np.stack(configurations), grids)
+    except ValueError as err:
+        print(f"no pose pass: {err}")
         return None
 
 

@@ -45,6 +45,7 @@ from heatmap3d.planning.plan_file import (
 from heatmap3d.training.heldout import (
     calibrate,
     fit_shape,
+    fit_training_pose,
     placed_predictions,
     read_prior,
     truth_points,
@@ -240,8 +241,9 @@ def _finish(
     plan_file: Path | None,
     world: DistInfo,
 ) -> list[LandmarkStats] | None:
-    """Write the model folder (rank 0): ``model.json``, the plan, the shape model and the
-    calibration fitted on held-out predictions; then report the held-out error."""
+    """Write the model folder (rank 0): ``model.json``, the plan, the shape model, the
+    training pose and the calibration fitted on held-out predictions; then report the
+    held-out error."""
     names = list(runs[0][0].cfg.data.landmarks)
     entries = [
         StageEntry(
@@ -256,13 +258,19 @@ def _finish(
         world,
         lambda: fit_shape(list(train_cases.values()), names, runs[0][0].cfg.train.shape_prior),
     )
+    data = runs[0][0].cfg.data
+    pose = distributed.main_then_broadcast(
+        world, lambda: fit_training_pose(list(train_cases.values()), names, data)
+    )
     if world.is_main:
         write_model_folder(model_dir, entries)
         _record_plan(plan_file, model_dir / "plan.yaml")
         if shape is not None:
             _write_json(model_dir / "shape.json", shape.to_dict())
+        if pose is not None:
+            _write_json(model_dir / "pose.json", pose.to_dict())
     distributed.barrier()  # every checkpoint and model.json written
-    held = _held_out(runs, members, entries, model_dir, world, shape)
+    held = _held_out(runs, members, entries, model_dir, world, (shape, pose))
     every = {**held.results, **held.placed}
     calibration = distributed.main_then_broadcast(
         world, lambda: calibrate(every, held.truth, names, stored=set(held.results))
@@ -276,6 +284,7 @@ def _finish(
             entries,
             shape="shape.json" if shape is not None else None,
             calibration="calibration.json",
+            pose="pose.json" if pose is not None else None,
         )
     for pred in held.results.values():  # as prediction will state them
         declare_absent(pred, calibration)
@@ -298,23 +307,30 @@ class HeldOut:
     truth: dict  # case id or "<case>@<view>" -> (K, 3) world mm
 
 
-def _held_out(runs, members, entries, model_dir, world, shape) -> HeldOut:
+def _held_out(runs, members, entries, model_dir, world, extras) -> HeldOut:
     """With folds, each fold's validation scans by that fold's model (out of fold); else the
-    validation scans by the whole model. Each scan as stored and under random placements."""
+    validation scans by the whole model, with ``extras`` (its shape model and pose), as
+    prediction will run it. Each scan as stored and under random placements."""
     cfg = runs[0][0].cfg
     views, names = cfg.train.calibration_views, list(cfg.data.landmarks)
     if not members[0].split_file:
-        parts = [(Pipeline(_model_of(world, model_dir, entries), shape), runs[0][0])]
+        shape, pose = extras
+        model = _model_of(world, model_dir, entries)
+        parts = [(Pipeline(model, shape, pose=pose), runs[0][0])]
         label = str(model_dir)
     else:
         parts = []
         for f, run in enumerate(runs):
             own = [dataclasses.replace(e, checkpoints=(e.checkpoints[f],)) for e in entries]
-            fold_shape = distributed.main_then_broadcast(
+            fold_shape, fold_pose = distributed.main_then_broadcast(
                 world,
-                lambda run=run: fit_shape(run[0].train_cases, names, cfg.train.shape_prior),
+                lambda run=run: (
+                    fit_shape(run[0].train_cases, names, cfg.train.shape_prior),
+                    fit_training_pose(run[0].train_cases, names, cfg.data),
+                ),
             )
-            parts.append((Pipeline(_model_of(world, model_dir, own), fold_shape), run[0]))
+            model = _model_of(world, model_dir, own)
+            parts.append((Pipeline(model, fold_shape, pose=fold_pose), run[0]))
         label = f"{model_dir}, each fold's model on its own validation scans"
     ranges = Placements(intensities=cfg.data.normalization != "ct")
     held = HeldOut({}, [], label, {}, {})
