@@ -259,7 +259,7 @@ def test_plan_file_round_trip(tmp_path):
     assert text.startswith("# heatmap3d plan for fake") and "edit freely" in text.lower()
     assert "  # the " in text  # reasons are comments
     stages = read_plan(path)
-    assert [(s.name, s.budget_share) for s in stages] == [("coarse", 0.5), ("fine", 0.5)]
+    assert [(s.name, s.budget_share) for s in stages] == [("coarse", 0.4), ("fine", 0.6)]
     for read, made in zip(stages, plan.stages):
         assert from_dict(read.config) == from_dict(made.config)
     configs = stage_configs(
@@ -267,7 +267,7 @@ def test_plan_file_round_trip(tmp_path):
     )
     (name, cfg), (_, fine) = configs
     assert name == "coarse" and cfg.data.root == str(tmp_path) and cfg.train.epochs == 7
-    assert cfg.train.budget_minutes == 15.0 and fine.train.budget_minutes == 15.0
+    assert cfg.train.budget_minutes == 12.0 and fine.train.budget_minutes == 18.0  # 0.4 / 0.6
     assert fine.model.role == "refiner" and cfg.augment.mirror_pairs == plan.pairs
 
 
@@ -280,7 +280,7 @@ def test_budget_override_is_the_total(tmp_path):
         overrides=["train.budget_minutes=60"],
         budget_minutes=None,
     )
-    assert [c.train.budget_minutes for _, c in configs] == [30.0, 30.0]
+    assert [c.train.budget_minutes for _, c in configs] == [24.0, 36.0]
     none = stage_configs(read_plan(path), data_root=tmp_path, overrides=[], budget_minutes=None)
     assert [c.train.budget_minutes for _, c in none] == [0.0, 0.0]
 
