@@ -82,9 +82,10 @@ class BallFinder:
     """A stand-in model with the interface the pipeline uses: finds the balls, and keeps
     every volume it was given; ``found`` limits how many landmarks it reports."""
 
-    def __init__(self, found: int = len(RADII)) -> None:
+    def __init__(self, found: int = len(RADII), presence=None) -> None:
         self.names, self.seen, self.found = list(NAMES), [], found
         self.data = SimpleNamespace(spacing=(1.5, 1.5, 1.5))
+        self.presence = presence or []  # per call: (K,) whole-scan peaks (default all 1)
 
     def prepare(self, vol: Volume) -> Volume:
         return vol
@@ -94,13 +95,15 @@ class BallFinder:
         points = find_balls(vol)
         points[self.found :] = np.nan
         k = len(points)
+        n = len(self.seen) - 1
+        presence = self.presence[n] if n < len(self.presence) else np.ones(k)
         return Prediction(
             Landmarks(self.names, points),
             np.ones(k),
             world_to_voxel(points, vol.affine),
             grid_affine=vol.affine.copy(),
             spread_mm=np.zeros(k),
-            presence=np.ones(k),
+            presence=np.asarray(presence, dtype=float),
         )
 
 
@@ -299,3 +302,19 @@ def test_a_pose_for_other_landmarks_is_refused():
 
     with pytest.raises(InputError, match="pose"):
         Pipeline(BallFinder(), pose=other)
+
+
+def test_whether_a_landmark_is_there_is_the_stored_scans_question():
+    """The posed grid reaches past the scan's field of view, where a cut-off landmark can
+    look present: the first pass's presence decides, in both passes."""
+    from heatmap3d.evaluation.calibration import Calibration
+
+    vol = scan_of(apply(placement(), REFERENCE), LINEAR["identity"])
+    first, posed = [0.2, 1, 1, 1, 1], [1.0, 1, 1, 1, 1]  # landmark 0: absent as stored
+    model = BallFinder(presence=[first, posed])
+    cal = Calibration(list(NAMES), 0.9, np.ones(len(NAMES)), 0.5, 10)
+    pred = Pipeline(model, calibration=cal, pose=pose_of_reference()).predict_volume(vol)
+    assert len(model.seen) == 2
+    assert pred.status[0] == "absent" and np.isnan(pred.landmarks.points[0]).all()
+    np.testing.assert_array_equal(pred.presence, first)
+    assert np.isfinite(pred.landmarks.points[1:]).all()
