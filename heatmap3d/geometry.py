@@ -38,6 +38,7 @@ from nibabel.orientations import apply_orientation, inv_ornt_aff, io_orientation
 from scipy import ndimage
 
 __all__ = [
+    "grid_corners",
     "Volume",
     "crop_or_pad",
     "inside_image",
@@ -97,6 +98,12 @@ class Volume:
 def voxel_to_world(points: np.ndarray, affine: np.ndarray) -> np.ndarray:
     """Voxel ``(..., 3)`` (i, j, k) -> world RAS mm ``(..., 3)``. NaN rows stay NaN."""
     return apply_affine(np.asarray(affine, dtype=np.float64), np.asarray(points, dtype=np.float64))
+
+
+def grid_corners(affine: np.ndarray, shape: Sequence[int]) -> np.ndarray:
+    """``(8, 3)`` world RAS mm of the outermost voxel centres of a grid ``shape``."""
+    ijk = np.array(np.meshgrid(*[[0, int(n) - 1] for n in shape], indexing="ij"))
+    return voxel_to_world(ijk.reshape(3, -1).T, affine)
 
 
 def world_to_voxel(points: np.ndarray, affine: np.ndarray) -> np.ndarray:

@@ -30,7 +30,7 @@ import numpy as np
 from scipy.spatial.transform import Rotation
 
 from heatmap3d.data.preprocess import outside_value
-from heatmap3d.geometry import Volume, resample_to_grid, voxel_to_world
+from heatmap3d.geometry import Volume, grid_corners, resample_to_grid, voxel_to_world
 
 MAX_GROWTH = 2.0  # a placement's grid has at most this many times the scan's voxels
 
@@ -88,8 +88,7 @@ def _grid(
         axis = rng.normal(size=3)
         angle = np.deg2rad(rng.uniform(*r.oblique_deg))
         axes = Rotation.from_rotvec(axis / np.linalg.norm(axis) * angle).as_matrix()
-    corners = np.array(np.meshgrid(*[[0, n - 1] for n in vol.shape], indexing="ij")).reshape(3, -1)
-    along = voxel_to_world(corners.T, vol.affine) @ axes  # mm along the new axes
+    along = grid_corners(vol.affine, vol.shape) @ axes  # mm along the new axes
     lo, extent = along.min(0), np.ptp(along, axis=0)
     growth = np.prod(extent / spacing + 1) / np.prod(vol.shape)
     spacing = spacing * max(1.0, growth / MAX_GROWTH) ** (1 / 3)  # bounded memory and time

@@ -26,9 +26,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+from nibabel.affines import apply_affine
 from scipy.spatial.transform import Rotation
 
-from heatmap3d.geometry import Volume, resample_to_grid
+from heatmap3d.geometry import Volume, grid_corners, resample_to_grid
+from heatmap3d.inference.shape_align import similarity
 
 __all__ = ["KIND", "Pose", "fit_pose", "rigid"]
 
@@ -44,18 +46,11 @@ _MAX_MM = 1e6  # 1 km: no anatomy; a pose file beyond it is malformed
 def rigid(src: np.ndarray, dst: np.ndarray) -> np.ndarray:
     """``(4, 4)`` rotation + translation minimising ``||dst - (R src + t)||^2`` over the
     ``(n, 3)`` pairs (Kabsch; n >= 3, never a reflection)."""
-    mu_s, mu_d = src.mean(0), dst.mean(0)
-    u, _, vt = np.linalg.svd((dst - mu_d).T @ (src - mu_s))
-    d = np.ones(3)
-    d[2] = np.sign(np.linalg.det(u @ vt)) or 1.0  # a reflection would swap left and right
+    _, rot, _ = similarity(src, dst)  # the rotation does not depend on the scale
     out = np.eye(4)
-    out[:3, :3] = (u * d) @ vt
-    out[:3, 3] = mu_d - out[:3, :3] @ mu_s
+    out[:3, :3] = rot
+    out[:3, 3] = dst.mean(0) - rot @ src.mean(0)
     return out
-
-
-def _apply(t: np.ndarray, points: np.ndarray) -> np.ndarray:
-    return points @ t[:3, :3].T + t[:3, 3]
 
 
 @dataclass(frozen=True)
@@ -80,11 +75,11 @@ class Pose:
         if ok.sum() < MIN_POINTS:
             return None
         t = rigid(points[ok], self.reference[ok])
-        res = np.linalg.norm(_apply(t, points[ok]) - self.reference[ok], axis=1)
+        res = np.linalg.norm(apply_affine(t, points[ok]) - self.reference[ok], axis=1)
         keep = res <= max(TRIM_FACTOR * float(np.median(res)), TRIM_FLOOR_MM)
         if MIN_POINTS <= keep.sum() < len(keep):
             t = rigid(points[ok][keep], self.reference[ok][keep])
-            res = np.linalg.norm(_apply(t, points[ok]) - self.reference[ok], axis=1)
+            res = np.linalg.norm(apply_affine(t, points[ok]) - self.reference[ok], axis=1)
         return t if float(np.median(res)) <= MAX_MEDIAN_MM else None
 
     def place(self, vol: Volume, transform: np.ndarray, spacing: float) -> Volume:
@@ -152,7 +147,7 @@ def fit_pose(
     ref = shapes[int(np.argmax(present.sum(1)))]
     for _ in range(_ALIGN_ITERATIONS):
         moves = [_onto(s, ref) for s in shapes]
-        aligned = np.stack([_apply(m, s) for m, s in zip(moves, shapes, strict=True)])
+        aligned = np.stack([apply_affine(m, s) for m, s in zip(moves, shapes, strict=True)])
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)  # a landmark no case has: NaN
             ref = np.nanmean(aligned, axis=0)
@@ -160,12 +155,13 @@ def fit_pose(
     back = [np.linalg.inv(m) for m in moves]
     rot = Rotation.from_matrix(np.stack([b[:3, :3] for b in back])).mean().as_matrix()
     centre = np.nanmean(ref, axis=0)
-    shift = np.mean([_apply(b, centre[None])[0] for b in back], axis=0)
+    shift = np.mean([apply_affine(b, centre[None])[0] for b in back], axis=0)
     average = np.eye(4)
     average[:3, :3], average[:3, 3] = rot, shift - rot @ centre
-    corners = [_apply(average @ m, _corners(a, s)) for m, (a, s) in zip(moves, grids, strict=True)]
+    pairs = zip(moves, grids, strict=True)
+    corners = [apply_affine(average @ m, grid_corners(a, s)) for m, (a, s) in pairs]
     box = np.stack([np.min([c.min(0) for c in corners], 0), np.max([c.max(0) for c in corners], 0)])
-    return Pose([str(n) for n in names], _apply(average, ref), box, len(shapes))
+    return Pose([str(n) for n in names], apply_affine(average, ref), box, len(shapes))
 
 
 def _onto(src: np.ndarray, dst: np.ndarray) -> np.ndarray:
@@ -173,9 +169,3 @@ def _onto(src: np.ndarray, dst: np.ndarray) -> np.ndarray:
     if both.sum() < MIN_POINTS:
         raise ValueError(f"a case shares fewer than {MIN_POINTS} landmarks with the others")
     return rigid(src[both], dst[both])
-
-
-def _corners(affine: np.ndarray, shape: Sequence[int]) -> np.ndarray:
-    """``(8, 3)`` world mm of the outer voxel centres of a grid."""
-    ijk = np.array(np.meshgrid(*[[0, int(n) - 1] for n in shape], indexing="ij")).reshape(3, -1)
-    return _apply(np.asarray(affine, dtype=float), ijk.T.astype(float))
