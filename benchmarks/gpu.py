@@ -13,26 +13,32 @@ On a machine with CUDA it runs, one after another, each as its own process:
 5. DDP on every visible GPU: a synthetic dataset trained for a few epochs with
    ``torchrun --nproc_per_node=1`` and ``=N`` (wall time, so the scaling with start-up).
 
-and appends its figures to ``--results`` as a dated section (through the project's
-atomic writer: a reader sees the old file or the new one). Without CUDA it says so in one
-line and exits 0 without writing anything. A step that fails is recorded with its exit
-status and the tail of its output; the others still run.
+``--only throughput,ddp`` runs a subset (the keys: tests, throughput, heatmaps, predict,
+ddp); ``--model FOLDER`` times a trained model folder instead of random weights;
+``--step-timeout S`` stops a step that hangs. The steps run with the repository first on
+``PYTHONPATH`` (no install needed). It appends its figures to ``--results`` as a dated
+section (through the project's atomic writer: a reader sees the old file or the new one).
+Without CUDA it says so in one line and exits 0 without writing anything. A step that fails
+is recorded with its exit status and the tail of its output; the others still run.
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
+import os
 import re
 import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # the section is written by this checkout's atomic writer
+    sys.path.insert(0, str(ROOT))
 RESULTS = ROOT / "benchmarks" / "RESULTS.md"
 
 
@@ -44,6 +50,7 @@ class Step:
     argv: list[str]
     parse: Callable[[str], str]
     timeout: int = 3600
+    key: str = ""  # what ``--only`` selects it by
 
 
 @dataclass
@@ -75,23 +82,29 @@ def wall_only(output: str) -> str:
     return ""
 
 
-def plan(gpus: int, work: Path, *, quick: bool = False) -> list[Step]:
-    """The commands, in order (``work``: a scratch folder for the DDP dataset and runs)."""
+KEYS = ("tests", "throughput", "heatmaps", "predict", "ddp")
+
+
+def plan(gpus: int, work: Path, *, quick: bool = False, model: Path | None = None) -> list[Step]:
+    """The commands, in order (``work``: a scratch folder for the DDP dataset and runs;
+    ``model``: a trained model folder for the prediction step, else random weights)."""
     py = sys.executable
     data = work / "ddp_data"
     epochs = "train.epochs=2" if quick else "train.epochs=5"
+    trained = ["--model", str(model)] if model is not None else []
     steps = [
         Step("CUDA tests", [py, "-m", "pytest", "-q", "-m", "cuda", "-p", "no:cacheprovider"],
-             pytest_summary),
+             pytest_summary, key="tests"),
         Step("throughput", [py, "benchmarks/throughput.py", *(
             ["--repeats", "1", "--predict-repeats", "1"] if quick else [])],
-             last_line("throughput:")),
-        Step("heatmap kernel", [py, "benchmarks/heatmaps.py"], last_line("heatmaps:")),
+             last_line("throughput:"), key="throughput"),
+        Step("heatmap kernel", [py, "benchmarks/heatmaps.py"], last_line("heatmaps:"),
+             key="heatmaps"),
         Step("prediction, whole model", [py, "benchmarks/predict_speed.py", "--device", "cuda",
-             "--views", "2" if quick else "4", "--repeats", "1" if quick else "3"],
-             last_line("after")),
+             "--views", "2" if quick else "4", "--repeats", "1" if quick else "3", *trained],
+             last_line("after"), key="predict"),
         Step("synthetic dataset", [py, "-m", "heatmap3d.cli", "synth", str(data),
-             "--n-train", "8", "--n-val", "2", "--n-test", "0"], wall_only),
+             "--n-train", "8", "--n-val", "2", "--n-test", "0"], wall_only, key="ddp"),
     ]  # fmt: skip
     for n in sorted({1, gpus}):
         steps.append(
@@ -111,9 +124,17 @@ def plan(gpus: int, work: Path, *, quick: bool = False) -> list[Step]:
                     "train.device=cuda",
                 ],
                 wall_only,
+                key="ddp",
             )  # fmt: skip
         )
     return steps
+
+
+def child_env() -> dict[str, str]:
+    """This environment with the repository first on ``PYTHONPATH``, so that the steps
+    import this checkout's ``heatmap3d`` whether or not it is installed."""
+    paths = [str(ROOT), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}
 
 
 def run(step: Step) -> Outcome:
@@ -122,7 +143,12 @@ def run(step: Step) -> Outcome:
     start = time.perf_counter()
     try:
         done = subprocess.run(
-            step.argv, cwd=ROOT, capture_output=True, text=True, timeout=step.timeout
+            step.argv,
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=step.timeout,
+            env=child_env(),
         )
         code, output = done.returncode, done.stdout + done.stderr
     except subprocess.TimeoutExpired as err:
@@ -180,15 +206,22 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--results", type=Path, default=RESULTS, help="the file to append to")
     p.add_argument("--quick", action="store_true", help="shorter runs (checking the script)")
+    p.add_argument("--only", default=",".join(KEYS), help=f"a subset of {','.join(KEYS)}")
+    p.add_argument("--model", type=Path, help="a trained model folder to time (else random)")
+    p.add_argument("--step-timeout", type=int, default=3600, help="seconds before a step stops")
     args = p.parse_args(argv)
+    only = set(args.only.split(","))
+    if not only <= set(KEYS):
+        p.error(f"--only: unknown step(s) {sorted(only - set(KEYS))}; the keys: {KEYS}")
     import torch
 
     if not torch.cuda.is_available():
         print("gpu.py: no CUDA device here; nothing run, nothing written")
         return 0
     with tempfile.TemporaryDirectory() as tmp:
-        steps = plan(torch.cuda.device_count(), Path(tmp), quick=args.quick)
-        outcomes = [run(step) for step in steps]
+        steps = plan(torch.cuda.device_count(), Path(tmp), quick=args.quick, model=args.model)
+        chosen = [replace(s, timeout=args.step_timeout) for s in steps if s.key in only]
+        outcomes = [run(step) for step in chosen]
     text = section(outcomes, machine(), datetime.date.today())
     append_section(args.results, text)
     print(f"\nappended to {args.results}:\n\n{text}")

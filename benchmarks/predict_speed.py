@@ -84,9 +84,10 @@ def build_random_folder(work: Path, members: int = 3, seed: int = 0) -> Path:
     return folder
 
 
-def worker(model: Path, scans: Path, threads: int, device: str) -> None:
-    """Load the model, then for each line ``run`` on stdin predict every scan and print
-    one JSON line ``{"seconds": [...], "points": [...]}``; stop at end of input."""
+def worker(model: Path, scans: Path, threads: int, device: str, pose: bool = True) -> None:
+    """Load the model (``pose=False``: without the pose pass, ``--no-pose``), then for each
+    line ``run`` on stdin predict every scan and print one JSON line
+    ``{"seconds": [...], "points": [...]}``; stop at end of input."""
     import time
 
     import torch
@@ -95,7 +96,7 @@ def worker(model: Path, scans: Path, threads: int, device: str) -> None:
     from heatmap3d.inference.pipeline import load_pipeline
 
     torch.set_num_threads(threads)
-    pipeline = load_pipeline(model, torch.device(device))
+    pipeline = load_pipeline(model, torch.device(device), pose=pose)
     saved = np.load(scans)
     vols = [Volume(saved[f"data{i}"], saved[f"affine{i}"]) for i in range(int(saved["n"]))]
     pipeline.predict_volume(vols[0])  # warm-up (first-call allocations, any tracing)
@@ -114,10 +115,20 @@ def worker(model: Path, scans: Path, threads: int, device: str) -> None:
         print(json.dumps({"seconds": seconds, "points": points}), flush=True)
 
 
-def _start(code: Path, model: Path, scans: Path, threads: int, device: str) -> subprocess.Popen:
-    env = {**os.environ, "PYTHONPATH": str(code)}
+def _env(code: Path) -> dict[str, str]:
+    """This environment with ``code`` first on ``PYTHONPATH`` (what was there stays after
+    it: packages installed beside the interpreter's, as on a GPU machine)."""
+    paths = [str(code), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}
+
+
+def _start(
+    code: Path, model: Path, scans: Path, threads: int, device: str, pose: bool = True
+) -> subprocess.Popen:
     cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", str(model)]
     cmd += ["--scans", str(scans), "--threads", str(threads), "--device", device]
+    cmd += [] if pose else ["--no-pose"]
+    env = _env(code)
     proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
     ready = json.loads(proc.stdout.readline()).get("ready", "")
     assert ready.startswith(str(code)), f"{code}: the worker runs {ready}"
@@ -125,7 +136,7 @@ def _start(code: Path, model: Path, scans: Path, threads: int, device: str) -> s
 
 
 def _build(code: Path, work: Path) -> Path:
-    env = {**os.environ, "PYTHONPATH": str(code)}
+    env = _env(code)
     cmd = [sys.executable, str(Path(__file__).resolve()), "--build", str(work)]
     out = subprocess.run(cmd, env=env, check=True, capture_output=True, text=True).stdout
     return Path(out.strip().splitlines()[-1])
@@ -145,12 +156,13 @@ def main() -> None:
     p.add_argument("--views", type=int, default=4, help="hard placements of Colin27")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--no-pose", action="store_true", help="without the pose pass (both codes)")
     p.add_argument("--worker", type=Path, help=argparse.SUPPRESS)
     p.add_argument("--scans", type=Path, help=argparse.SUPPRESS)
     p.add_argument("--build", type=Path, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.worker is not None:
-        return worker(args.worker, args.scans, args.threads, args.device)
+        return worker(args.worker, args.scans, args.threads, args.device, not args.no_pose)
     if args.build is not None:
         return print(build_random_folder(args.build))
     sys.path.insert(0, str(HERE))
@@ -168,7 +180,9 @@ def main() -> None:
         here = HERE.parent
         codes = [("before", args.base)] if args.base is not None else []
         procs = {
-            name: _start(code, model, work / "scans.npz", args.threads, args.device)
+            name: _start(
+                code, model, work / "scans.npz", args.threads, args.device, not args.no_pose
+            )
             for name, code in [*codes, ("after", here)]
         }
         times = {name: [] for name in procs}
@@ -181,7 +195,11 @@ def main() -> None:
         for proc in procs.values():
             proc.stdin.close()
             proc.wait()
-    print(f"{len(scans)} scans x {args.repeats} repeats, {args.threads} threads, {args.device}")
+    pose = "without" if args.no_pose else "with"
+    print(
+        f"{len(scans)} scans x {args.repeats} repeats, {args.threads} threads, {args.device}, "
+        f"{pose} the pose pass, model {args.model or 'random (plan of the AFIDs templates)'}"
+    )
     print(f"{'code':<8} {'median s/scan':>14} {'min s/scan':>11}")
     for name, t in times.items():
         listed = " ".join(f"{x:.1f}" for x in t)  # scan by scan, repeat after repeat

@@ -85,3 +85,18 @@ def test_without_cuda_one_line_exit_0_and_nothing_written(tmp_path):
         "gpu.py: no CUDA device here; nothing run, nothing written"
     ]
     assert not results.exists()
+
+
+def test_every_step_has_a_key_and_only_selects_by_it(tmp_path, monkeypatch):
+    steps = gpu.plan(2, tmp_path, model=tmp_path / "trained")
+    assert {s.key for s in steps} == set(gpu.KEYS)
+    predict = next(s for s in steps if s.key == "predict")
+    assert predict.argv[-2:] == ["--model", str(tmp_path / "trained")]
+    with pytest.raises(SystemExit):
+        gpu.main(["--only", "tests,nonsense"])  # refused before anything runs
+
+
+def test_the_steps_import_this_checkout_first_and_keep_the_path_they_were_given(monkeypatch):
+    monkeypatch.setenv("PYTHONPATH", "/opt/site")
+    paths = gpu.child_env()["PYTHONPATH"].split(":")
+    assert paths == [str(ROOT), "/opt/site"]
