@@ -35,6 +35,7 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
+from heatmap3d import heatmap_write as hw
 from heatmap3d import heatmaps as hm
 from heatmap3d.heatmaps import gaussian_heatmaps
 from heatmap3d.inference.decode import decode_heatmaps
@@ -109,12 +110,12 @@ def two_pass(coords: torch.Tensor, out: torch.Tensor) -> None:
 
 def full_write(fn: Callable[[], object]) -> object:
     """``fn()`` with the fresh-output box write turned off (every voxel written)."""
-    pays = hm._boxes_pay
-    hm._boxes_pay = lambda boxes, shape, itemsize: False
+    pays = hw.boxes_pay
+    hw.boxes_pay = lambda boxes, shape, itemsize: False
     try:
         return fn()
     finally:
-        hm._boxes_pay = pays
+        hw.boxes_pay = pays
 
 
 def one_thread(fn: Callable[[], object]) -> object:

@@ -51,6 +51,7 @@ def add_overrides(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--set",
         nargs="*",
+        action="extend",  # a second --set adds to the first instead of replacing it
         default=[],
         metavar="KEY=VALUE",
         help="overrides for every stage, after the plan's (e.g. augment.rotation_deg=10): "

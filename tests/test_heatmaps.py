@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 
+from heatmap3d import heatmap_write as hw
 from heatmap3d import heatmaps as hm
 from heatmap3d.heatmaps import gaussian_heatmaps, sigma_vox
 from heatmap3d.inference.decode import decode_heatmaps
@@ -452,7 +453,7 @@ def box_cases(seed):
 def test_box_writes_equal_the_full_write_bit_for_bit(monkeypatch, dtype):
     """The fresh CPU output written box by box into zeroed memory (issue 28) holds exactly
     what the full write into a given ``out`` holds, whichever way the cost model chooses."""
-    monkeypatch.setattr(hm, "_boxes_pay", lambda boxes, shape, itemsize: True)
+    monkeypatch.setattr(hw, "boxes_pay", lambda boxes, shape, itemsize: True)
     n_cases = 0
     for seed in range(3):
         for coords, shape, kw in box_cases(seed):
@@ -473,7 +474,7 @@ def test_box_write_takes_only_the_nonzero_box():
     pts, _ = hm.as_points(coords)
     sig, sp = hm.as_sigma(2.0, 3, pts.device), hm.as_spacing(kw["spacing"], pts.device)
     gi, gj, gk = (g[:, :, 0] for g in hm.axis_factors(pts, None, shape, sig, sp, None, False))
-    boxes = hm._nonzero_boxes(gi, gj, gk)
+    boxes = hw.nonzero_boxes(gi, gj, gk)
     out = gaussian_heatmaps(coords, shape, **kw)
     nonzero = out[0, 0].nonzero()
     assert boxes[0].tolist() == [
@@ -488,8 +489,8 @@ def test_cost_model_chooses_boxes_for_narrow_gaussians_only(monkeypatch):
     """A few-mm sigma in a large volume goes the box way; a wide sigma, tiny volumes or
     boxes that touch nearly every page go the full way; both give the same output."""
     calls = []
-    real = hm._boxes_into_zeros
-    monkeypatch.setattr(hm, "_boxes_into_zeros", lambda *a: calls.append(1) or real(*a))
+    real = hw.boxes_into_zeros
+    monkeypatch.setattr(hw, "boxes_into_zeros", lambda *a: calls.append(1) or real(*a))
     unit = torch.rand(1, 4, 3, generator=torch.Generator().manual_seed(5))
     big = (160, 96, 96)  # 5.9 MB a channel; a 2 mm box spans 31 slices, 1.1 MB
     coords = unit * (torch.tensor(big) - 1)
