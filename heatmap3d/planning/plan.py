@@ -36,6 +36,9 @@ __all__ = [
 ]
 
 DEPTH = 3  # 2x downsamplings: 32^3 -> 4^3 at the bottom, enough context at 32^3 (demo, AFIDs)
+# Features at full resolution on a CPU. At 20 minutes on AFIDs (hard placements, one run
+# each) 6 channels gave 3.18 mm, 12 gave 3.07, 8 gave 2.71-2.98 in three runs (RESULTS.md).
+CPU_CHANNELS = 8
 CPU_PATCH = 32  # voxels per axis: a 32^3 step at batch 2 takes ~155 ms on 2 cores (RESULTS.md)
 GPU_PATCHES = (96, 88, 80, 72, 64)  # GPU: as large as memory allows, not below 64
 CPU_MEMORY_GB = 4.0  # what a CPU run may spend on activations when no budget is given
@@ -150,11 +153,11 @@ def _round_up(mm: float) -> float:
 
 
 def choose_model(device: str, memory_gb: float) -> tuple[int, int]:
-    """``(channels, patch)`` for a whole-scan stage: 8 channels at 32^3 on CPU (what the
-    CPU benchmarks trained in minutes); on a GPU 32 channels from 40 GiB (16 below) and
+    """``(channels, patch)`` for a whole-scan stage: 8 channels at 32^3 on CPU (6 and 12
+    measured worse at the same budget); on a GPU 32 channels from 40 GiB (16 below) and
     the largest patch in ``GPU_PATCHES`` whose activations fit; halved if none does."""
     if device != "cuda":
-        return 8, _fit(CPU_PATCH, 8, memory_gb)
+        return CPU_CHANNELS, _fit(CPU_PATCH, CPU_CHANNELS, memory_gb)
     channels = 32 if memory_gb >= 40 else 16
     for patch in GPU_PATCHES:
         if activation_gb(patch, channels, DEPTH, BATCH) <= memory_gb:
@@ -266,7 +269,12 @@ def augmentation(b: _Builder, pairs: list[list[str]], how: str, modality: str) -
 def _common(fp: Fingerprint, b: _Builder, channels: int, patch: int, pairs, how: str) -> None:
     b.set("data.landmarks", list(fp.names), "channel order, fixed so mirror pairs match")
     normalization(fp, b)
-    b.set("model.channels", channels, "features at full resolution: what the device affords")
+    why = (
+        "features at full resolution: 6 and 12 trained worse in 20 minutes on a CPU (AFIDs)"
+        if channels == CPU_CHANNELS
+        else "features at full resolution: what the GPU's memory affords"
+    )
+    b.set("model.channels", channels, why)
     bottom = patch // 2**DEPTH
     b.set("model.depth", DEPTH, f"{DEPTH} 2x downsamplings: {bottom}^3 voxels at the bottom")
     b.set("train.batch_size", BATCH, "per process; 1 costs 5.6x more per sample on CPU")
