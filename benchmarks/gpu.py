@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import os
 import re
 import subprocess
 import sys
@@ -133,8 +132,9 @@ def plan(gpus: int, work: Path, *, quick: bool = False, model: Path | None = Non
 def child_env() -> dict[str, str]:
     """This environment with the repository first on ``PYTHONPATH``, so that the steps
     import this checkout's ``heatmap3d`` whether or not it is installed."""
-    paths = [str(ROOT), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
-    return {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}
+    from predict_speed import env_first  # beside this file: one definition of the rule
+
+    return env_first(ROOT)
 
 
 def run(step: Step) -> Outcome:

@@ -115,7 +115,7 @@ def worker(model: Path, scans: Path, threads: int, device: str, pose: bool = Tru
         print(json.dumps({"seconds": seconds, "points": points}), flush=True)
 
 
-def _env(code: Path) -> dict[str, str]:
+def env_first(code: Path) -> dict[str, str]:
     """This environment with ``code`` first on ``PYTHONPATH`` (what was there stays after
     it: packages installed beside the interpreter's, as on a GPU machine)."""
     paths = [str(code), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
@@ -128,7 +128,7 @@ def _start(
     cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", str(model)]
     cmd += ["--scans", str(scans), "--threads", str(threads), "--device", device]
     cmd += [] if pose else ["--no-pose"]
-    env = _env(code)
+    env = env_first(code)
     proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
     ready = json.loads(proc.stdout.readline()).get("ready", "")
     assert ready.startswith(str(code)), f"{code}: the worker runs {ready}"
@@ -136,7 +136,7 @@ def _start(
 
 
 def _build(code: Path, work: Path) -> Path:
-    env = _env(code)
+    env = env_first(code)
     cmd = [sys.executable, str(Path(__file__).resolve()), "--build", str(work)]
     out = subprocess.run(cmd, env=env, check=True, capture_output=True, text=True).stdout
     return Path(out.strip().splitlines()[-1])

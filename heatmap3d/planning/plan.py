@@ -24,6 +24,15 @@ import numpy as np
 
 from heatmap3d.planning.fingerprint import Fingerprint
 from heatmap3d.planning.pairs import find_mirror_pairs, geometric_pairs
+from heatmap3d.planning.sizing import (
+    BATCH,
+    CPU_CHANNELS,
+    CPU_PATCH,
+    DEPTH,
+    activation_gb,
+    choose_model,
+    default_memory_gb,
+)
 
 __all__ = [
     "Plan",
@@ -35,13 +44,6 @@ __all__ = [
     "region_of_interest_mm",
 ]
 
-DEPTH = 3  # 2x downsamplings: 32^3 -> 4^3 at the bottom, enough context at 32^3 (demo, AFIDs)
-# Features at full resolution on a CPU. At 20 minutes on AFIDs (hard placements, one run
-# each) 6 channels gave 3.18 mm, 12 gave 3.07, 8 gave 2.71-2.98 in three runs (RESULTS.md).
-CPU_CHANNELS = 8
-CPU_PATCH = 32  # voxels per axis: a 32^3 step at batch 2 takes ~155 ms on 2 cores (RESULTS.md)
-GPU_PATCHES = (96, 88, 80, 72, 64)  # GPU: as large as memory allows, not below 64
-CPU_MEMORY_GB = 4.0  # what a CPU run may spend on activations when no budget is given
 SIGMA_VOXELS = 3.0  # sigma 2 voxels collapsed to the all-zero output; 3 trains (RESULTS.md)
 ROUND_MM = 0.5  # grids are rounded up to 0.5 mm: readable numbers, never a smaller ROI
 MARGIN_SHARE = 0.25  # context around the landmarks, per side, as a share of their extent
@@ -55,12 +57,6 @@ MANY_LANDMARKS = 8  # AFIDs (32) and the CT-like set (15) sat on the plateau; th
 FEW_SCANS = 10  # few training scans: few steps leave the plateau (AFIDs: 3)
 FOREGROUND_WEIGHT = 20.0  # the weight that moved AFIDs off the plateau (README)
 LR = 2e-3  # AdamW, cosine: 2e-3 trained demo and AFIDs; 1e-3 was too slow on the demo
-BATCH = 2  # per process: a batch of 1 costs 5.6x more per sample on the CPU (RESULTS.md)
-# Bytes kept per conv output, as a multiple of its float32 size: forward + gradient +
-# normalisation and activation outputs + the decoder's skip copies + the K-channel output.
-# Measured on CPU (fp32, batch 2, 8 channels, 32 landmarks): 32^3 raised the peak RSS by
-# 0.094 GiB, 64^3 by 0.57 GiB; 16 gives 0.083 and 0.66 (the fixed overhead dominates 32^3).
-ACTIVATION_FACTOR = 16.0
 CT_WINDOW = (-1000.0, 2000.0)  # HU from air to dense bone, clipped to the data's range
 # Coarse, fine. At 0.5 each (AFIDs, 20 minutes) the coarse model's validation error stopped
 # falling after 60 % of its time while the refiner's still fell; 0.4/0.6 took the hard
@@ -111,30 +107,6 @@ class _Builder:
 # --------------------------------------------------------------------------------------
 
 
-def default_memory_gb(device: str) -> float:
-    """Memory for activations: the GPU's total memory on CUDA, else ``CPU_MEMORY_GB``."""
-    if device == "cuda":
-        import torch
-
-        if torch.cuda.is_available():
-            _, total = torch.cuda.mem_get_info()
-            return total / 2**30
-    return CPU_MEMORY_GB
-
-
-def activation_gb(patch: int, channels: int, depth: int, batch: int) -> float:
-    """Estimated U-Net training memory (GiB) for ``batch`` patches of ``patch``^3 voxels.
-
-    Level ``l`` (0 = full resolution) has ``channels * 2**l`` channels on
-    ``(patch / 2**l)**3`` voxels and two 3x3x3 conv blocks; each conv output is float32
-    (4 bytes) and about ``ACTIVATION_FACTOR`` copies of it live until the backward pass
-    (its gradient, the normalisation's and activation's outputs, the decoder's
-    concatenated skip). Weights are negligible next to this at these sizes.
-    """
-    voxels = sum(2 * channels * 2**level * (patch / 2**level) ** 3 for level in range(depth + 1))
-    return batch * voxels * 4 * ACTIVATION_FACTOR / 2**30
-
-
 def region_of_interest_mm(fp: Fingerprint) -> float:
     """Extent (mm) the coarse model must see in one patch: the largest over axes of the
     landmarks' extent plus a margin per side (``MARGIN_SHARE`` of it, at least
@@ -150,27 +122,6 @@ def region_of_interest_mm(fp: Fingerprint) -> float:
 
 def _round_up(mm: float) -> float:
     return math.ceil(mm / ROUND_MM - 1e-9) * ROUND_MM
-
-
-def choose_model(device: str, memory_gb: float) -> tuple[int, int]:
-    """``(channels, patch)`` for a whole-scan stage: 8 channels at 32^3 on CPU (6 and 12
-    measured worse at the same budget); on a GPU 32 channels from 40 GiB (16 below) and
-    the largest patch in ``GPU_PATCHES`` whose activations fit; halved if none does."""
-    if device != "cuda":
-        return CPU_CHANNELS, _fit(CPU_PATCH, CPU_CHANNELS, memory_gb)
-    channels = 32 if memory_gb >= 40 else 16
-    for patch in GPU_PATCHES:
-        if activation_gb(patch, channels, DEPTH, BATCH) <= memory_gb:
-            return channels, patch
-    return channels, _fit(GPU_PATCHES[-1], channels, memory_gb)
-
-
-def _fit(patch: int, channels: int, memory_gb: float) -> int:
-    """Shrink ``patch`` by steps of ``2**DEPTH`` until its activations fit."""
-    step = 2**DEPTH
-    while patch > step and activation_gb(patch, channels, DEPTH, BATCH) > memory_gb:
-        patch -= step
-    return patch
 
 
 def coarse_spacing(fp: Fingerprint, patch: int) -> float:
