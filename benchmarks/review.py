@@ -22,6 +22,9 @@ stated radii's coverage and their rank correlation with the true error.
 
     python benchmarks/review.py --budget 45
     python benchmarks/review.py --model runs/review_bench/afids/runs/afids   # predict only
+
+``--plan-device cpu`` trains the plan made for a CPU on whatever device trains (to compare
+plans on a GPU); ``--device cuda`` predicts the views on the GPU.
 """
 
 from __future__ import annotations
@@ -143,7 +146,7 @@ def raters_error(names: list[str]) -> np.ndarray:
     return np.linalg.norm(a - a.mean(0), axis=-1)
 
 
-def variants(folder: Path):
+def variants(folder: Path, device: str = "cpu"):
     """(label, pipeline) from one model folder, each adding one thing."""
     import torch
 
@@ -151,8 +154,8 @@ def variants(folder: Path):
     from heatmap3d.inference.predictor import Predictor
     from heatmap3d.inference.refine import Cascade
 
-    full = load_pipeline(folder, torch.device("cpu"), pose=False)
-    posed = load_pipeline(folder, torch.device("cpu"))
+    full = load_pipeline(folder, torch.device(device), pose=False)
+    posed = load_pipeline(folder, torch.device(device))
 
     def each(fn):
         m = full.model
@@ -216,6 +219,13 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--work", type=Path, default=Path("runs/review_bench"))
     p.add_argument("--model", type=Path, help="a trained model folder: predict only")
+    p.add_argument(
+        "--plan-device",
+        choices=("auto", "cpu", "cuda"),
+        default="auto",
+        help="heatmap3d plan --device: whose plan to train (cpu: the CPU plan, on any device)",
+    )
+    p.add_argument("--device", default="cpu", help="where the views are predicted (cpu, cuda)")
     add_overrides(p)
     args = p.parse_args()
     model, minutes = args.model, None
@@ -226,7 +236,7 @@ def main() -> None:
         data = dataset(work)
         cli = [sys.executable, "-m", "heatmap3d.cli"]
         print(sh(*cli, "check", data).splitlines()[-1])
-        print(sh(*cli, "plan", data))
+        print(sh(*cli, "plan", data, "--device", args.plan_device))
         start = time.perf_counter()
         budget, out = f"train.budget_minutes={args.budget}", f"train.out_dir={work / 'runs'}"
         folds = ["--folds", args.folds] if args.folds else []  # 0: one model (split.json)
@@ -240,7 +250,7 @@ def main() -> None:
 
     names, scans = views(args.views, args.seed)
     print(f"views: {[view[2] for view in scans]}")
-    table, members = variants(model)
+    table, members = variants(model, args.device)
     head = f"{'variant':<42} {'MRE':>6} {'median':>7} {'SDR2':>7} {'worst':>7} (landmarks) s/scan"
     lines = [head, "-" * len(head)]
     final = None

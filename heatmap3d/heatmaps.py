@@ -167,9 +167,10 @@ def axis_factors(
     # All three axes in one set of ops on a common length max(shape) when that stays
     # under ATen's parallel grain (fewer ops: each costs tens of us with cold caches), else
     # one axis at a time, so that these small ops never wake the thread pool (which
-    # costs milliseconds per op when other processes keep the cores busy).
+    # costs milliseconds per op when other processes keep the cores busy). On a GPU there
+    # is no pool, and each op is a launch: always one set.
     n_pts = pts.shape[0] * pts.shape[1] * pts.shape[2]
-    fused = n_pts * 3 * max(shape) <= _SERIAL_ELEMS
+    fused = pts.is_cuda or n_pts * 3 * max(shape) <= _SERIAL_ELEMS
     groups = [slice(0, 3)] if fused else [slice(a, a + 1) for a in range(3)]
     factors: list[Tensor] = []
     for axes in groups:
@@ -215,10 +216,11 @@ def _exp_(x: Tensor) -> Tensor:
     the other elementwise ops, and waking the thread pool for a few microseconds of work
     costs milliseconds when other processes keep the cores busy (a float64 exp of 6144
     elements took 10-14 ms on 2 loaded cores, of 2048 elements 6 us). Chunks of at most
-    2048 elements give the same values (exp is elementwise; tested bit for bit).
+    2048 elements give the same values (exp is elementwise; tested bit for bit). On a GPU
+    a chunk is a kernel launch (the H200's profile showed 18 per call), so it is one op.
     """
     flat = x.view(-1)
-    if flat.numel() <= _SERIAL_ELEMS:
+    if flat.numel() <= _SERIAL_ELEMS and not x.is_cuda:
         for part in flat.split(_EXP_GRAIN):
             part.exp_()
     else:

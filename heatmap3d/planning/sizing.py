@@ -13,8 +13,12 @@ DEPTH = 3  # 2x downsamplings: 32^3 -> 4^3 at the bottom, enough context at 32^3
 # Features at full resolution on a CPU. At 20 minutes on AFIDs (hard placements, one run
 # each) 6 channels gave 3.18 mm, 12 gave 3.07, 8 gave 2.71-2.98 in three runs (RESULTS.md).
 CPU_CHANNELS = 8
-CPU_PATCH = 32  # voxels per axis: a 32^3 step at batch 2 takes ~155 ms on 2 cores (RESULTS.md)
-GPU_PATCHES = (96, 88, 80, 72, 64)  # GPU: as large as memory allows, not below 64
+# On a GPU, the same two stages of 32^3 patches, wider: at 2.5 minutes on an H200 (AFIDs
+# hard placements) 32 channels gave 3.10 and 3.08 mm (two seeds), 8 gave 3.27; a 32^3 step
+# is bound by launches there, not by the width. One 96^3 stage at 2 mm (the earlier GPU
+# rule) gave 26.9 mm after 4 minutes (RESULTS.md).
+GPU_CHANNELS = 32
+PATCH = 32  # voxels per axis: a 32^3 step at batch 2 takes ~155 ms on 2 cores (RESULTS.md)
 CPU_MEMORY_GB = 4.0  # what a CPU run may spend on activations when no budget is given
 BATCH = 2  # per process: a batch of 1 costs 5.6x more per sample on the CPU (RESULTS.md)
 # Bytes kept per conv output, as a multiple of its float32 size: forward + gradient +
@@ -49,16 +53,11 @@ def activation_gb(patch: int, channels: int, depth: int, batch: int) -> float:
 
 
 def choose_model(device: str, memory_gb: float) -> tuple[int, int]:
-    """``(channels, patch)`` for a whole-scan stage: 8 channels at 32^3 on CPU (6 and 12
-    measured worse at the same budget); on a GPU 32 channels from 40 GiB (16 below) and
-    the largest patch in ``GPU_PATCHES`` whose activations fit; halved if none does."""
-    if device != "cuda":
-        return CPU_CHANNELS, _fit(CPU_PATCH, CPU_CHANNELS, memory_gb)
-    channels = 32 if memory_gb >= 40 else 16
-    for patch in GPU_PATCHES:
-        if activation_gb(patch, channels, DEPTH, BATCH) <= memory_gb:
-            return channels, patch
-    return channels, _fit(GPU_PATCHES[-1], channels, memory_gb)
+    """``(channels, patch)`` of a stage: ``PATCH``^3 with ``CPU_CHANNELS`` on a CPU and
+    ``GPU_CHANNELS`` on a GPU (each measured best at the same budget, RESULTS.md); the
+    patch shrinks only when its activations do not fit in ``memory_gb``."""
+    channels = GPU_CHANNELS if device == "cuda" else CPU_CHANNELS
+    return channels, _fit(PATCH, channels, memory_gb)
 
 
 def _fit(patch: int, channels: int, memory_gb: float) -> int:
