@@ -11,10 +11,14 @@ On a machine with CUDA it runs, one after another, each as its own process:
    ``cuda_vs_fill``);
 4. prediction per scan of the whole model (``benchmarks/predict_speed.py --device cuda``);
 5. DDP on every visible GPU: a synthetic dataset trained for a few epochs with
-   ``torchrun --nproc_per_node=1`` and ``=N`` (wall time, so the scaling with start-up).
+   ``torchrun --nproc_per_node=1`` and ``=N`` (wall time, so the scaling with start-up);
+6. where the real AFIDs data is at hand (``../shared/data/real`` or
+   ``HEATMAP3D_REAL_DATA``): the README's path trained on the GPU and scored under hard
+   placements (``benchmarks/review.py --folds 0 --device cuda``; 20 minutes, 2.5 with
+   ``--quick``).
 
 ``--only throughput,ddp`` runs a subset (the keys: tests, throughput, heatmaps, predict,
-ddp); ``--model FOLDER`` times a trained model folder instead of random weights;
+ddp, afids); ``--model FOLDER`` times a trained model folder instead of random weights;
 ``--step-timeout S`` stops a step that hangs. The steps run with the repository first on
 ``PYTHONPATH`` (no install needed). It appends its figures to ``--results`` as a dated
 section (through the project's atomic writer: a reader sees the old file or the new one).
@@ -81,12 +85,20 @@ def wall_only(output: str) -> str:
     return ""
 
 
-KEYS = ("tests", "throughput", "heatmaps", "predict", "ddp")
+KEYS = ("tests", "throughput", "heatmaps", "predict", "ddp", "afids")
 
 
-def plan(gpus: int, work: Path, *, quick: bool = False, model: Path | None = None) -> list[Step]:
+def plan(
+    gpus: int,
+    work: Path,
+    *,
+    quick: bool = False,
+    model: Path | None = None,
+    real_data: Path | None = None,
+) -> list[Step]:
     """The commands, in order (``work``: a scratch folder for the DDP dataset and runs;
-    ``model``: a trained model folder for the prediction step, else random weights)."""
+    ``model``: a trained model folder for the prediction step, else random weights;
+    ``real_data``: the AFIDs folder, which adds the training step on it)."""
     py = sys.executable
     data = work / "ddp_data"
     epochs = "train.epochs=2" if quick else "train.epochs=5"
@@ -126,7 +138,37 @@ def plan(gpus: int, work: Path, *, quick: bool = False, model: Path | None = Non
                 key="ddp",
             )  # fmt: skip
         )
+    if real_data is not None:
+        budget = "2.5" if quick else "20"
+        steps.append(
+            Step(
+                f"AFIDs, the README's path, {budget} min",
+                [
+                    py,
+                    "benchmarks/review.py",
+                    "--budget",
+                    budget,
+                    "--views",
+                    "8",
+                    "--folds",
+                    "0",
+                    "--device",
+                    "cuda",
+                    "--work",
+                    str(work / "afids"),
+                ],
+                last_line("+ pose pass"),
+                key="afids",
+            )
+        )
     return steps
+
+
+def real_data() -> Path | None:
+    """The AFIDs folder the benchmarks read, when it is there."""
+    from afids import REAL  # beside this file: one definition of where it is
+
+    return REAL if REAL.is_dir() else None
 
 
 def child_env() -> dict[str, str]:
@@ -219,7 +261,13 @@ def main(argv: list[str] | None = None) -> int:
         print("gpu.py: no CUDA device here; nothing run, nothing written")
         return 0
     with tempfile.TemporaryDirectory() as tmp:
-        steps = plan(torch.cuda.device_count(), Path(tmp), quick=args.quick, model=args.model)
+        steps = plan(
+            torch.cuda.device_count(),
+            Path(tmp),
+            quick=args.quick,
+            model=args.model,
+            real_data=real_data() if "afids" in only else None,
+        )
         chosen = [replace(s, timeout=args.step_timeout) for s in steps if s.key in only]
         outcomes = [run(step) for step in chosen]
     text = section(outcomes, machine(), datetime.date.today())

@@ -29,6 +29,13 @@ def test_the_plan_runs_every_measurement_and_ddp_on_every_gpu(tmp_path):
     assert [s.name for s in gpu.plan(1, tmp_path) if s.name.startswith("DDP")] == ["DDP, 1 GPU(s)"]
     for script in ("benchmarks/throughput.py", "benchmarks/heatmaps.py", "train_ddp.py"):
         assert (ROOT / script).is_file()  # the plan names files that exist
+    # The AFIDs training step only where the real data is.
+    assert not [s for s in steps if s.key == "afids"]
+    afids = [s for s in gpu.plan(1, tmp_path, quick=True, real_data=tmp_path) if s.key == "afids"]
+    assert len(afids) == 1 and (ROOT / afids[0].argv[1]).is_file()
+    assert afids[0].argv[afids[0].argv.index("--budget") + 1] == "2.5"
+    assert afids[0].argv[afids[0].argv.index("--device") + 1] == "cuda"
+    assert afids[0].parse("x\n+ pose pass   3.10  2.03\n") == "3.10  2.03"
 
 
 def test_figures_are_read_from_each_commands_output():
@@ -88,7 +95,7 @@ def test_without_cuda_one_line_exit_0_and_nothing_written(tmp_path):
 
 
 def test_every_step_has_a_key_and_only_selects_by_it(tmp_path, monkeypatch):
-    steps = gpu.plan(2, tmp_path, model=tmp_path / "trained")
+    steps = gpu.plan(2, tmp_path, model=tmp_path / "trained", real_data=tmp_path)
     assert {s.key for s in steps} == set(gpu.KEYS)
     predict = next(s for s in steps if s.key == "predict")
     assert predict.argv[-2:] == ["--model", str(tmp_path / "trained")]

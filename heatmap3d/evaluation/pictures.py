@@ -27,7 +27,7 @@ from heatmap3d.evaluation.slices import (
 )
 from heatmap3d.geometry import Volume, reorient_canonical, spacing_of, world_to_voxel
 from heatmap3d.io.atomic import atomic_write
-from heatmap3d.io.predictions import MARKER, check_overwrite
+from heatmap3d.io.provenance import MARKER, check_overwrite
 
 __all__ = [
     "PRED_COLOUR",
@@ -334,7 +334,7 @@ def write_png(path: str | Path, rgb: np.ndarray, *, overwrite: bool = False) -> 
     """Save uint8 ``(H, W, 3)`` ``rgb`` as a PNG marked as heatmap3d's (``Software``).
 
     Refuses (:class:`InputError`) to replace a file heatmap3d did not write unless
-    ``overwrite`` (:func:`heatmap3d.io.predictions.check_overwrite`); atomic.
+    ``overwrite`` (:func:`heatmap3d.io.provenance.check_overwrite`); atomic.
     """
     path = Path(path)
     image = np.asarray(rgb)

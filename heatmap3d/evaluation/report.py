@@ -38,7 +38,7 @@ from heatmap3d.evaluation.report_html import GENERATOR, Page, render
 from heatmap3d.io.atomic import atomic_write_bytes, refuse_foreign
 from heatmap3d.io.landmarks import Landmarks, read_landmarks
 from heatmap3d.io.layout import find_landmark_file
-from heatmap3d.io.predictions import is_ours
+from heatmap3d.io.provenance import is_ours
 from heatmap3d.io.volumes import load_volume
 
 REPORT = "report.html"

@@ -29,7 +29,7 @@ from heatmap3d.data.cache import content_hash
 from heatmap3d.errors import InputError, one_line
 from heatmap3d.io import atomic
 from heatmap3d.io.json_file import load_json
-from heatmap3d.io.predictions import MARKER
+from heatmap3d.io.provenance import MARKER
 
 __all__ = [
     "RECORDS",

@@ -39,7 +39,7 @@ from pathlib import Path
 from heatmap3d.errors import InputError, one_line
 from heatmap3d.io.atomic import atomic_write_bytes, remove_stale
 from heatmap3d.io.landmark_fields import spreadsheet_safe
-from heatmap3d.io.predictions import MARKER, check_overwrite
+from heatmap3d.io.provenance import MARKER, check_overwrite
 from heatmap3d.io.seal import seal, seal_state
 
 __all__ = [

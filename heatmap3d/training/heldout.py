@@ -1,5 +1,6 @@
 """What a trained model learns about itself after training: its shape model, its training
-pose, and the calibration of its error radii and of absence, from held-out predictions.
+pose, and the calibration of its error radii and of absence, from held-out predictions
+(:func:`held_out_predictions`).
 
 The shape model (:class:`~heatmap3d.inference.shape.ShapeModel`) is fitted on the training
 cases' landmarks. The calibration (:mod:`heatmap3d.evaluation.calibration`) is fitted on
@@ -24,14 +25,18 @@ from heatmap3d.errors import InputError
 from heatmap3d.evaluation.calibration import Calibration, fit_calibration
 from heatmap3d.evaluation.metrics import radial_errors
 from heatmap3d.evaluation.placements import Placements, random_placement
+from heatmap3d.inference.pipeline import Pipeline
 from heatmap3d.inference.pose import Pose, fit_pose
-from heatmap3d.inference.predictor import Prediction
+from heatmap3d.inference.predictor import Prediction, Predictor
+from heatmap3d.inference.refine import Cascade
 from heatmap3d.inference.shape import ShapeModel
 from heatmap3d.inference.shape_prior import PopulationShape
 from heatmap3d.io.json_file import load_json
 from heatmap3d.io.landmarks import read_landmarks
 from heatmap3d.io.layout import Case
+from heatmap3d.io.model_folder import StageEntry
 from heatmap3d.io.volumes import load_volume
+from heatmap3d.training.validation import read_on_main
 
 NOMINAL = 0.9  # the stated radius covers 90 % of errors
 
@@ -177,3 +182,68 @@ def calibrate(
         n_scans=int(as_stored.sum()),
         threshold_rows=as_stored,
     )
+
+
+@dataclasses.dataclass
+class HeldOut:
+    """Predictions (uncalibrated) of scans the predicting model never trained on."""
+
+    results: dict  # case id -> Prediction, the scans as stored
+    cases: list  # their cases
+    label: str  # how they were made
+    placed: dict  # "<case>@<view>" -> Prediction, random placements of the same scans
+    truth: dict  # case id or "<case>@<view>" -> (K, 3) world mm
+
+
+def held_out_predictions(runs, members, entries, model_dir, world, extras) -> HeldOut:
+    """With folds, each fold's validation scans by that fold's model (out of fold); else the
+    validation scans by the whole model, with ``extras`` (its shape model and pose), as
+    prediction will run it. Each scan as stored and under random placements.
+
+    ``runs``: per member, its stages' trainers; ``members`` as planned; ``entries``: the
+    model folder's stages (their checkpoints relative to ``model_dir``)."""
+    cfg = runs[0][0].cfg
+    views, names = cfg.train.calibration_views, list(cfg.data.landmarks)
+    if not members[0].split_file:
+        shape, pose = extras
+        model = stage_model(world, model_dir, entries)
+        parts = [(Pipeline(model, shape, pose=pose), runs[0][0])]
+        label = str(model_dir)
+    else:
+        parts = []
+        for f, run in enumerate(runs):
+            own = [dataclasses.replace(e, checkpoints=(e.checkpoints[f],)) for e in entries]
+            fold_shape, fold_pose = distributed.main_then_broadcast(
+                world,
+                lambda run=run: (
+                    fit_shape(run[0].train_cases, names, cfg.train.shape_prior),
+                    fit_training_pose(run[0].train_cases, names, cfg.data),
+                ),
+            )
+            model = stage_model(world, model_dir, own)
+            parts.append((Pipeline(model, fold_shape, pose=fold_pose), run[0]))
+        label = f"{model_dir}, each fold's model on its own validation scans"
+    ranges = Placements(intensities=cfg.data.normalization != "ct")
+    held = HeldOut({}, [], label, {}, {})
+    for pipeline, trainer in parts:
+        cases = trainer.validator.cases
+        if world.is_main and views:
+            print(f"calibration: {views} random placements of {len(cases)} held-out scan(s)")
+        held.results.update(trainer.validator.predict_cases(pipeline))
+        held.cases += cases
+        placed, truth = placed_predictions(
+            pipeline, cases, names, views, world, ranges=ranges, seed=cfg.train.seed
+        )
+        held.placed.update(placed)
+        held.truth.update(truth)
+    held.truth.update(truth_points(held.cases, names))
+    return held
+
+
+def stage_model(world: DistInfo, model_dir: Path, entries: list[StageEntry]):
+    """The stages of ``entries`` as prediction loads them: ensembles, a cascade of two."""
+    stages = []
+    for entry in entries:
+        paths = [model_dir / c for c in entry.checkpoints]
+        stages.append(Predictor.ensemble([read_on_main(world, p) for p in paths], sources=paths))
+    return stages[0] if len(stages) == 1 else Cascade(stages[0], stages[1])

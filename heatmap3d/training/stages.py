@@ -21,15 +21,11 @@ from heatmap3d.data.setup import require_validation
 from heatmap3d.distributed import DistInfo
 from heatmap3d.errors import InputError
 from heatmap3d.evaluation.metrics import LandmarkStats
-from heatmap3d.evaluation.placements import Placements
 from heatmap3d.inference.pipeline import (
     DEFAULT_REVIEW_RADIUS_MM,
-    Pipeline,
     declare_absent,
     state_radii,
 )
-from heatmap3d.inference.predictor import Predictor
-from heatmap3d.inference.refine import Cascade
 from heatmap3d.io.atomic import atomic_write_bytes
 from heatmap3d.io.model_folder import StageEntry, write_model_folder
 from heatmap3d.planning.fingerprint import fingerprint_dataset
@@ -46,13 +42,12 @@ from heatmap3d.training.heldout import (
     calibrate,
     fit_shape,
     fit_training_pose,
-    placed_predictions,
+    held_out_predictions,
     read_prior,
-    truth_points,
 )
 from heatmap3d.training.members import Member, member_config, plan_members
 from heatmap3d.training.trainer import Trainer, train
-from heatmap3d.training.validation import read_on_main, write_results
+from heatmap3d.training.validation import write_results
 
 DEFAULT_BUDGET_MINUTES = 60.0  # a plan's total training time when no budget is given
 
@@ -270,7 +265,7 @@ def _finish(
         if pose is not None:
             _write_json(model_dir / "pose.json", pose.to_dict())
     distributed.barrier()  # every checkpoint and model.json written
-    held = _held_out(runs, members, entries, model_dir, world, (shape, pose))
+    held = held_out_predictions(runs, members, entries, model_dir, world, (shape, pose))
     every = {**held.results, **held.placed}
     calibration = distributed.main_then_broadcast(
         world, lambda: calibrate(every, held.truth, names, stored=set(held.results))
@@ -294,68 +289,6 @@ def _finish(
         write_results(held.results, held.cases, names, held.label, out) if world.is_main else None
     )
     return distributed.broadcast_object(stats)
-
-
-@dataclasses.dataclass
-class HeldOut:
-    """Predictions (uncalibrated) of scans the predicting model never trained on."""
-
-    results: dict  # case id -> Prediction, the scans as stored
-    cases: list  # their cases
-    label: str  # how they were made
-    placed: dict  # "<case>@<view>" -> Prediction, random placements of the same scans
-    truth: dict  # case id or "<case>@<view>" -> (K, 3) world mm
-
-
-def _held_out(runs, members, entries, model_dir, world, extras) -> HeldOut:
-    """With folds, each fold's validation scans by that fold's model (out of fold); else the
-    validation scans by the whole model, with ``extras`` (its shape model and pose), as
-    prediction will run it. Each scan as stored and under random placements."""
-    cfg = runs[0][0].cfg
-    views, names = cfg.train.calibration_views, list(cfg.data.landmarks)
-    if not members[0].split_file:
-        shape, pose = extras
-        model = _model_of(world, model_dir, entries)
-        parts = [(Pipeline(model, shape, pose=pose), runs[0][0])]
-        label = str(model_dir)
-    else:
-        parts = []
-        for f, run in enumerate(runs):
-            own = [dataclasses.replace(e, checkpoints=(e.checkpoints[f],)) for e in entries]
-            fold_shape, fold_pose = distributed.main_then_broadcast(
-                world,
-                lambda run=run: (
-                    fit_shape(run[0].train_cases, names, cfg.train.shape_prior),
-                    fit_training_pose(run[0].train_cases, names, cfg.data),
-                ),
-            )
-            model = _model_of(world, model_dir, own)
-            parts.append((Pipeline(model, fold_shape, pose=fold_pose), run[0]))
-        label = f"{model_dir}, each fold's model on its own validation scans"
-    ranges = Placements(intensities=cfg.data.normalization != "ct")
-    held = HeldOut({}, [], label, {}, {})
-    for pipeline, trainer in parts:
-        cases = trainer.validator.cases
-        if world.is_main and views:
-            print(f"calibration: {views} random placements of {len(cases)} held-out scan(s)")
-        held.results.update(trainer.validator.predict_cases(pipeline))
-        held.cases += cases
-        placed, truth = placed_predictions(
-            pipeline, cases, names, views, world, ranges=ranges, seed=cfg.train.seed
-        )
-        held.placed.update(placed)
-        held.truth.update(truth)
-    held.truth.update(truth_points(held.cases, names))
-    return held
-
-
-def _model_of(world: DistInfo, model_dir: Path, entries: list[StageEntry]):
-    """The stages of ``entries`` as prediction loads them: ensembles, a cascade of two."""
-    stages = []
-    for entry in entries:
-        paths = [model_dir / c for c in entry.checkpoints]
-        stages.append(Predictor.ensemble([read_on_main(world, p) for p in paths], sources=paths))
-    return stages[0] if len(stages) == 1 else Cascade(stages[0], stages[1])
 
 
 def _write_json(path: Path, doc: dict) -> None:
