@@ -1,7 +1,8 @@
 """Pictures of landmarks on anatomical slices, for checking predictions at a glance.
 
-Pure numpy + Pillow (no torch): used by ``heatmap3d predict --snapshots`` (:func:`snapshot`,
-:func:`write_png`) and by TensorBoard during training (:func:`landmark_views`).
+Pure numpy + Pillow (no torch): used by ``heatmap3d predict --snapshots`` (:func:`snapshot`;
+the PNG written by :func:`heatmap3d.io.png.write_png`, re-exported here) and by TensorBoard
+during training (:func:`landmark_views`).
 
 The views and their display convention: :mod:`heatmap3d.evaluation.slices`.
 """
@@ -10,13 +11,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from pathlib import Path
 
 import numpy as np
 from PIL import Image, ImageDraw, ImageFont
-from PIL.PngImagePlugin import PngInfo
 
-from heatmap3d.errors import InputError, one_line
 from heatmap3d.evaluation.slices import (
     PLANES,
     SIDE_LETTERS,
@@ -26,8 +24,7 @@ from heatmap3d.evaluation.slices import (
     slice_coords,
 )
 from heatmap3d.geometry import Volume, reorient_canonical, spacing_of, world_to_voxel
-from heatmap3d.io.atomic import atomic_write
-from heatmap3d.io.provenance import MARKER, check_overwrite
+from heatmap3d.io.png import write_png
 
 __all__ = [
     "PRED_COLOUR",
@@ -328,25 +325,3 @@ def snapshot(
         heatmaps=heatmaps,
         columns=columns,
     )
-
-
-def write_png(path: str | Path, rgb: np.ndarray, *, overwrite: bool = False) -> Path:
-    """Save uint8 ``(H, W, 3)`` ``rgb`` as a PNG marked as heatmap3d's (``Software``).
-
-    Refuses (:class:`InputError`) to replace a file heatmap3d did not write unless
-    ``overwrite`` (:func:`heatmap3d.io.provenance.check_overwrite`); atomic.
-    """
-    path = Path(path)
-    image = np.asarray(rgb)
-    if image.dtype != np.uint8 or image.ndim != 3 or image.shape[2] != 3:
-        raise ValueError(f"expected uint8 (H, W, 3), got {image.dtype} {image.shape}")
-    check_overwrite(path, overwrite)
-    info = PngInfo()
-    info.add_text("Software", MARKER)
-    picture = Image.fromarray(image)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        atomic_write(path, lambda f: picture.save(f, format="PNG", pnginfo=info))
-    except OSError as exc:
-        raise InputError(f"{path}: cannot write ({one_line(exc)})") from exc
-    return path

@@ -32,12 +32,12 @@ from heatmap3d.errors import InputError, one_line
 from heatmap3d.evaluation import report_pictures as pictures
 from heatmap3d.evaluation import report_plots as plots
 from heatmap3d.evaluation.evaluate import worst_cases
-from heatmap3d.evaluation.pictures import write_png
 from heatmap3d.evaluation.report_data import Cohort, ScanRecord, read_cohort
 from heatmap3d.evaluation.report_html import GENERATOR, Page, render
 from heatmap3d.io.atomic import atomic_write_bytes, refuse_foreign
 from heatmap3d.io.landmarks import Landmarks, read_landmarks
 from heatmap3d.io.layout import find_landmark_file
+from heatmap3d.io.png import write_png
 from heatmap3d.io.provenance import is_ours
 from heatmap3d.io.volumes import load_volume
 

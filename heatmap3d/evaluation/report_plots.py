@@ -3,7 +3,7 @@
 Each function takes errors as ``errors.csv`` holds them, ``(N, K)`` mm for N scans and K
 landmarks (``inf``: a landmark in the truth that was not predicted, a miss; NaN: not in
 the truth), and returns the figure as uint8 ``(H, W, 3)`` for
-:func:`heatmap3d.evaluation.pictures.write_png`.
+:func:`heatmap3d.io.png.write_png`.
 """
 
 from __future__ import annotations

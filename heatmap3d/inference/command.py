@@ -180,7 +180,8 @@ def _write(args: argparse.Namespace, stem: str, pred: Prediction, raw: Volume) -
             overwrite=args.overwrite,
         )
     if args.snapshots:
-        from heatmap3d.evaluation.pictures import snapshot, write_png
+        from heatmap3d.evaluation.pictures import snapshot
+        from heatmap3d.io.png import write_png
 
         flagged = review_flags(pred.landmarks, pred.confidence, args.review_below, pred.status)
         picture = snapshot(
