@@ -203,7 +203,7 @@ def run(step: Step) -> Outcome:
 def section(outcomes: list[Outcome], machine: str, day: datetime.date) -> str:
     """The RESULTS.md section: date, machine, one table row per step, failures' tails."""
     lines = [
-        f"### {day.isoformat()}, first GPU run (`python benchmarks/gpu.py`)",
+        f"### {day.isoformat()}, a GPU run (`python benchmarks/gpu.py`)",
         "",
         f"Machine: {machine}.",
         "",

@@ -147,6 +147,10 @@ class TrainConfig:
     grad_clip: float = 1.0  # max gradient norm; 0 disables clipping
     seed: int = 0
     val_every: int = 5  # validate every N epochs (and after the last)
+    # last.pt (what --resume and a torchrun restart continue from) is written after an
+    # epoch when this many minutes have passed since the last one was, and after the last
+    # epoch; 0 = after every epoch. A process that dies loses at most this much training.
+    checkpoint_minutes: float = 0.0
     # After training, the error radii are calibrated on the held-out scans as stored and on
     # this many random placements of each (rotated, regridded, rescaled: real scans vary
     # so; heatmap3d.evaluation.placements). 0 = the stored scans only.

@@ -77,6 +77,7 @@ def validate(cfg: Config) -> None:
         (cfg.train.accumulate >= 1, "train.accumulate: >= 1"),
         (cfg.train.nonfinite in ("stop", "skip"), "train.nonfinite: stop or skip"),
         (cfg.train.timeout_min > 0, "train.timeout_min: > 0 (minutes)"),
+        (cfg.train.checkpoint_minutes >= 0, "train.checkpoint_minutes: >= 0 (0: every epoch)"),
         *_value_checks(cfg),
     ]
     for ok, message in checks:

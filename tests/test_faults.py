@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from torchrun_util import ROOT, TINY, env, torchrun, torchrun_args
+from torchrun_util import ROOT, TINY, env, run, torchrun, torchrun_args
 
 from heatmap3d import checkpoint
 from heatmap3d.training.faults import ENV, Injection, injection_from_env
@@ -157,3 +157,20 @@ def test_a_rank_that_raises_ends_the_job_with_its_error(dataset, tmp_path):
     proc = torchrun(2, *_args(dataset, tmp_path, "train.epochs=2"), **{ENV: "raise:1:1"})
     assert proc.returncode != 0
     assert "RuntimeError: injected fault (HEATMAP3D_FAULT) on rank 1 at step 1" in proc.output
+
+
+@pytest.mark.slow
+def test_last_pt_waits_for_the_checkpoint_interval_and_the_last_epoch(dataset, tmp_path):
+    # One process, batch 1, 4 training scans: 4 steps per epoch; step 9 is in epoch 3.
+    single = [sys.executable, "train_ddp.py", "train.device=cpu"]
+    hourly = [*single, *_args(dataset, tmp_path, "train.epochs=3", "train.checkpoint_minutes=60")]
+    last = tmp_path / "f" / "last.pt"
+    proc = run(hourly, **{ENV: "nan:0:9"})  # dies in epoch 3, within the hour
+    assert proc.returncode != 0 and "non-finite loss" in proc.output, proc.output
+    assert not last.exists()  # epochs 1 and 2 done, but no minute-60 mark and no last epoch
+    proc = run([*hourly, "--overwrite"])
+    assert proc.returncode == 0, proc.output
+    assert _epoch_of(last) == 3  # the last epoch is always written
+    every_epoch = [*single, *_args(dataset, tmp_path, "train.epochs=3"), "--overwrite"]
+    proc = run(every_epoch, **{ENV: "nan:0:9"})  # the default: after every epoch
+    assert proc.returncode != 0 and _epoch_of(last) == 2

@@ -62,7 +62,7 @@ def test_the_section_is_dated_and_has_a_row_per_step_and_the_failures_tails():
     ]
     text = gpu.section(outcomes, "2 x NVIDIA H100", datetime.date(2026, 11, 25))
     lines = text.splitlines()
-    assert lines[0] == "### 2026-11-25, first GPU run (`python benchmarks/gpu.py`)"
+    assert lines[0] == "### 2026-11-25, a GPU run (`python benchmarks/gpu.py`)"
     assert "Machine: 2 x NVIDIA H100." in lines
     assert "| throughput | 0 | 12.3 | ratio=3.0 / x |" in lines  # a '|' cannot break the table
     assert "| heatmap kernel | 1 | 5.0 | - |" in lines

