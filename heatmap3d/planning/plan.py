@@ -221,7 +221,9 @@ def augmentation(b: _Builder, pairs: list[list[str]], how: str, modality: str) -
 # --------------------------------------------------------------------------------------
 
 
-def _common(fp: Fingerprint, b: _Builder, device: str, channels: int, patch: int, pairs, how):
+def _common(
+    fp: Fingerprint, b: _Builder, device: str, channels: int, patch: int, pairs, how: str
+) -> None:
     b.set("data.landmarks", list(fp.names), "channel order, fixed so mirror pairs match")
     normalization(fp, b)
     b.set("model.channels", channels, width_reason(device))
