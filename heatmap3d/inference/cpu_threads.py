@@ -21,37 +21,54 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
-_pools: dict[int, ThreadPoolExecutor] = {}
+# One split at a time: the workers' thread count is set through torch's process-wide
+# default, so two splits at once could each read the other's.
 _lock = threading.Lock()
 
 
-def _pool(threads: int) -> ThreadPoolExecutor:
-    """``threads`` workers, each set to 1 intra-op thread; the caller's count is kept.
+def _run_shares(run: Callable[..., torch.Tensor], shares: list[tuple]) -> list[torch.Tensor]:
+    """``run(*share)`` for each share, each on a new thread of 1 intra-op thread that ends
+    with it; the caller's thread count is kept.
+
+    New threads each call, not a pool kept alive: measured on 2 cores, the training steps
+    of a process ran 1.5-2x slower (every OpenMP layer) for as long as two idle pool
+    threads that had run forwards were alive, so each validation's forwards slowed every
+    later epoch (``benchmarks/train_after_predict.py``: 1.82x the step time); threads that
+    end leave nothing behind. Starting two costs well under a millisecond.
 
     ``torch.set_num_threads`` in a new thread also changes the count that threads started
-    later (and the caller, here) read, so every worker is started at once, behind a
-    barrier, and the caller's count is set back afterwards.
+    later (and the caller, here) read, so every worker sets its count behind a barrier
+    before any runs, and the caller's count is set back afterwards.
     """
+    results: list[torch.Tensor | None] = [None] * len(shares)
+    errors: list[BaseException] = []
+    barrier = threading.Barrier(len(shares))
+
+    def work(index: int) -> None:
+        torch.set_num_threads(1)
+        barrier.wait()  # every worker is set before any runs
+        try:
+            results[index] = run(*shares[index])
+        except BaseException as err:  # re-raised in the caller
+            errors.append(err)
+
     with _lock:
-        if threads not in _pools:
-            mine = torch.get_num_threads()
-            barrier = threading.Barrier(threads)
-            pool = ThreadPoolExecutor(threads, thread_name_prefix="heatmap3d-forward")
-            started = [pool.submit(_one_thread, barrier) for _ in range(threads)]
-            for job in started:
-                job.result()
-            torch.set_num_threads(mine)
-            _pools[threads] = pool
-        return _pools[threads]
-
-
-def _one_thread(barrier: threading.Barrier) -> None:
-    torch.set_num_threads(1)
-    barrier.wait()  # every worker is started and set before any returns
+        mine = torch.get_num_threads()
+        workers = [
+            threading.Thread(target=work, args=(i,), name=f"heatmap3d-forward-{i}")
+            for i in range(len(shares))
+        ]
+        for worker in workers:
+            worker.start()
+        for worker in workers:
+            worker.join()
+        torch.set_num_threads(mine)
+    if errors:
+        raise errors[0]
+    return results  # type: ignore[return-value]
 
 
 def split_forward(
@@ -74,6 +91,5 @@ def split_forward(
         with torch.set_grad_enabled(grad):
             return fn(*share)
 
-    shares = zip(*(t.tensor_split(threads) for t in (x, *rows)), strict=True)
-    jobs = [_pool(threads).submit(run, *share) for share in shares]
-    return torch.cat([job.result() for job in jobs])
+    shares = list(zip(*(t.tensor_split(threads) for t in (x, *rows)), strict=True))
+    return torch.cat(_run_shares(run, shares))
