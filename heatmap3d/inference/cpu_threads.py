@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
@@ -29,46 +30,40 @@ import torch
 _lock = threading.Lock()
 
 
-def _run_shares(run: Callable[..., torch.Tensor], shares: list[tuple]) -> list[torch.Tensor]:
-    """``run(*share)`` for each share, each on a new thread of 1 intra-op thread that ends
-    with it; the caller's thread count is kept.
+def _one_thread(barrier: threading.Barrier, run: Callable[..., torch.Tensor], share: tuple):
+    torch.set_num_threads(1)
+    barrier.wait()  # every worker is set (and on its own thread) before any runs
+    return run(*share)
 
-    New threads each call, not a pool kept alive: measured on 2 cores, the training steps
-    of a process ran 1.5-2x slower (every OpenMP layer) for as long as two idle pool
-    threads that had run forwards were alive, so each validation's forwards slowed every
-    later epoch (``benchmarks/train_after_predict.py``: 1.82x the step time); threads that
-    end leave nothing behind. Starting two costs well under a millisecond.
+
+def _run_shares(run: Callable[..., torch.Tensor], shares: list[tuple]) -> list[torch.Tensor]:
+    """``run(*share)`` for each share, each on a thread of 1 intra-op thread that ends with
+    the call; the caller's thread count is kept; a share's error is raised here.
+
+    Threads that end, not a pool kept alive: measured on 2 cores, the training steps of a
+    process ran 1.5-2x slower (every OpenMP layer) for as long as two idle pool threads
+    that had run forwards were alive, so each validation's forwards slowed every later
+    epoch (``benchmarks/train_after_predict.py``: 1.82x the step time). Starting two
+    costs well under a millisecond.
 
     ``torch.set_num_threads`` in a new thread also changes the count that threads started
     later (and the caller, here) read, so every worker sets its count behind a barrier
     before any runs, and the caller's count is set back afterwards.
     """
-    results: list[torch.Tensor | None] = [None] * len(shares)
-    errors: list[BaseException] = []
     barrier = threading.Barrier(len(shares))
-
-    def work(index: int) -> None:
-        torch.set_num_threads(1)
-        barrier.wait()  # every worker is set before any runs
-        try:
-            results[index] = run(*shares[index])
-        except BaseException as err:  # re-raised in the caller
-            errors.append(err)
-
     with _lock:
         mine = torch.get_num_threads()
-        workers = [
-            threading.Thread(target=work, args=(i,), name=f"heatmap3d-forward-{i}")
-            for i in range(len(shares))
-        ]
-        for worker in workers:
-            worker.start()
-        for worker in workers:
-            worker.join()
-        torch.set_num_threads(mine)
-    if errors:
-        raise errors[0]
-    return results  # type: ignore[return-value]
+        try:
+            # Leaving the block shuts the pool down: its threads are joined and end.
+            with ThreadPoolExecutor(len(shares), thread_name_prefix="heatmap3d-forward") as pool:
+                try:
+                    jobs = [pool.submit(_one_thread, barrier, run, share) for share in shares]
+                    return [job.result() for job in jobs]
+                except BaseException:
+                    barrier.abort()  # a worker still waiting (a thread failed to start) ends
+                    raise
+        finally:
+            torch.set_num_threads(mine)
 
 
 def split_forward(
