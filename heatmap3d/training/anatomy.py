@@ -138,26 +138,46 @@ def draw_warp(
     centre = (torch.tensor(list(shape), dtype=torch.float64, device=device) - 1) / 2
     src = (coords.double() - centre) * sp  # (B, N, 3) mm from the crop centre
     present = mask & src.isfinite().all(-1)
-    both = present & person.isfinite().all(-1)
-    rows = (apply.to(device) & (fraction > 0) & _well_spread(src, both)).nonzero()[:, 0]
-    if len(rows) == 0:
+    fraction = torch.where(apply.to(device), fraction, 0.0)
+    active, tps, used, targets = fit_warps(src, present, person, fraction, shape, sp)
+    if tps is None:
         return None
+    out_fraction = torch.zeros(b, dtype=torch.float64, device=device)
+    out_fraction[active] = used
+    return AnatomyWarp(active, tps, targets, out_fraction)
+
+
+def fit_warps(
+    src: Tensor, present: Tensor, person: Tensor, fraction: Tensor, shape, sp: Tensor
+) -> tuple[Tensor, ThinPlateSpline | None, Tensor | None, Tensor | None]:
+    """The warps of B samples towards B people (steps 2-4 of the module docstring).
+
+    ``src`` ``(B, N, 3)`` float64 mm from the crop's centre (NaN: missing), ``present``
+    ``(B, N)`` bool, ``person`` ``(B, N, 3)`` float64 mm (any pose and size; NaN: absent),
+    ``fraction`` ``(B,)`` the share of the way to go (0: not warped), ``shape`` the crop's
+    voxels, ``sp`` ``(3,)`` its spacing. Returns ``active`` ``(B,)`` bool (warped) and,
+    for the ``A`` active samples, their splines (target mm -> sample mm), the fractions
+    used ``(A,)`` and the targets ``(A, N, 3)`` mm (NaN: missing); None for the three when
+    no sample is warped.
+    """
+    both = present & person.isfinite().all(-1)
+    active = (fraction > 0) & _well_spread(src, both)
+    rows = active.nonzero()[:, 0]
+    if len(rows) == 0:
+        return active, None, None, None
     s, rot, t = similarity_fit(person[rows], src[rows], both[rows])
     aligned = s[:, None, None] * torch.einsum("bij,bnj->bni", rot, person[rows]) + t[:, None]
     tps, used, good = _guarded_fit(src[rows], aligned, both[rows], fraction[rows], shape, sp)
+    active[rows[~good]] = False
     if not good.any():
-        return None
-    rows, tps, used, src = rows[good], tps[good], used[good], src[rows][good]
+        return active, None, None, None
+    rows, tps, used = rows[good], tps[good], used[good]
     targets = tps.centres.clone()
     moved = present[rows] & ~both[rows]  # present, but not in the person: carried along
     if moved.any():
-        targets = torch.where(moved[..., None], tps.invert(src), targets)
+        targets = torch.where(moved[..., None], tps.invert(src[rows]), targets)
     targets = torch.where((both[rows] | moved)[..., None], targets, torch.nan)
-    active = torch.zeros(b, dtype=torch.bool, device=device)
-    active[rows] = True
-    out_fraction = torch.zeros(b, dtype=torch.float64, device=device)
-    out_fraction[rows] = used
-    return AnatomyWarp(active, tps, targets, out_fraction)
+    return active, tps, used, targets
 
 
 def _guarded_fit(
