@@ -155,6 +155,11 @@ class TrainConfig:
     # this many random placements of each (rotated, regridded, rescaled: real scans vary
     # so; heatmap3d.evaluation.placements). 0 = the stored scans only.
     calibration_views: int = 4
+    # With a population prior that keeps its people's configurations (train.shape_prior),
+    # each of those views is first warped so that the scan's landmarks lie where one real
+    # person's do: held-out templates alone understate the error on an individual
+    # (heatmap3d.training.anatomy_views). False = placements only.
+    calibration_anatomy: bool = True
     # A population shape prior (heatmap3d shape fit FILES --out prior.json): the model
     # folder's shape model (shape.json, a copy) instead of one fitted on the training
     # landmarks, which few scans cannot make (how individuals vary). "" = fit on them.

@@ -1,6 +1,7 @@
 """``train.shape_prior``: a model folder trained with a population prior carries a copy of
-it as its shape model (and needs nothing outside itself); a prior that lacks the dataset's
-landmarks is refused, naming the file, before training."""
+it as its shape model (and needs nothing outside itself), and its calibration views are
+warped to the prior's people; a prior that lacks the dataset's landmarks is refused, naming
+the file, before training."""
 
 from __future__ import annotations
 
@@ -45,13 +46,16 @@ def test_a_model_trained_with_a_prior_carries_a_copy_as_its_shape_model(phantoms
         "train",
         data,
         "train.budget_minutes=0.1",
-        "train.calibration_views=0",
+        "train.calibration_views=1",
         f"train.out_dir={out}",
         f"train.shape_prior={prior}",
         *TINY,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     model = out / "data"
+    # The calibration's placements were warped to the prior's people first.
+    assert "calibration: each placement warped to one of 12 real people" in proc.stdout
+    assert json.loads((model / "calibration.json").read_text())["n_cases"] == 4  # 2 + 2 views
     assert json.loads((model / "model.json").read_text())["shape"] == "shape.json"
     shape = json.loads((model / "shape.json").read_text())
     fitted = json.loads(prior.read_text())

@@ -7,7 +7,10 @@ cases' landmarks. The calibration (:mod:`heatmap3d.evaluation.calibration`) is f
 predictions of cases the predicting model never trained on: the validation scans (one model
 or seeds), or each fold's validation scans predicted by that fold's model (``--folds``);
 each as stored and under ``train.calibration_views`` random placements
-(:mod:`heatmap3d.evaluation.placements`), because a user's scans vary more than a dataset's.
+(:mod:`heatmap3d.evaluation.placements`), because a user's scans vary more than a dataset's;
+with a population prior (``train.shape_prior``), each placement first warped so that the
+scan's landmarks lie where a real person's do (:mod:`heatmap3d.training.anatomy_views`),
+because a user's anatomy varies more than a few templates' does.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from heatmap3d.io.landmarks import read_landmarks
 from heatmap3d.io.layout import Case
 from heatmap3d.io.model_folder import StageEntry
 from heatmap3d.io.volumes import load_volume
+from heatmap3d.training.anatomy_views import person_view
 from heatmap3d.training.validation import read_on_main
 
 NOMINAL = 0.9  # the stated radius covers 90 % of errors
@@ -128,11 +132,17 @@ def placed_predictions(
     *,
     ranges: Placements | None = None,
     seed: int = 0,
+    people: np.ndarray | None = None,
 ) -> tuple[dict[str, Prediction], dict[str, np.ndarray]]:
     """``views`` random placements of each of ``cases`` predicted by ``model`` (a pipeline):
     predictions (uncalibrated) and their true landmarks ``(K, 3)`` world mm, both keyed
     ``"<case>@<view>"``; on every rank, each rank predicting its share. A placement depends
-    only on ``seed``, the case's index and the view's, not on the number of processes."""
+    only on ``seed``, the case's index and the view's, not on the number of processes.
+
+    ``people`` ``(M, K, 3)`` mm (NaN: absent): real configurations in ``names``' order;
+    each view is then first warped to one of them, drawn at random
+    (:func:`~heatmap3d.training.anatomy_views.person_view`; a view that cannot be warped
+    is placed as stored)."""
     truth = truth_points(cases, names)
     items = [(c, v) for c in range(len(cases)) for v in range(views)]
     mine, points, loaded = {}, {}, (None, None)
@@ -142,7 +152,11 @@ def placed_predictions(
         if loaded[0] != c:
             loaded = (c, load_volume(case.image))
         rng = np.random.default_rng([seed, c, v])
-        vol, moved = random_placement(loaded[1], truth[case.case_id], rng, ranges or Placements())
+        vol, moved = loaded[1], truth[case.case_id]
+        if people is not None:
+            warped = person_view(vol, moved, people[rng.integers(len(people))])
+            vol, moved = warped if warped is not None else (vol, moved)
+        vol, moved = random_placement(vol, moved, rng, ranges or Placements())
         key = f"{case.case_id}@{v}"
         mine[key], points[key] = model.predict_volume(vol), moved
     return distributed.gather_by_key(mine), distributed.gather_by_key(points)
@@ -224,6 +238,7 @@ def held_out_predictions(runs, members, entries, model_dir, world, extras) -> He
             parts.append((Pipeline(model, fold_shape, pose=fold_pose), run[0]))
         label = f"{model_dir}, each fold's model on its own validation scans"
     ranges = Placements(intensities=cfg.data.normalization != "ct")
+    people = distributed.main_then_broadcast(world, lambda: calibration_people(cfg, names))
     held = HeldOut({}, [], label, {}, {})
     for pipeline, trainer in parts:
         cases = trainer.validator.cases
@@ -231,13 +246,32 @@ def held_out_predictions(runs, members, entries, model_dir, world, extras) -> He
             print(f"calibration: {views} random placements of {len(cases)} held-out scan(s)")
         held.results.update(trainer.validator.predict_cases(pipeline))
         held.cases += cases
+        if world.is_main and views and people is not None:
+            print(f"calibration: each placement warped to one of {len(people)} real people")
         placed, truth = placed_predictions(
-            pipeline, cases, names, views, world, ranges=ranges, seed=cfg.train.seed
+            pipeline, cases, names, views, world, ranges=ranges, seed=cfg.train.seed, people=people
         )
         held.placed.update(placed)
         held.truth.update(truth)
     held.truth.update(truth_points(held.cases, names))
     return held
+
+
+def calibration_people(cfg, names: list[str]) -> np.ndarray | None:
+    """The real configurations ``(M, K, 3)`` mm the calibration views are warped to: those
+    ``train.shape_prior`` keeps, with ``train.calibration_anatomy`` on and views to warp;
+    None otherwise (said why when the prior keeps none)."""
+    t = cfg.train
+    if not (t.calibration_anatomy and t.shape_prior and t.calibration_views):
+        return None
+    prior = read_prior(t.shape_prior, names)
+    if prior.configurations is None:
+        print(
+            f"calibration: {t.shape_prior} keeps no configurations (a model folder's "
+            "shape.json, or a prior written before they were kept): placements only"
+        )
+        return None
+    return prior.configurations
 
 
 def stage_model(world: DistInfo, model_dir: Path, entries: list[StageEntry]):
