@@ -52,7 +52,7 @@ def person_view(
     present = src.isfinite().all(-1)
     spt = torch.from_numpy(sp)
     one = torch.ones(1, dtype=torch.float64)
-    active, tps, _, targets = fit_warps(src, present, who, one, vol.shape, spt)
+    _, tps, _, targets = fit_warps(src, present, who, one, vol.shape, spt)
     if tps is None:
         return None
     data = _resampled(vol, tps, centre_vox, sp)

@@ -238,7 +238,6 @@ def held_out_predictions(runs, members, entries, model_dir, world, extras) -> He
             parts.append((Pipeline(model, fold_shape, pose=fold_pose), run[0]))
         label = f"{model_dir}, each fold's model on its own validation scans"
     ranges = Placements(intensities=cfg.data.normalization != "ct")
-    people = distributed.main_then_broadcast(world, lambda: calibration_people(cfg, names))
     held = HeldOut({}, [], label, {}, {})
     for pipeline, trainer in parts:
         cases = trainer.validator.cases
@@ -246,8 +245,7 @@ def held_out_predictions(runs, members, entries, model_dir, world, extras) -> He
             print(f"calibration: {views} random placements of {len(cases)} held-out scan(s)")
         held.results.update(trainer.validator.predict_cases(pipeline))
         held.cases += cases
-        if world.is_main and views and people is not None:
-            print(f"calibration: each placement warped to one of {len(people)} real people")
+        people = calibration_people(cfg, pipeline.shape, world)
         placed, truth = placed_predictions(
             pipeline, cases, names, views, world, ranges=ranges, seed=cfg.train.seed, people=people
         )
@@ -257,21 +255,23 @@ def held_out_predictions(runs, members, entries, model_dir, world, extras) -> He
     return held
 
 
-def calibration_people(cfg, names: list[str]) -> np.ndarray | None:
+def calibration_people(cfg, shape, world: DistInfo) -> np.ndarray | None:
     """The real configurations ``(M, K, 3)`` mm the calibration views are warped to: those
-    ``train.shape_prior`` keeps, with ``train.calibration_anatomy`` on and views to warp;
-    None otherwise (said why when the prior keeps none)."""
+    the model's shape model keeps when it is the population prior of ``train.shape_prior``
+    (as :func:`fit_shape` read it), with ``train.calibration_anatomy`` on and views to warp;
+    None otherwise. Says on the main rank which it is when there is a prior."""
     t = cfg.train
-    if not (t.calibration_anatomy and t.shape_prior and t.calibration_views):
+    if not (t.calibration_anatomy and t.calibration_views and isinstance(shape, PopulationShape)):
         return None
-    prior = read_prior(t.shape_prior, names)
-    if prior.configurations is None:
+    people = shape.configurations
+    if world.is_main and people is None:
         print(
             f"calibration: {t.shape_prior} keeps no configurations (a model folder's "
             "shape.json, or a prior written before they were kept): placements only"
         )
-        return None
-    return prior.configurations
+    elif world.is_main:
+        print(f"calibration: each placement warped to one of {len(people)} real people")
+    return people
 
 
 def stage_model(world: DistInfo, model_dir: Path, entries: list[StageEntry]):
