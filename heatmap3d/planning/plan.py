@@ -48,7 +48,10 @@ ROUND_MM = 0.5  # grids are rounded up to 0.5 mm: readable numbers, never a smal
 MARGIN_SHARE = 0.25  # context around the landmarks, per side, as a share of their extent
 MIN_MARGIN_MM = 15.0  # at least this context per side (2.5 sigma at a 2 mm grid ...)
 REFINE_FACTOR = 2.0  # refine when the coarse grid is over 2x the finest one we can afford
-FINE_MM = 2.0  # finest grid: 1 mm windows cost 8x the steps of 2 mm ones (GPU: measured at 2)
+# Finest refiner grid. The same 32^3 window at 1.5 or 1 mm sees 48 or 32 mm around the
+# estimate: on AFIDs (20 minutes, hard placements) 2.79 and 2.91 mm against 2.60 at 2 mm,
+# one landmark lost from the 32 mm window (RESULTS.md, 2026-11-26 night). GPU: 2 measured.
+FINE_MM = 2.0
 JITTER_COARSE_VOXELS = 2.0  # a coarse model's error is ~2 of its voxels (AFIDs: 5 mm at 6)
 JITTER_WINDOW_SHARE = 0.35  # a landmark moved by the jitter must stay well inside the window
 COVERAGE_PLATEAU = 0.02  # a heatmap covering < 2% of a patch: all-zero output is near-optimal
@@ -137,7 +140,7 @@ def coarse_spacing(fp: Fingerprint, patch: int) -> float:
 
 def fine_spacing(fp: Fingerprint) -> float:
     """The refiner's grid: native (rounded up to ``ROUND_MM``), not finer than
-    ``FINE_MM`` (a finer grid is unmeasured on either device)."""
+    ``FINE_MM`` (finer, the window holds less context: worse on a CPU, unmeasured on a GPU)."""
     return max(_round_up(min(fp.spacing_median)), FINE_MM)
 
 
