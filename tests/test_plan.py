@@ -361,4 +361,7 @@ def test_afids_plans_coarse_and_refiner(tmp_path):
     assert fine["data"]["spacing"] == [2.0] * 3 and fine["heatmap"]["sigma"] == 6.0
     assert 9.0 <= fine["data"]["crop_jitter_mm"] <= 14.0
     assert plan.pairs == AFIDS_PAIRS and "geometrically" in plan.pairs_source
-    assert "check them" in plan_text(plan, fp)
+    text = plan_text(plan, fp)
+    assert "check them" in text
+    # The ensemble default says why (one model measured better at an equal budget).
+    assert "# Note: one model per stage (train without --folds/--members)" in text

@@ -70,6 +70,12 @@ CT_WINDOW = (-1000.0, 2000.0)  # HU from air to dense bone, clipped to the data'
 # falling after 60 % of its time while the refiner's still fell; 0.4/0.6 took the hard
 # placements from 3.28 to 3.01 mm (2.89 to 2.80 with the pose pass; RESULTS.md).
 BUDGET_SHARES = (0.4, 0.6)
+# Training without --folds/--members trains one model per stage: at an equal budget on
+# AFIDs it beat three folds (RESULTS.md, 2026-11-25 night and 2026-11-26 night).
+ONE_MODEL_WHY = (
+    "one model per stage (train without --folds/--members): it beat 3 folds on AFIDs at "
+    "20 and 45 minutes (3.28 / 5.62 mm, 2.63 / 2.75 mm); --folds K needs no validation split"
+)
 
 
 @dataclass
@@ -324,4 +330,5 @@ def make_plan(
         )
     minutes = ", ".join(f"{s.name} {budget_minutes * s.budget_share:g}" for s in stages)
     notes.append(f"with a {budget_minutes:g}-minute budget: {minutes} minutes")
+    notes.append(ONE_MODEL_WHY)
     return Plan(stages, pairs, how, notes)
