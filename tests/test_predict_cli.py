@@ -150,6 +150,17 @@ def test_a_folder_of_scans_reports_the_bad_one_and_finishes_the_others(models, t
 
 
 @pytest.mark.slow
+def test_a_cohort_of_one_unreadable_scan_says_so_and_no_more(models, tmp_path):
+    (tmp_path / "broken.nii.gz").write_bytes(b"not a scan")
+    proc = predict(
+        "--checkpoint", models["coarse"], tmp_path / "broken.nii.gz", "--out", tmp_path / "out"
+    )
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "no tables written (no scan has predictions)" in proc.stdout
+    assert "waiting for data" not in proc.stdout  # a share of no work is no figure
+
+
+@pytest.mark.slow
 def test_heatmaps_are_written_on_the_scans_own_grid(models, tmp_path):
     vol = scan(2, FRAMES["oblique"])
     save_volume(tmp_path / "s.nrrd", vol)

@@ -220,7 +220,8 @@ def _finish(job: Job, world: DistInfo, reports: list[RankReport]) -> None:
             f"rank {r.rank} {100 * r.waited_s / max(r.ran_s, 1e-9):.0f}% of {r.ran_s:.1f} s"
             for r in reports
         )
-        print(f"waiting for data: {waits}")
+        if predicted:  # the share of no work says nothing
+            print(f"waiting for data: {waits}")
         what = f"{total} scan(s): {predicted} predicted, "
         what += f"{skipped} skipped (already done), {len(failures)} failed"
         if written is not None:
