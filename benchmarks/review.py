@@ -22,6 +22,12 @@ stated radii's coverage and their rank correlation with the true error.
 
     python benchmarks/review.py --budget 45
     python benchmarks/review.py --model runs/review_bench/afids/runs/afids   # predict only
+    python benchmarks/review.py --folds 0 --members 3   # 3 members, validated on nlin2009a
+
+``--gentle N`` also scores the final model on ``N`` gentle placements of Colin27, those of
+``benchmarks/plan.py afids`` (rotations up to 15 degrees, translations up to 20 mm, an
+isotropic grid of 0.9-1.6 mm, intensities as stored), so that one trained folder is
+measured on both placement sets.
 
 ``--plan-device cpu`` trains the plan made for a CPU on whatever device trains (to compare
 plans on a GPU); ``--device cuda`` predicts the views on the GPU.
@@ -103,6 +109,50 @@ def views(n: int, seed: int):
     vol, truth = load_volume(REAL / folder / image), read_landmarks(REAL / folder / fcsv)
     rng = np.random.default_rng(seed)
     return truth.names, [hard_view(vol, truth.points, rng) for _ in range(n)]
+
+
+def gentle_views(n: int, seed: int):
+    """Colin27 under ``n`` gentle placements (module docstring), as :func:`views` returns
+    them: (volume, moved landmarks, "gentle", the rigid transform)."""
+    from afids import REAL, TEST, moved, rigid
+
+    from heatmap3d.io.landmarks import read_landmarks
+    from heatmap3d.io.volumes import load_volume
+
+    folder, image, fcsv = TEST
+    vol, truth = load_volume(REAL / folder / image), read_landmarks(REAL / folder / fcsv)
+    rng, out = np.random.default_rng(seed), []
+    for _ in range(n):
+        t = rigid(rng)
+        out.append((*moved(vol, truth.points, t, float(rng.uniform(0.9, 1.6))), "gentle", t))
+    return out
+
+
+def stated_line(errors: np.ndarray, radii: np.ndarray) -> str:
+    """The stated 90 % radius's coverage of ``errors`` ``(V, K)`` mm and its rank
+    correlation with them."""
+    from heatmap3d.evaluation.stated import coverage, rank_correlation
+
+    ok = np.isfinite(errors) & np.isfinite(radii)
+    return (
+        f"stated 90% radius: coverage {100 * coverage(errors, radii):.1f}% (n={ok.sum()}), "
+        f"rank correlation with the true error {rank_correlation(radii, errors):.2f}, "
+        f"median radius {np.nanmedian(radii):.2f} mm"
+    )
+
+
+def without_disputed(names: list[str], errors: np.ndarray, radii: np.ndarray) -> str:
+    """MRE, coverage and rank correlation without the two landmarks the raters disagree on."""
+    from heatmap3d.evaluation.stated import coverage, rank_correlation
+
+    disputed = np.argsort(-np.nanmean(raters_error(names), 0))[:2]
+    rest, rest_radii = np.delete(errors, disputed, axis=1), np.delete(radii, disputed, axis=1)
+    return (
+        f"without the two landmarks the raters disagree on: final MRE "
+        f"{np.nanmean(np.where(np.isinf(rest), np.nan, rest)):.2f} mm, coverage "
+        f"{100 * coverage(rest, rest_radii):.1f}%, rank correlation "
+        f"{rank_correlation(rest_radii, rest):.2f}"
+    )
 
 
 def raters(names: list[str]) -> np.ndarray:
@@ -215,7 +265,11 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--budget", type=float, default=45.0, help="train.budget_minutes (total)")
     p.add_argument("--folds", type=int, default=3, help="0: one model, validated on nlin2009a")
+    p.add_argument(
+        "--members", type=int, default=1, help="with --folds 0: an ensemble of N members"
+    )
     p.add_argument("--views", type=int, default=8, help="hard placements of Colin27")
+    p.add_argument("--gentle", type=int, default=0, help="gentle placements of Colin27 too")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--work", type=Path, default=Path("runs/review_bench"))
     p.add_argument("--model", type=Path, help="a trained model folder: predict only")
@@ -228,6 +282,8 @@ def main() -> None:
     p.add_argument("--device", default="cpu", help="where the views are predicted (cpu, cuda)")
     add_overrides(p)
     args = p.parse_args()
+    if args.members > 1 and args.folds:
+        p.error("--members goes with --folds 0 (the folds are the ensemble)")
     model, minutes = args.model, None
     if model is None:
         work = args.work.resolve()
@@ -240,14 +296,13 @@ def main() -> None:
         start = time.perf_counter()
         budget, out = f"train.budget_minutes={args.budget}", f"train.out_dir={work / 'runs'}"
         folds = ["--folds", args.folds] if args.folds else []  # 0: one model (split.json)
+        folds += ["--members", args.members] if args.members > 1 else []
         log = sh(sys.executable, "-m", "torch.distributed.run", "--standalone",
                  f"--nproc_per_node={args.nproc}", "train_ddp.py", "--data", data,
                  *folds, budget, out, *args.set)  # fmt: skip
         minutes = (time.perf_counter() - start) / 60
         print(log[-4000:])
         model = work / "runs" / data.name
-    from heatmap3d.evaluation.stated import coverage, rank_correlation
-
     names, scans = views(args.views, args.seed)
     print(f"views: {[view[2] for view in scans]}")
     table, members = variants(model, args.device)
@@ -268,29 +323,24 @@ def main() -> None:
             print(lines[-1], flush=True)
         final = (errors, radii, points)
     errors, radii, points = final
-    ok = np.isfinite(errors) & np.isfinite(radii)
     print("\n" + "\n".join(lines))
-    print(
-        f"\nstated 90% radius: coverage {100 * coverage(errors, radii):.1f}% (n={ok.sum()}), "
-        f"rank correlation with the true error {rank_correlation(radii, errors):.2f}, "
-        f"median radius {np.nanmedian(radii):.2f} mm"
-    )
+    print("\n" + stated_line(errors, radii))
     per_landmark = np.nanmean(np.where(np.isinf(errors), np.nan, errors), axis=0)
     print(
         "per landmark mean (final): "
         + " ".join(f"{k + 1}:{v:.1f}" for k, v in enumerate(per_landmark))
     )
     print(against_raters(points, scans, raters(names)))
-    disputed = np.argsort(-np.nanmean(raters_error(names), 0))[:2]
-    rest, rest_radii = np.delete(errors, disputed, axis=1), np.delete(radii, disputed, axis=1)
-    print(
-        f"without the two landmarks the raters disagree on: final MRE "
-        f"{np.nanmean(np.where(np.isinf(rest), np.nan, rest)):.2f} mm, coverage "
-        f"{100 * coverage(rest, rest_radii):.1f}%, rank correlation "
-        f"{rank_correlation(rest_radii, rest):.2f}"
-    )
+    print(without_disputed(names, errors, radii))
+    if args.gentle:
+        gentle = gentle_views(args.gentle, args.seed)
+        errors, radii, seconds, _ = score(table[-1][1], names, gentle)
+        print(f"\n{args.gentle} gentle placements (those of benchmarks/plan.py afids), final:")
+        print(head + "\n" + row(table[-1][0], errors, seconds))
+        print(stated_line(errors, radii))
+        print(without_disputed(names, errors, radii))
     if minutes is not None:
-        what = f"{args.folds} folds" if args.folds else "one model"
+        what = f"{args.folds} folds" if args.folds else f"{args.members} model(s)"
         print(f"training ({what} x coarse + fine, incl. start-up and reports): {minutes:.1f} min")
 
 
