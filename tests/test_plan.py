@@ -365,3 +365,6 @@ def test_afids_plans_coarse_and_refiner(tmp_path):
     assert "check them" in text
     # The ensemble default says why (one model measured better at an equal budget).
     assert "# Note: one model per stage (train without --folds/--members)" in text
+    assert "--folds 3 states a truer error radius" in plan.notes[-1]  # what folds buy
+    note = text[text.index("# Note: one model") :].split("\n\n")[0].splitlines()
+    assert len(note) > 1 and max(map(len, note)) <= 90  # wrapped, to read in an editor

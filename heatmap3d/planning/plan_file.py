@@ -19,6 +19,7 @@ import datetime
 import hashlib
 import json
 import math
+import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -72,7 +73,12 @@ def plan_text(plan: Plan, fp: Fingerprint, *, date: str | None = None) -> str:
         "",
         f"Mirror pairs [right, left]: {len(plan.pairs)}, {plan.pairs_source}",
         *(f"  {json.dumps(pair)}" for pair in plan.pairs),
-        *(f"Note: {note}" for note in plan.notes),
+        # A long note wraps (indented under its first line) so the file reads in an editor.
+        *(
+            line
+            for note in plan.notes
+            for line in textwrap.wrap(f"Note: {note}", 88, subsequent_indent="  ")
+        ),
     ]
     lines = [f"# {line}".rstrip() for line in header] + ["", "stages:"]
     for stage in plan.stages:
