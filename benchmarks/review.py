@@ -99,14 +99,19 @@ def hard_view(vol, points: np.ndarray, rng: np.random.Generator):
     return Volume(data.astype(np.float32), out.affine), world, kind, t
 
 
-def views(n: int, seed: int):
+def colin27():
+    """Colin27 as stored and its ground-truth landmarks."""
     from afids import REAL, TEST
 
     from heatmap3d.io.landmarks import read_landmarks
     from heatmap3d.io.volumes import load_volume
 
     folder, image, fcsv = TEST
-    vol, truth = load_volume(REAL / folder / image), read_landmarks(REAL / folder / fcsv)
+    return load_volume(REAL / folder / image), read_landmarks(REAL / folder / fcsv)
+
+
+def views(n: int, seed: int):
+    vol, truth = colin27()
     rng = np.random.default_rng(seed)
     return truth.names, [hard_view(vol, truth.points, rng) for _ in range(n)]
 
@@ -114,13 +119,9 @@ def views(n: int, seed: int):
 def gentle_views(n: int, seed: int):
     """Colin27 under ``n`` gentle placements (module docstring), as :func:`views` returns
     them: (volume, moved landmarks, "gentle", the rigid transform)."""
-    from afids import REAL, TEST, moved, rigid
+    from afids import moved, rigid
 
-    from heatmap3d.io.landmarks import read_landmarks
-    from heatmap3d.io.volumes import load_volume
-
-    folder, image, fcsv = TEST
-    vol, truth = load_volume(REAL / folder / image), read_landmarks(REAL / folder / fcsv)
+    vol, truth = colin27()
     rng, out = np.random.default_rng(seed), []
     for _ in range(n):
         t = rigid(rng)
@@ -141,11 +142,10 @@ def stated_line(errors: np.ndarray, radii: np.ndarray) -> str:
     )
 
 
-def without_disputed(names: list[str], errors: np.ndarray, radii: np.ndarray) -> str:
-    """MRE, coverage and rank correlation without the two landmarks the raters disagree on."""
+def without_disputed(disputed: np.ndarray, errors: np.ndarray, radii: np.ndarray) -> str:
+    """MRE, coverage and rank correlation without the ``disputed`` landmarks (indices)."""
     from heatmap3d.evaluation.stated import coverage, rank_correlation
 
-    disputed = np.argsort(-np.nanmean(raters_error(names), 0))[:2]
     rest, rest_radii = np.delete(errors, disputed, axis=1), np.delete(radii, disputed, axis=1)
     return (
         f"without the two landmarks the raters disagree on: final MRE "
@@ -331,14 +331,16 @@ def main() -> None:
         + " ".join(f"{k + 1}:{v:.1f}" for k, v in enumerate(per_landmark))
     )
     print(against_raters(points, scans, raters(names)))
-    print(without_disputed(names, errors, radii))
+    # The two landmarks Colin27's raters disagree on most.
+    disputed = np.argsort(-np.nanmean(raters_error(names), 0))[:2]
+    print(without_disputed(disputed, errors, radii))
     if args.gentle:
         gentle = gentle_views(args.gentle, args.seed)
         errors, radii, seconds, _ = score(table[-1][1], names, gentle)
         print(f"\n{args.gentle} gentle placements (those of benchmarks/plan.py afids), final:")
         print(head + "\n" + row(table[-1][0], errors, seconds))
         print(stated_line(errors, radii))
-        print(without_disputed(names, errors, radii))
+        print(without_disputed(disputed, errors, radii))
     if minutes is not None:
         what = f"{args.folds} folds" if args.folds else f"{args.members} model(s)"
         print(f"training ({what} x coarse + fine, incl. start-up and reports): {minutes:.1f} min")

@@ -216,11 +216,11 @@ def _finish(job: Job, world: DistInfo, reports: list[RankReport]) -> None:
         predicted = sum(len(r.predicted) for r in reports)
         skipped = sum(len(r.skipped) for r in reports)
         print(f"wrote {predicted} prediction(s) to {job.out}")
-        waits = ", ".join(
-            f"rank {r.rank} {100 * r.waited_s / max(r.ran_s, 1e-9):.0f}% of {r.ran_s:.1f} s"
-            for r in reports
-        )
         if predicted:  # the share of no work says nothing
+            waits = ", ".join(
+                f"rank {r.rank} {100 * r.waited_s / max(r.ran_s, 1e-9):.0f}% of {r.ran_s:.1f} s"
+                for r in reports
+            )
             print(f"waiting for data: {waits}")
         what = f"{total} scan(s): {predicted} predicted, "
         what += f"{skipped} skipped (already done), {len(failures)} failed"

@@ -73,12 +73,9 @@ def plan_text(plan: Plan, fp: Fingerprint, *, date: str | None = None) -> str:
         "",
         f"Mirror pairs [right, left]: {len(plan.pairs)}, {plan.pairs_source}",
         *(f"  {json.dumps(pair)}" for pair in plan.pairs),
-        # A long note wraps (indented under its first line) so the file reads in an editor.
-        *(
-            line
-            for note in plan.notes
-            for line in textwrap.wrap(f"Note: {note}", 88, subsequent_indent="  ")
-        ),
+        # A long note wraps (indented under its first line) so the file reads in an editor;
+        # only at spaces, so that a flag (--folds) or a path is never cut in two.
+        *(line for note in plan.notes for line in _wrapped(f"Note: {note}")),
     ]
     lines = [f"# {line}".rstrip() for line in header] + ["", "stages:"]
     for stage in plan.stages:
@@ -94,6 +91,14 @@ def plan_text(plan: Plan, fp: Fingerprint, *, date: str | None = None) -> str:
                 line = f"        {key}: {json.dumps(value)}"
                 lines.append(f"{line}  # {reason}" if reason else line)
     return "\n".join(lines) + "\n"
+
+
+def _wrapped(text: str) -> list[str]:
+    """``text`` in lines of at most 88 characters (a longer word stays whole), the later
+    ones indented by two spaces."""
+    return textwrap.wrap(
+        text, 88, subsequent_indent="  ", break_on_hyphens=False, break_long_words=False
+    )
 
 
 def write_plan(path: str | Path, plan: Plan, fp: Fingerprint) -> None:
