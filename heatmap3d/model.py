@@ -77,15 +77,55 @@ def channel_stats(voxels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return var, mean
 
 
+class Conv3d(nn.Conv3d):
+    """``nn.Conv3d`` (same parameters and state dict) that, without autograd, runs float32
+    CPU input through oneDNN whatever its batch size.
+
+    Why: torch picks oneDNN for a CPU convolution only when the batch has more than one
+    image or ``N * C * D * H`` exceeds 20480; otherwise it runs its own unvectorised
+    kernel. One image of a U-Net's level (8 channels of 32 x 32 x ...: 8192) falls below,
+    so a batch of one (a scan without its mirrored copy; each 1-thread share of
+    :mod:`heatmap3d.inference.cpu_threads`; validation) took 57 ms a layer where oneDNN
+    takes 4 (8 -> 8 channels, 40 x 48 x 40, 1 thread; ``benchmarks/conv_batch1.py``).
+    oneDNN gives each image of a batch the same values whether it runs alone or beside
+    others, so the result no longer depends on how a batch is cut.
+    Training keeps torch's choice: the backward pass would take its own path anyway.
+    """
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # A padding given as "same"/"valid", or other than zeros, stays on torch's path.
+        plain = self.padding_mode == "zeros" and not isinstance(self.padding, str)
+        if plain and _onednn_inference(x, self.weight):
+            return torch.ops.aten.mkldnn_convolution(
+                x, self.weight, self.bias, self.padding, self.stride, self.dilation, self.groups
+            )
+        return super().forward(x)
+
+
+def _onednn_inference(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """A gradient-free float32 CPU convolution that oneDNN can run as torch would have
+    (no autocast: that would have cast it to a lower precision first)."""
+    return (
+        not torch.is_grad_enabled()
+        and x.device.type == "cpu"
+        and x.dtype == torch.float32
+        and weight.dtype == torch.float32
+        and x.ndim == 5
+        and torch.backends.mkldnn.is_available()
+        and torch.backends.mkldnn.enabled
+        and not torch.is_autocast_enabled("cpu")
+    )
+
+
 class ConvBlock(nn.Sequential):
     """Two 3x3x3 convolutions, each followed by normalisation and LeakyReLU."""
 
     def __init__(self, cin: int, cout: int, norm: str) -> None:
         super().__init__(
-            nn.Conv3d(cin, cout, 3, padding=1, bias=False),
+            Conv3d(cin, cout, 3, padding=1, bias=False),
             _norm(norm, cout),
             nn.LeakyReLU(0.01, inplace=True),
-            nn.Conv3d(cout, cout, 3, padding=1, bias=False),
+            Conv3d(cout, cout, 3, padding=1, bias=False),
             _norm(norm, cout),
             nn.LeakyReLU(0.01, inplace=True),
         )
@@ -95,7 +135,7 @@ class Down(nn.Sequential):
     """Halve the resolution with a strided convolution, then a conv block."""
 
     def __init__(self, cin: int, cout: int, norm: str) -> None:
-        super().__init__(nn.Conv3d(cin, cin, 2, stride=2), ConvBlock(cin, cout, norm))
+        super().__init__(Conv3d(cin, cin, 2, stride=2), ConvBlock(cin, cout, norm))
 
 
 class Up(nn.Module):
@@ -128,7 +168,7 @@ class UNet3D(nn.Module):
         self.ups = nn.ModuleList(
             Up(widths[i + 1], widths[i], widths[i], cfg.norm) for i in reversed(range(cfg.depth))
         )
-        self.head = nn.Conv3d(widths[0], out_channels, 1)
+        self.head = Conv3d(widths[0], out_channels, 1)
         self.checkpointing = cfg.checkpointing
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
