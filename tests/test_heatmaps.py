@@ -340,6 +340,24 @@ def test_fused_kernels_match_materialised(weight):
     assert torch.count_nonzero(grad[~valid]) == 0
 
 
+@pytest.mark.parametrize("weight", [0.0, 20.0])
+def test_loss_in_channels_last_equals_contiguous_and_keeps_the_layout(monkeypatch, weight):
+    """The U-Net's output is channels_last: the loss reads it in place and returns its
+    gradient in the same layout (no copy either way), with the values of a contiguous
+    input, across several slabs of rows."""
+    monkeypatch.setattr(hm, "CHUNK_VOXELS", 4 * 2 * 4 * SHAPE[1] * SHAPE[2])  # 2 rows a slab
+    pred, coords, mask = loss_inputs(11)
+    kw = {"sigma": 1.5, "spacing": SPACING, "mask": mask, "foreground_weight": weight}
+    flat = pred.detach().clone().requires_grad_(True)
+    last = pred.detach().contiguous(memory_format=torch.channels_last_3d).requires_grad_(True)
+    loss_flat, loss_last = heatmap_loss(flat, coords, **kw), heatmap_loss(last, coords, **kw)
+    (grad_flat,) = torch.autograd.grad(loss_flat, flat)
+    (grad_last,) = torch.autograd.grad(loss_last, last)
+    assert loss_flat.item() == loss_last.item()
+    assert grad_last.is_contiguous(memory_format=torch.channels_last_3d)
+    assert torch.equal(grad_flat, grad_last)
+
+
 def test_loss_all_masked_is_zero_with_finite_grad():
     pred = torch.full((1, 2, *SHAPE), float("inf"), requires_grad=True)
     coords = torch.tensor([[[1.0, 2.0, 3.0], [float("nan")] * 3]])

@@ -20,7 +20,6 @@ from heatmap3d.heatmaps import (
     as_spacing,
     axis_factors,
     valid_points,
-    write_outer,
 )
 
 __all__ = ["heatmap_loss"]
@@ -53,9 +52,11 @@ def heatmap_loss(
 
     The target is never materialised: on CUDA a ``torch.compile``-d kernel rebuilds it
     from its three 1D factors inside the fused reduction (forward) and the fused
-    pointwise gradient (backward); on CPU an eager path processes chunks of channels
-    (scratch <= 4M voxels). ``(p - t)**2`` is computed directly rather than expanded as
-    ``p**2 - 2pt + t**2``, which cancels catastrophically near convergence.
+    pointwise gradient (backward); on CPU an eager path builds it in slabs of rows with
+    the channel innermost (scratch <= 4M values) and keeps the weighted residual (the
+    gradient up to its scale) for the backward pass. ``(p - t)**2`` is computed directly
+    rather than expanded as ``p**2 - 2pt + t**2``, which cancels catastrophically near
+    convergence.
 
     Args:
         pred: ``(B, K, I, J, K)`` predicted heatmaps, any float dtype.
@@ -125,61 +126,80 @@ def _use_fused(pred: Tensor) -> bool:
     return pred.is_cuda
 
 
-def _valid_chunks(valid: Tensor, voxels: int) -> list[Tensor]:
-    """Flat channel indices of valid channels, in chunks of at most 4M voxels."""
-    idx = valid.flatten().nonzero().squeeze(1)
-    step = max(1, (hm.CHUNK_VOXELS // 4) // max(voxels, 1))
-    return list(idx.split(step))
+def _slabs(shape: torch.Size) -> list[tuple[int, int, int]]:
+    """``(b, i0, i1)``: each image's slabs of rows along I, at most a quarter of
+    ``CHUNK_VOXELS`` values of ``(I, J, K, C)`` each (bounded scratch whatever the input)."""
+    b, c, i, j, k = shape
+    rows = max(1, (hm.CHUNK_VOXELS // 4) // max(j * k * c, 1))
+    return [(n, lo, min(lo + rows, i)) for n in range(b) for lo in range(0, i, rows)]
 
 
-def _chunk_residual(
-    pred_flat: Tensor, gi: Tensor, gj: Tensor, gk: Tensor, idx: Tensor, weight: float
-) -> tuple[Tensor, Tensor | None]:
-    """``target - pred`` and ``1 + weight * target`` (None for weight 0), float32, one chunk."""
-    target = torch.empty((idx.numel(), *pred_flat.shape[1:]), dtype=torch.float32)
-    write_outer(gi[idx], gj[idx], gk[idx], target)
-    pred_chunk = pred_flat.index_select(0, idx)
-    if weight == 0:
-        return target.sub_(pred_chunk), None
-    return target - pred_chunk, target.mul_(weight).add_(1.0)
+def _cpu_forward(
+    pred: Tensor, gi: Tensor, gj: Tensor, gk: Tensor, valid: Tensor, weight: float
+) -> tuple[Tensor, Tensor]:
+    """The CPU path: the float64 sum over valid channels of ``(1 + weight t) (t - p)^2``
+    and ``rw = (1 + weight t) (t - p)`` (0 on invalid channels), float32 ``(B, I, J, K, C)``:
+    the gradient up to its scale, kept for the backward pass.
+
+    Why channel-last slabs: the U-Net's output is channels_last (``train.channels_last``),
+    so ``pred.permute(0, 2, 3, 4, 1)`` is contiguous and each slab of rows is one block of
+    memory, read once; the target is the broadcast product of the three factors with the
+    channel innermost, written into the slab's scratch. Keeping ``rw`` means the backward
+    pass neither rebuilds the target nor copies ``pred`` to another layout, and returns
+    the gradient in ``pred``'s layout (measured per step on the AFIDs refiner's batch:
+    ``benchmarks/loss_speed.py``).
+    """
+    p_all = pred.permute(0, 2, 3, 4, 1)  # (B, I, J, K, C): a view
+    rw_all = torch.empty(p_all.shape, dtype=torch.float32)
+    fi, fj, fk = (g.transpose(1, 2).contiguous() for g in (gi, gj, gk))  # (B, n, C)
+    total = torch.zeros((), dtype=torch.float64)
+    for n, lo, hi in _slabs(pred.shape):
+        target = fi[n, lo:hi, None, None] * fj[n, None, :, None]  # (rows, J, 1, C)
+        target = target * fk[n, None, None]  # (rows, J, K, C)
+        p = p_all[n, lo:hi]
+        # A contiguous residual whatever pred's layout (a view of rows of K * C below).
+        if weight == 0:
+            resid = target.sub_(p)
+        else:  # the target is needed below: the residual in new (contiguous) memory
+            resid = torch.sub(target, p, out=torch.empty_like(target))
+        if not valid[n].all():  # an invalid channel's pred may be anything, inf included
+            resid.masked_fill_(~valid[n], 0.0)
+        rw = rw_all[n, lo:hi]
+        if weight == 0:
+            rw.copy_(resid)
+        else:  # rw = resid (1 + w t)
+            torch.addcmul(resid, resid, target, value=weight, out=rw)
+        # Row sums in float32 (a few thousand values each), their total in float64.
+        total += resid.mul_(rw).view(-1, resid.shape[-2] * resid.shape[-1]).sum(1).double().sum()
+    return total, rw_all
 
 
 class _HeatmapMSE(torch.autograd.Function):
-    """MSE against separable Gaussian targets, saving only pred and the 1D factors."""
+    """MSE against separable Gaussian targets. CUDA saves only pred and the 1D factors
+    (fused kernels rebuild the target); the CPU path saves the weighted residual."""
 
     @staticmethod
     def forward(ctx, pred, gi, gj, gk, valid, weight):
-        n_channels, vox = pred.shape[0] * pred.shape[1], pred.shape[2:].numel()
+        vox = pred.shape[2:].numel()
         denom = (valid.sum().clamp_min(1) * vox).to(torch.float64)
-        ctx.save_for_backward(pred, gi, gj, gk, valid, denom)
         ctx.weight = weight
         if _use_fused(pred):
+            ctx.save_for_backward(pred, gi, gj, gk, valid, denom)
             total = _compiled("sum")(pred, gi, gj, gk, valid, weight).to(torch.float64)
         else:
-            pred_flat = pred.reshape(n_channels, *pred.shape[2:])
-            fi, fj, fk = (g.flatten(0, 1) for g in (gi, gj, gk))
-            total = torch.zeros((), dtype=torch.float64)
-            for idx in _valid_chunks(valid, vox):
-                resid, w = _chunk_residual(pred_flat, fi, fj, fk, idx, weight)
-                sq = resid.square_() if w is None else resid.square_().mul_(w)
-                total += sq.sum(dtype=torch.float64)
+            total, rw = _cpu_forward(pred, gi, gj, gk, valid, weight)
+            ctx.save_for_backward(rw, denom)
+        ctx.fused, ctx.pred_dtype = _use_fused(pred), pred.dtype
         return (total / denom).to(torch.float32)
 
     @staticmethod
     def backward(ctx, grad_out):
-        pred, gi, gj, gk, valid, denom = ctx.saved_tensors
-        weight, none = ctx.weight, (None,) * 5
+        none = (None,) * 5
+        denom = ctx.saved_tensors[-1]
         scale = (2.0 * grad_out.to(torch.float64) / denom).to(torch.float32)
-        if _use_fused(pred):
-            scale_bk = scale.expand(valid.shape).contiguous()
-            return _compiled("grad")(pred, gi, gj, gk, scale_bk, valid, weight), *none
-        n_channels, vox = pred.shape[0] * pred.shape[1], pred.shape[2:].numel()
-        pred_flat = pred.reshape(n_channels, *pred.shape[2:])
-        fi, fj, fk = (g.flatten(0, 1) for g in (gi, gj, gk))
-        grad = torch.zeros_like(pred, memory_format=torch.contiguous_format)
-        grad_flat = grad.view(n_channels, *pred.shape[2:])
-        for idx in _valid_chunks(valid, vox):
-            resid, w = _chunk_residual(pred_flat, fi, fj, fk, idx, weight)  # target - pred
-            resid = resid if w is None else resid.mul_(w)
-            grad_flat.index_copy_(0, idx, resid.mul_(-scale).to(grad.dtype))
-        return grad, *none
+        if not ctx.fused:  # d/dp of (1 + w t) (t - p)^2 is -2 rw
+            grad = ctx.saved_tensors[0].mul(-scale).to(ctx.pred_dtype)  # (B, I, J, K, C)
+            return grad.permute(0, 4, 1, 2, 3), *none  # pred's shape, channels_last strides
+        pred, gi, gj, gk, valid, _ = ctx.saved_tensors
+        scale_bk = scale.expand(valid.shape).contiguous()
+        return _compiled("grad")(pred, gi, gj, gk, scale_bk, valid, ctx.weight), *none
