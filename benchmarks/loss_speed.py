@@ -2,8 +2,10 @@
 earlier commit's loss, side by side in one process.
 
 The step is the AFIDs refiner's as the plan trains it on a CPU: the U-Net of 8 channels
-and depth 3, a batch of two 32^3 windows in channels_last_3d, 32 landmarks, sigma 4 mm on
-a 2 mm grid, foreground weight 20; forward, loss and backward (no optimizer). The earlier
+and depth 3 in training's layout (``set_layout``: channels_last_3d, the 1x1x1 head
+contiguous, so its output, the loss's input, is contiguous), a batch of two 32^3 windows,
+32 landmarks, sigma 4 mm on a 2 mm grid, foreground weight 20; forward, loss and backward
+(no optimizer). The loss alone is timed on an input of the same layout. The earlier
 loss is ``heatmap3d/training/loss.py`` of a ``git worktree`` (``--base``), imported beside
 this one (both use this checkout's heatmap kernel); repeats are interleaved. Reported:
 median ms of the loss (forward, forward + backward) and of the whole step, and the largest
@@ -24,7 +26,7 @@ from pathlib import Path
 import torch
 
 from heatmap3d.config import ModelConfig
-from heatmap3d.model import build_model
+from heatmap3d.model import build_model, set_layout
 from heatmap3d.training import loss as this_loss
 
 KW = {"sigma": 4.0, "spacing": (2.0, 2.0, 2.0), "foreground_weight": 20.0}
@@ -56,10 +58,13 @@ def main() -> None:
     losses = {"before": _load(args.base).heatmap_loss, "now": this_loss.heatmap_loss}
     torch.manual_seed(0)
     cl = torch.channels_last_3d
-    net = build_model(ModelConfig(channels=8, depth=3), 32).to(memory_format=cl)
+    net = set_layout(build_model(ModelConfig(channels=8, depth=3), 32), channels_last=True)
     x = torch.randn(2, 1, 32, 32, 32).contiguous(memory_format=cl)
     coords = torch.rand(2, 32, 3) * 31
-    pred = torch.rand(2, 32, 32, 32, 32).contiguous(memory_format=cl).requires_grad_()
+    with torch.no_grad():  # the layout training's head gives (set_layout: a contiguous 1x1x1)
+        layout = torch.channels_last_3d if net(x).is_contiguous(memory_format=cl) else None
+    pred = torch.rand(2, 32, 32, 32, 32)
+    pred = (pred.contiguous(memory_format=layout) if layout else pred).requires_grad_()
 
     def loss_only(fn):
         pred.grad = None

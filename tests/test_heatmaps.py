@@ -342,9 +342,9 @@ def test_fused_kernels_match_materialised(weight):
 
 @pytest.mark.parametrize("weight", [0.0, 20.0])
 def test_loss_in_channels_last_equals_contiguous_and_keeps_the_layout(monkeypatch, weight):
-    """The U-Net's output is channels_last: the loss reads it in place and returns its
-    gradient in the same layout (no copy either way), with the values of a contiguous
-    input, across several slabs of rows."""
+    """The loss reads its input in its own layout, contiguous (training's 1x1x1 head) or
+    channels_last (a head in that layout), and returns the gradient in the same layout
+    (no copy either way), with the same values, across several blocks."""
     monkeypatch.setattr(hm, "CHUNK_VOXELS", 4 * 2 * 4 * SHAPE[1] * SHAPE[2])  # 2 rows a slab
     pred, coords, mask = loss_inputs(11)
     kw = {"sigma": 1.5, "spacing": SPACING, "mask": mask, "foreground_weight": weight}
@@ -355,6 +355,7 @@ def test_loss_in_channels_last_equals_contiguous_and_keeps_the_layout(monkeypatc
     (grad_last,) = torch.autograd.grad(loss_last, last)
     assert loss_flat.item() == loss_last.item()
     assert grad_last.is_contiguous(memory_format=torch.channels_last_3d)
+    assert grad_flat.is_contiguous()
     assert torch.equal(grad_flat, grad_last)
 
 

@@ -126,52 +126,76 @@ def _use_fused(pred: Tensor) -> bool:
     return pred.is_cuda
 
 
-def _slabs(shape: torch.Size) -> list[tuple[int, int, int]]:
-    """``(b, i0, i1)``: each image's slabs of rows along I, at most a quarter of
-    ``CHUNK_VOXELS`` values of ``(I, J, K, C)`` each (bounded scratch whatever the input)."""
-    b, c, i, j, k = shape
-    rows = max(1, (hm.CHUNK_VOXELS // 4) // max(j * k * c, 1))
-    return [(n, lo, min(lo + rows, i)) for n in range(b) for lo in range(0, i, rows)]
+# Memory order of a channels_last_3d tensor: (B, I, J, K, C); its inverse.
+_LAST, _LAST_BACK = (0, 2, 3, 4, 1), (0, 4, 1, 2, 3)
+
+
+def _memory_order(pred: Tensor) -> tuple[int, ...]:
+    """The permutation of ``pred``'s dims that is contiguous: channels last (the U-Net's
+    convolutions) or as it is (contiguous; the 1x1x1 head's output in training)."""
+    if not pred.is_contiguous() and pred.is_contiguous(memory_format=torch.channels_last_3d):
+        return _LAST
+    return (0, 1, 2, 3, 4)
+
+
+def _blocks(p_all: Tensor, gi: Tensor, gj: Tensor, gk: Tensor, valid: Tensor, channels_last):
+    """Yield ``(where, target, invalid)`` per block of ``p_all`` (``pred`` in its memory
+    order: ``(B, I, J, K, C)`` if ``channels_last``, else ``(B, C, I, J, K)``): the index
+    of one block of memory of at most a quarter of ``CHUNK_VOXELS`` values, its float32
+    target (contiguous, the block's shape) and a mask of its invalid channels
+    broadcastable to it (None when all are valid)."""
+    budget = hm.CHUNK_VOXELS // 4
+    for n in range(p_all.shape[0]):
+        bad = ~valid[n]
+        if channels_last:  # slabs of rows along I, the channel innermost
+            fi, fj, fk = (g[n].t().contiguous() for g in (gi, gj, gk))  # (I|J|K, C)
+            _, i, j, k, c = p_all.shape
+            rows = max(1, budget // max(j * k * c, 1))
+            for lo in range(0, i, rows):
+                target = fi[lo : lo + rows, None, None] * fj[None, :, None]  # (rows, J, 1, C)
+                yield (n, slice(lo, lo + rows)), target * fk[None, None], bad if bad.any() else None
+        else:  # slabs of channels
+            _, c, i, j, k = p_all.shape
+            step = max(1, budget // max(i * j * k, 1))
+            for lo in range(0, c, step):
+                ch = slice(lo, lo + step)
+                target = gi[n, ch, :, None, None] * gj[n, ch, None, :, None]  # (c, I, J, 1)
+                b = bad[ch, None, None, None]
+                yield (n, ch), target * gk[n, ch, None, None, :], b if b.any() else None
 
 
 def _cpu_forward(
     pred: Tensor, gi: Tensor, gj: Tensor, gk: Tensor, valid: Tensor, weight: float
-) -> tuple[Tensor, Tensor]:
-    """The CPU path: the float64 sum over valid channels of ``(1 + weight t) (t - p)^2``
-    and ``rw = (1 + weight t) (t - p)`` (0 on invalid channels), float32 ``(B, I, J, K, C)``:
-    the gradient up to its scale, kept for the backward pass.
+) -> tuple[Tensor, Tensor, tuple[int, ...]]:
+    """The CPU path: the float64 sum over valid channels of ``(1 + weight t) (t - p)^2``;
+    ``rw = (1 + weight t) (t - p)`` (0 on invalid channels), float32, the gradient up to
+    its scale, kept for the backward pass, in ``pred``'s memory order; that order.
 
-    Why channel-last slabs: the U-Net's output is channels_last (``train.channels_last``),
-    so ``pred.permute(0, 2, 3, 4, 1)`` is contiguous and each slab of rows is one block of
-    memory, read once; the target is the broadcast product of the three factors with the
-    channel innermost, written into the slab's scratch. Keeping ``rw`` means the backward
-    pass neither rebuilds the target nor copies ``pred`` to another layout, and returns
-    the gradient in ``pred``'s layout (measured per step on the AFIDs refiner's batch:
-    ``benchmarks/loss_speed.py``).
+    Why blocks in memory order: each block of ``pred`` is read once where it lies and its
+    target built beside it in the same order (channels innermost for channels_last
+    output), so the backward pass neither rebuilds the target nor copies ``pred`` to
+    another layout, and the gradient comes back in ``pred``'s layout
+    (``benchmarks/loss_speed.py``).
     """
-    p_all = pred.permute(0, 2, 3, 4, 1)  # (B, I, J, K, C): a view
+    order = _memory_order(pred)
+    p_all = pred.permute(order)
     rw_all = torch.empty(p_all.shape, dtype=torch.float32)
-    fi, fj, fk = (g.transpose(1, 2).contiguous() for g in (gi, gj, gk))  # (B, n, C)
     total = torch.zeros((), dtype=torch.float64)
-    for n, lo, hi in _slabs(pred.shape):
-        target = fi[n, lo:hi, None, None] * fj[n, None, :, None]  # (rows, J, 1, C)
-        target = target * fk[n, None, None]  # (rows, J, K, C)
-        p = p_all[n, lo:hi]
-        # A contiguous residual whatever pred's layout (a view of rows of K * C below).
+    for where, target, invalid in _blocks(p_all, gi, gj, gk, valid, order == _LAST):
+        p, rw = p_all[where], rw_all[where]
         if weight == 0:
             resid = target.sub_(p)
         else:  # the target is needed below: the residual in new (contiguous) memory
             resid = torch.sub(target, p, out=torch.empty_like(target))
-        if not valid[n].all():  # an invalid channel's pred may be anything, inf included
-            resid.masked_fill_(~valid[n], 0.0)
-        rw = rw_all[n, lo:hi]
+        if invalid is not None:  # an invalid channel's pred may be anything, inf included
+            resid.masked_fill_(invalid, 0.0)
         if weight == 0:
             rw.copy_(resid)
         else:  # rw = resid (1 + w t)
             torch.addcmul(resid, resid, target, value=weight, out=rw)
         # Row sums in float32 (a few thousand values each), their total in float64.
         total += resid.mul_(rw).view(-1, resid.shape[-2] * resid.shape[-1]).sum(1).double().sum()
-    return total, rw_all
+    return total, rw_all, order
 
 
 class _HeatmapMSE(torch.autograd.Function):
@@ -187,7 +211,7 @@ class _HeatmapMSE(torch.autograd.Function):
             ctx.save_for_backward(pred, gi, gj, gk, valid, denom)
             total = _compiled("sum")(pred, gi, gj, gk, valid, weight).to(torch.float64)
         else:
-            total, rw = _cpu_forward(pred, gi, gj, gk, valid, weight)
+            total, rw, ctx.order = _cpu_forward(pred, gi, gj, gk, valid, weight)
             ctx.save_for_backward(rw, denom)
         ctx.fused, ctx.pred_dtype = _use_fused(pred), pred.dtype
         return (total / denom).to(torch.float32)
@@ -198,8 +222,9 @@ class _HeatmapMSE(torch.autograd.Function):
         denom = ctx.saved_tensors[-1]
         scale = (2.0 * grad_out.to(torch.float64) / denom).to(torch.float32)
         if not ctx.fused:  # d/dp of (1 + w t) (t - p)^2 is -2 rw
-            grad = ctx.saved_tensors[0].mul(-scale).to(ctx.pred_dtype)  # (B, I, J, K, C)
-            return grad.permute(0, 4, 1, 2, 3), *none  # pred's shape, channels_last strides
+            grad = ctx.saved_tensors[0].mul(-scale).to(ctx.pred_dtype)  # pred's memory order
+            back = _LAST_BACK if ctx.order == _LAST else ctx.order
+            return grad.permute(back), *none  # pred's shape and layout
         pred, gi, gj, gk, valid, _ = ctx.saved_tensors
         scale_bk = scale.expand(valid.shape).contiguous()
         return _compiled("grad")(pred, gi, gj, gk, scale_bk, valid, ctx.weight), *none
