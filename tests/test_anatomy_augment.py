@@ -468,3 +468,30 @@ def test_an_anatomy_share_outside_0_1_is_a_config_error():
 
     with pytest.raises(InputError, match=r"augment\.anatomy: between 0 and 1"):
         load_config(None, ["augment.anatomy=1.5"])
+
+
+def test_the_guard_in_two_rounds_picks_what_every_fraction_at_once_would():
+    """The guard tries each warp at its own fraction first and only the failures at the
+    smaller ones: the same fraction and spline as trying all of them at once."""
+    from heatmap3d.training import anatomy
+
+    gen = torch.Generator().manual_seed(3)
+    src = (torch.rand(16, 10, 3, generator=gen, dtype=torch.float64) - 0.5) * 40
+    moves = torch.linspace(2, 40, 16, dtype=torch.float64)[:, None, None]  # mm: mild to wild
+    aligned = src + torch.randn(16, 10, 3, generator=gen, dtype=torch.float64) * moves
+    both = torch.ones(16, 10, dtype=torch.bool)
+    both[0, :3] = False
+    fraction = torch.rand(16, generator=gen, dtype=torch.float64)
+    shape, sp = (20, 20, 20), torch.tensor([2.0, 2.0, 2.0], dtype=torch.float64)
+    tps, used, ok = anatomy._guarded_fit(src, aligned, both, fraction, shape, sp)
+
+    steps = torch.arange(anatomy.SHRINK_TRIES, dtype=torch.float64)
+    tries = fraction[:, None] * anatomy.SHRINK**steps
+    every, _, passed = anatomy._fit_tries(src, aligned, both, tries, shape, sp)
+    first = passed.to(torch.int8).argmax(1)
+    assert torch.equal(ok, passed.any(1))
+    assert (first[ok] == 0).any() and (first[ok] > 0).any() and not ok.all()  # all three kinds
+    pick = torch.arange(16) * anatomy.SHRINK_TRIES + first
+    assert torch.equal(used[ok], tries.gather(1, first[:, None])[ok, 0])
+    for name in ("weights", "affine", "centres"):
+        assert torch.equal(getattr(tps, name)[ok], getattr(every, name)[pick][ok]), name

@@ -188,24 +188,55 @@ def _guarded_fit(
     controls; ``fraction`` ``(E,)``. Returns the splines (E), the fractions used ``(E,)``
     and ``(E,)`` bool: some fraction passed (else that sample's row is meaningless).
 
-    Every fraction is solved at once (one batched solve of E x ``SHRINK_TRIES`` systems)
-    rather than one after another: no loop that waits on the device.
+    Two rounds, each one batched solve and check (no loop that waits on the device per
+    fraction): every sample at its own fraction, then the samples that failed at all the
+    smaller ones at once. Most warps pass at their own fraction (92-94 % of the real
+    people's on the templates, see the module docstring), so the guard's Jacobians, most
+    of a draw's time, are computed for about 1.3 fractions a sample instead of 6.
     """
-    e, n = both.shape
-    steps = torch.arange(SHRINK_TRIES, dtype=torch.float64, device=src.device)
-    tries = fraction[:, None] * SHRINK**steps
+    tps, used, passed = _fit_tries(src, aligned, both, fraction[:, None], shape, sp)
+    used, ok = used[:, 0].clone(), passed[:, 0].clone()
+    failed = (~ok).nonzero()[:, 0]
+    if len(failed):
+        steps = torch.arange(1, SHRINK_TRIES, dtype=torch.float64, device=src.device)
+        tries = fraction[failed, None] * SHRINK**steps
+        more, more_used, more_passed = _fit_tries(
+            src[failed], aligned[failed], both[failed], tries, shape, sp
+        )
+        first = more_passed.to(torch.int8).argmax(1)  # the largest fraction that passed
+        pick = torch.arange(len(failed), device=src.device) * tries.shape[1] + first
+        tps = _replace_rows(tps, failed, more[pick])
+        used[failed] = more_used.gather(1, first[:, None])[:, 0]
+        ok[failed] = more_passed.any(1)
+    return tps, used, ok
+
+
+def _fit_tries(
+    src: Tensor, aligned: Tensor, both: Tensor, tries: Tensor, shape, sp: Tensor
+) -> tuple[ThinPlateSpline, Tensor, Tensor]:
+    """The splines of E samples at T fractions each (``tries`` ``(E, T)``), in one batched
+    solve: the splines (E * T, sample-major), ``tries`` and ``(E, T)`` bool: unfolded."""
+    e, t = tries.shape
+    n = both.shape[1]
     targets = src[:, None] + tries[..., None, None] * (aligned - src)[:, None]  # (E, T, N, 3)
-    repeat = (e * SHRINK_TRIES, n)
+    rows = (e * t, n)
     tps = ThinPlateSpline.fit(
-        targets.reshape(*repeat, 3),
-        src[:, None].expand(e, SHRINK_TRIES, n, 3).reshape(*repeat, 3),
-        both[:, None].expand(e, SHRINK_TRIES, n).reshape(repeat),
+        targets.reshape(*rows, 3),
+        src[:, None].expand(e, t, n, 3).reshape(*rows, 3),
+        both[:, None].expand(e, t, n).reshape(rows),
         kernel=KERNEL,
     )
-    passed = _unfolded(tps, shape, sp).view(e, SHRINK_TRIES)
-    first = passed.to(torch.int8).argmax(1)  # the largest fraction that passed
-    pick = torch.arange(e, device=src.device) * SHRINK_TRIES + first
-    return tps[pick], tries.gather(1, first[:, None])[:, 0], passed.any(1)
+    return tps, tries, _unfolded(tps, shape, sp).view(e, t)
+
+
+def _replace_rows(tps: ThinPlateSpline, rows: Tensor, new: ThinPlateSpline) -> ThinPlateSpline:
+    """``tps`` with its splines at ``rows`` replaced by ``new``'s (in order)."""
+    parts = []
+    for name in ("centres", "used", "weights", "affine"):
+        value = getattr(tps, name).clone()
+        value[rows] = getattr(new, name)
+        parts.append(value)
+    return ThinPlateSpline(*parts, tps.kernel)
 
 
 def _unfolded(tps: ThinPlateSpline, shape: Sequence[int], sp: Tensor) -> Tensor:
