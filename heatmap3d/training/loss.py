@@ -52,8 +52,8 @@ def heatmap_loss(
 
     The target is never materialised: on CUDA a ``torch.compile``-d kernel rebuilds it
     from its three 1D factors inside the fused reduction (forward) and the fused
-    pointwise gradient (backward); on CPU an eager path builds it in slabs of rows with
-    the channel innermost (scratch <= 4M values) and keeps the weighted residual (the
+    pointwise gradient (backward); on CPU an eager path builds it block by block in the
+    input's memory order (scratch <= 4M values) and keeps the weighted residual (the
     gradient up to its scale) for the backward pass. ``(p - t)**2`` is computed directly
     rather than expanded as ``p**2 - 2pt + t**2``, which cancels catastrophically near
     convergence.
@@ -138,7 +138,7 @@ def _memory_order(pred: Tensor) -> tuple[int, ...]:
     return (0, 1, 2, 3, 4)
 
 
-def _blocks(p_all: Tensor, gi: Tensor, gj: Tensor, gk: Tensor, valid: Tensor, channels_last):
+def _blocks(p_all: Tensor, gi: Tensor, gj: Tensor, gk: Tensor, valid: Tensor, channels_last: bool):
     """Yield ``(where, target, invalid)`` per block of ``p_all`` (``pred`` in its memory
     order: ``(B, I, J, K, C)`` if ``channels_last``, else ``(B, C, I, J, K)``): the index
     of one block of memory of at most a quarter of ``CHUNK_VOXELS`` values, its float32
