@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 from collections.abc import Callable
 from pathlib import Path
 
@@ -16,6 +17,13 @@ import pytest
 import torch
 
 from heatmap3d.data.synthetic import generate_dataset
+
+# A suite started as a background job of a shell (`pytest ... &`, or under nohup) inherits
+# SIGINT ignored, and a process started with SIGINT ignored keeps it ignored across exec:
+# the commands the Ctrl-C tests start would then never see their Ctrl-C. A handler (not
+# SIG_IGN) here is reset to the default in every process these tests start.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 PhantomFactory = Callable[..., Path]
 
