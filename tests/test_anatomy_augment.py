@@ -487,7 +487,7 @@ def test_the_guard_in_two_rounds_picks_what_every_fraction_at_once_would():
 
     steps = torch.arange(anatomy.SHRINK_TRIES, dtype=torch.float64)
     tries = fraction[:, None] * anatomy.SHRINK**steps
-    every, _, passed = anatomy._fit_tries(src, aligned, both, tries, shape, sp)
+    every, passed = anatomy._fit_tries(src, aligned, both, tries, shape, sp)
     first = passed.to(torch.int8).argmax(1)
     assert torch.equal(ok, passed.any(1))
     assert (first[ok] == 0).any() and (first[ok] > 0).any() and not ok.all()  # all three kinds

@@ -195,19 +195,17 @@ def _guarded_fit(
     Jacobians, most of a draw's time, are mostly computed once a sample instead of six
     times (``benchmarks/anatomy_draw.py``: the same warps, 5.3x faster).
     """
-    tps, used, passed = _fit_tries(src, aligned, both, fraction[:, None], shape, sp)
-    used, ok = used[:, 0].clone(), passed[:, 0].clone()
+    tps, passed = _fit_tries(src, aligned, both, fraction[:, None], shape, sp)
+    used, ok = fraction.clone(), passed[:, 0].clone()
     failed = (~ok).nonzero()[:, 0]
     if len(failed):
         steps = torch.arange(1, SHRINK_TRIES, dtype=torch.float64, device=src.device)
         tries = fraction[failed, None] * SHRINK**steps
-        more, more_used, more_passed = _fit_tries(
-            src[failed], aligned[failed], both[failed], tries, shape, sp
-        )
+        more, more_passed = _fit_tries(src[failed], aligned[failed], both[failed], tries, shape, sp)
         first = more_passed.to(torch.int8).argmax(1)  # the largest fraction that passed
         pick = torch.arange(len(failed), device=src.device) * tries.shape[1] + first
-        tps = _replace_rows(tps, failed, more[pick])
-        used[failed] = more_used.gather(1, first[:, None])[:, 0]
+        tps = tps.with_rows(failed, more[pick])
+        used[failed] = tries.gather(1, first[:, None])[:, 0]
         ok[failed] = more_passed.any(1)
     return tps, used, ok
 
@@ -216,7 +214,7 @@ def _fit_tries(
     src: Tensor, aligned: Tensor, both: Tensor, tries: Tensor, shape, sp: Tensor
 ) -> tuple[ThinPlateSpline, Tensor, Tensor]:
     """The splines of E samples at T fractions each (``tries`` ``(E, T)``), in one batched
-    solve: the splines (E * T, sample-major), ``tries`` and ``(E, T)`` bool: unfolded."""
+    solve: the splines (E * T, sample-major) and ``(E, T)`` bool: unfolded."""
     e, t = tries.shape
     n = both.shape[1]
     targets = src[:, None] + tries[..., None, None] * (aligned - src)[:, None]  # (E, T, N, 3)
@@ -227,17 +225,7 @@ def _fit_tries(
         both[:, None].expand(e, t, n).reshape(rows),
         kernel=KERNEL,
     )
-    return tps, tries, _unfolded(tps, shape, sp).view(e, t)
-
-
-def _replace_rows(tps: ThinPlateSpline, rows: Tensor, new: ThinPlateSpline) -> ThinPlateSpline:
-    """``tps`` with its splines at ``rows`` replaced by ``new``'s (in order)."""
-    parts = []
-    for name in ("centres", "used", "weights", "affine"):
-        value = getattr(tps, name).clone()
-        value[rows] = getattr(new, name)
-        parts.append(value)
-    return ThinPlateSpline(*parts, tps.kernel)
+    return tps, _unfolded(tps, shape, sp).view(e, t)
 
 
 def _unfolded(tps: ThinPlateSpline, shape: Sequence[int], sp: Tensor) -> Tensor:

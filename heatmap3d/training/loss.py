@@ -126,8 +126,8 @@ def _use_fused(pred: Tensor) -> bool:
     return pred.is_cuda
 
 
-# Memory order of a channels_last_3d tensor: (B, I, J, K, C); its inverse.
-_LAST, _LAST_BACK = (0, 2, 3, 4, 1), (0, 4, 1, 2, 3)
+# Memory order of a channels_last_3d tensor: (B, I, J, K, C).
+_LAST = (0, 2, 3, 4, 1)
 
 
 def _memory_order(pred: Tensor) -> tuple[int, ...]:
@@ -166,10 +166,10 @@ def _blocks(p_all: Tensor, gi: Tensor, gj: Tensor, gk: Tensor, valid: Tensor, ch
 
 def _cpu_forward(
     pred: Tensor, gi: Tensor, gj: Tensor, gk: Tensor, valid: Tensor, weight: float
-) -> tuple[Tensor, Tensor, tuple[int, ...]]:
-    """The CPU path: the float64 sum over valid channels of ``(1 + weight t) (t - p)^2``;
-    ``rw = (1 + weight t) (t - p)`` (0 on invalid channels), float32, the gradient up to
-    its scale, kept for the backward pass, in ``pred``'s memory order; that order.
+) -> tuple[Tensor, Tensor]:
+    """The CPU path: the float64 sum over valid channels of ``(1 + weight t) (t - p)^2``
+    and ``rw = (1 + weight t) (t - p)`` (0 on invalid channels), float32, the gradient up
+    to its scale, kept for the backward pass: ``pred``'s shape and layout.
 
     Why blocks in memory order: each block of ``pred`` is read once where it lies and its
     target built beside it in the same order (channels innermost for channels_last
@@ -195,7 +195,8 @@ def _cpu_forward(
             torch.addcmul(resid, resid, target, value=weight, out=rw)
         # Row sums in float32 (a few thousand values each), their total in float64.
         total += resid.mul_(rw).view(-1, resid.shape[-2] * resid.shape[-1]).sum(1).double().sum()
-    return total, rw_all, order
+    back = tuple(order.index(d) for d in range(len(order)))
+    return total, rw_all.permute(back)  # a view in pred's shape, with pred's strides
 
 
 class _HeatmapMSE(torch.autograd.Function):
@@ -206,14 +207,13 @@ class _HeatmapMSE(torch.autograd.Function):
     def forward(ctx, pred, gi, gj, gk, valid, weight):
         vox = pred.shape[2:].numel()
         denom = (valid.sum().clamp_min(1) * vox).to(torch.float64)
-        ctx.weight = weight
-        if _use_fused(pred):
+        ctx.weight, ctx.fused, ctx.pred_dtype = weight, _use_fused(pred), pred.dtype
+        if ctx.fused:
             ctx.save_for_backward(pred, gi, gj, gk, valid, denom)
             total = _compiled("sum")(pred, gi, gj, gk, valid, weight).to(torch.float64)
         else:
-            total, rw, ctx.order = _cpu_forward(pred, gi, gj, gk, valid, weight)
+            total, rw = _cpu_forward(pred, gi, gj, gk, valid, weight)
             ctx.save_for_backward(rw, denom)
-        ctx.fused, ctx.pred_dtype = _use_fused(pred), pred.dtype
         return (total / denom).to(torch.float32)
 
     @staticmethod
@@ -222,9 +222,8 @@ class _HeatmapMSE(torch.autograd.Function):
         denom = ctx.saved_tensors[-1]
         scale = (2.0 * grad_out.to(torch.float64) / denom).to(torch.float32)
         if not ctx.fused:  # d/dp of (1 + w t) (t - p)^2 is -2 rw
-            grad = ctx.saved_tensors[0].mul(-scale).to(ctx.pred_dtype)  # pred's memory order
-            back = _LAST_BACK if ctx.order == _LAST else ctx.order
-            return grad.permute(back), *none  # pred's shape and layout
+            # Elementwise ops keep rw's strides: the gradient comes in pred's layout.
+            return ctx.saved_tensors[0].mul(-scale).to(ctx.pred_dtype), *none
         pred, gi, gj, gk, valid, _ = ctx.saved_tensors
         scale_bk = scale.expand(valid.shape).contiguous()
         return _compiled("grad")(pred, gi, gj, gk, scale_bk, valid, ctx.weight), *none

@@ -105,9 +105,17 @@ class ThinPlateSpline:
 
     def __getitem__(self, rows: Tensor) -> ThinPlateSpline:
         """The splines of ``rows`` (an index or bool tensor over the batch)."""
-        return ThinPlateSpline(
-            self.centres[rows], self.used[rows], self.weights[rows], self.affine[rows], self.kernel
-        )
+        return ThinPlateSpline(*(f[rows] for f in self._fields()), self.kernel)
+
+    def with_rows(self, rows: Tensor, new: ThinPlateSpline) -> ThinPlateSpline:
+        """These splines with those at ``rows`` (an index tensor) replaced by ``new``'s, in
+        order (the same kernel)."""
+        pairs = zip(self._fields(), new._fields(), strict=True)
+        return ThinPlateSpline(*(f.clone().index_put_((rows,), g) for f, g in pairs), self.kernel)
+
+    def _fields(self) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """``(centres, used, weights, affine)``."""
+        return self.centres, self.used, self.weights, self.affine
 
     def finite(self) -> Tensor:
         """``(B,)`` bool: the system was solvable and every coefficient is finite."""
