@@ -75,7 +75,8 @@ def test_any_nifti_header_gives_a_volume_or_one_line(edits, tmp_path_factory) ->
 _VALUES = st.sampled_from(
     ["0", "-1", "nan", "1e308", "3", "(nan,0,0)", "none", "LIST", "%d 0 3 1", "", "1 2",
      "(1,0,0) (0,1,0)", "MET_CFLOAT", "complex", "RAS", "scanner-xyz", "999999999", "2 2 2 2",
-     "../x.raw", "/dev/zero"]
+     "../x.raw", "/dev/zero", "none none none", "nan nan nan", "1e999", "1_0", "0x10",
+     "(1,2,3) junk", "x\x0by", "x\x85y"]
 )  # fmt: skip
 
 
@@ -123,7 +124,8 @@ _LINES = st.sampled_from(
         "k:=v",
     ]
 )
-_WORDS = st.text(alphabet="ab%d0123-+ ./\\:=\x00", max_size=12)
+# Line breaks of Python's str.splitlines that the C readers do not share, among others.
+_WORDS = st.text(alphabet="ab%d0123-+ ./\\:=\x00\x0b\x0c\x1c\x85\u2028\r\n\t", max_size=12)
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])

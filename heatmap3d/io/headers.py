@@ -8,11 +8,20 @@ MetaImage's ``ElementDataFile =`` (one name, ``LOCAL``, ``LIST [<n>D]`` then nam
 same kind of pattern). ITK opens whatever is named, wherever it is: ``../../etc/passwd``
 becomes a scan, ``/dev/urandom`` a noisy one, a FIFO blocks forever, and an empty
 ``LIST`` hands back uninitialised memory. :func:`check_header` therefore holds every named
-file to the header's own folder (after resolving symlinks) and to being a regular file,
-and refuses what ITK would otherwise make up: NRRD without a patient ``space`` and
-``space directions`` (ITK's identity frame), a MetaImage without ``TransformMatrix``
-(the same), lengths in units other than mm. It only parses the keys it needs; ITK reads
-the rest.
+file to the header's own folder (after resolving symlinks) and to being a regular file;
+:func:`~heatmap3d.io.header_frames.check_frame` refuses the geometry ITK would make up. It
+only parses the keys it needs; ITK reads the rest.
+
+The check must read each header exactly as the reader will, or a line it does not see (or
+sees differently) can name a file it never checked. So lines break where the readers break
+them: NrrdIO (teem) at ``\n``, ``\r`` and ``\r\n``; MetaIO at ``\n`` only (``\r\n``'s
+``\r`` is stripped). Python's ``str.splitlines`` also breaks at ``\v \f \x1c-\x1e \x85``
+and ``\u2028/9``: a comment ending in one of them made an empty line, the end of the header
+for the check, before a ``data file:`` that teem read. Bytes are decoded as ASCII with
+surrogate escapes, so that a byte >= 0x80 is opaque (never a line break or a space to
+Python, as to C) and names the same bytes on disk when used as a path. ASCII control
+characters other than tab (and a lone ``\r`` in a MetaImage header) are refused in the
+header: C and Python disagree on which of them are spaces.
 """
 
 from __future__ import annotations
@@ -24,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from heatmap3d.errors import InputError
+from heatmap3d.io.header_frames import check_frame
 
 __all__ = [
     "Header",
@@ -38,24 +48,26 @@ __all__ = [
 _MAX_HEADER = 4 << 20  # bytes; a LIST of thousands of slice names is well below this
 _MAX_FILES = 100_000  # names a pattern may expand to
 
-# NRRD spaces that place the image in a patient: ITK converts each to LPS.
-_PATIENT_SPACES = {
-    "right-anterior-superior",
-    "left-anterior-superior",
-    "left-posterior-superior",
-    "ras",
-    "las",
-    "lps",
-}
-# A MetaImage's orientation: ITK takes any of the three names, and identity without them.
-_METAIMAGE_ORIENTATION = ("transformmatrix", "rotation", "orientation")
 _PATTERN = re.compile(r"%(?!%)[0 +#-]*\d*[diu]")  # one integer conversion, as printf takes
+_NRRD_BREAK = re.compile(r"\r\n|\r|\n")  # teem's airOneLine: each of these ends a line
+# ASCII controls but tab: C's isspace and Python's str.split disagree on some, splitlines
+# breaks at others; no header written by a tool holds them.
+_CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
+# MetaIO reads a value into a 500-byte buffer (``getline(s, 500)``): a longer one is cut
+# (an ElementDataFile of 527 characters named its 499-character prefix) or fails the read.
+_METAIO_LINE = 480
+# teem takes these field names with or without their space, in any case.
+_NRRD_NAMES = {
+    name.replace(" ", ""): name
+    for name in ("data file", "space directions", "space origin", "space units", "space dimension")
+}
 
 
 @dataclass
 class Header:
-    """What a header says: ``kind`` ``"nrrd"`` or ``"metaimage"``, its fields (lower-case
-    keys, values as written), and the data file value with its trailing ``LIST`` lines."""
+    """What a header says: ``kind`` ``"nrrd"`` or ``"metaimage"``, its fields (NRRD: names
+    lower-case, as teem matches them; MetaImage: keys as written, as MetaIO matches them;
+    values stripped), and the data file value with its trailing ``LIST`` lines."""
 
     kind: str
     fields: dict[str, str] = field(default_factory=dict)
@@ -82,27 +94,46 @@ def open_regular(path: Path) -> int:
 
 def read_header(path: Path) -> Header:
     """The header of an NRRD or MetaImage file (by suffix); InputError when it is not one."""
+    nrrd = path.name.lower().endswith((".nrrd", ".nhdr"))
     fd = open_regular(path)
     with os.fdopen(fd, "rb") as f:
-        head = _head(f)
-    text = head.decode("latin-1")
-    if path.name.lower().endswith((".nrrd", ".nhdr")):
+        head = _head(f, nrrd)
+    text = head.decode("ascii", "surrogateescape")  # see the module docstring
+    if nrrd:
         return _nrrd_header(path, text, truncated=len(head) > _MAX_HEADER)
     return _metaimage_header(path, text, truncated=len(head) > _MAX_HEADER)
 
 
-def _head(f) -> bytes:
+def _head(f, nrrd: bool) -> bytes:
     """The file's first bytes, enough to hold its header: 64 KiB, more (up to
-    :data:`_MAX_HEADER` + 1) only while no header end (a blank line, ElementDataFile) shows,
-    so that a large attached file is not read whole."""
+    :data:`_MAX_HEADER` + 1) only while no header end (an empty line for NRRD, whatever
+    the line break; ElementDataFile for MetaImage) shows, so that a large attached file is
+    not read whole."""
     head, size = b"", 1 << 16
+    ends = (b"\n\n", b"\r\r", b"\n\r") if nrrd else (b"ElementDataFile",)
     while True:
         chunk = f.read(size - len(head))
         head += chunk
-        ended = b"\n\n" in head or b"\r\n\r\n" in head or b"ElementDataFile" in head
+        ended = any(end in head for end in ends)
         if not chunk or len(head) > _MAX_HEADER or (ended and b"LIST" not in head):
             return head
         size = min(2 * size, _MAX_HEADER + 1)
+
+
+def _check_line(path: Path, number: int, line: str, kind: str) -> None:
+    """InputError unless header line ``number`` (0-based) holds only characters that the
+    reader and this check read alike (see the module docstring)."""
+    bad = _CONTROL.search(line)
+    if bad:
+        raise InputError(
+            f"{path}: header line {number + 1} holds control character {bad.group()!r}, "
+            f"which the {kind} reader and this check would read differently"
+        )
+    if kind == "MetaImage" and len(line) > _METAIO_LINE:
+        raise InputError(
+            f"{path}: header line {number + 1} has {len(line)} characters; MetaIO cuts "
+            f"values near 500, so lines over {_METAIO_LINE} are refused"
+        )
 
 
 def named_files(path: Path) -> list[Path]:
@@ -114,52 +145,78 @@ def named_files(path: Path) -> list[Path]:
 
 
 def _nrrd_header(path: Path, text: str, *, truncated: bool) -> Header:
-    """NRRD: magic ``NRRD000N``, then ``field: value`` lines up to the first blank line
+    """NRRD: magic ``NRRD000N``, then ``field: value`` lines up to the first empty line
     (``key:=value`` pairs and ``#`` comments skipped). ``data file: LIST`` is the last
-    field; the names follow it, one a line."""
-    lines = text.splitlines()
+    field; the names follow it, one a line. Lines break as teem breaks them."""
+    lines = _NRRD_BREAK.split(text)
     if not lines or not lines[0].startswith("NRRD000"):
         raise InputError(f"{path}: cannot read NRRD header (no NRRD000x magic on line 1)")
     header = Header("nrrd")
     for n, line in enumerate(lines[1:], start=1):
         if not line:  # a line with only spaces does not end it: teem parses on
             return header
+        _check_line(path, n, line, "NRRD")
         if line.startswith("#") or ": " not in line:
             continue  # comments and key:=value pairs; ITK refuses anything else itself
         key, value = line.split(": ", 1)
         # teem matches field names without case and with or without the space.
         name = " ".join(key.lower().split())
-        name = "data file" if name == "datafile" else name
+        name = _NRRD_NAMES.get(name.replace(" ", ""), name)
         header.fields[name] = value.strip()
         if name == "data file":
-            if header.data_file is not None:
-                header.other_data_files.append(header.data_file)
-            header.data_file = value.strip()
+            _set_data_file(path, header, value.lstrip(" \t"))
             if value.split()[:1] == ["LIST"]:
-                header.listed = [s.strip() for s in lines[n + 1 :] if s.strip()]
+                header.listed = _listed_lines(path, lines, n + 1, "NRRD")
                 return header
     if truncated:
         raise InputError(f"{path}: NRRD header longer than {_MAX_HEADER >> 20} MiB")
     return header
 
 
+def _set_data_file(path: Path, header: Header, value: str) -> None:
+    """Record a NRRD ``data file`` value as teem reads it: from its first non-blank
+    character to the end of the line (teem keeps trailing blanks in a name)."""
+    if value != value.rstrip(" \t"):
+        raise InputError(
+            f"{path}: the data file value {value!r} ends in blanks, which NRRD readers keep "
+            "as part of the name"
+        )
+    if header.data_file is not None:
+        header.other_data_files.append(header.data_file)
+    header.data_file = value
+
+
+def _listed_lines(path: Path, lines: list[str], start: int, kind: str) -> list[str]:
+    """The file names after ``LIST``, one a line to the end of the file, checked."""
+    names = []
+    for n in range(start, len(lines)):
+        line = lines[n][:-1] if kind == "MetaImage" and lines[n].endswith("\r") else lines[n]
+        _check_line(path, n, line, kind)
+        if line.strip(" \t"):
+            names.append(line)
+    return names
+
+
 def _metaimage_header(path: Path, text: str, *, truncated: bool) -> Header:
-    """MetaImage: ``Key = Value`` lines; ``ElementDataFile`` is the last key (the data of
-    ``LOCAL`` follows it, the names of ``LIST`` follow it one a line)."""
+    """MetaImage: ``Key = Value`` (or ``Key: Value``) lines; ``ElementDataFile`` is the last
+    key (the data of ``LOCAL`` follows it, the names of ``LIST`` follow it one a line).
+    MetaIO matches keys with case and breaks lines at ``\n`` only."""
     header = Header("metaimage")
-    lines = text.splitlines()
+    lines = text.split("\n")
     for n, line in enumerate(lines):
-        match = re.match(r"\s*([^=:]+?)\s*[=:]\s*(.*)$", line)
+        line = line[:-1] if line.endswith("\r") else line
+        _check_line(path, n, line, "MetaImage")
+        match = re.match(r"[ \t]*([^=:]*?)[ \t]*[=:][ \t]*(.*?)[ \t]*$", line)
         if not match:
             continue
-        key, value = match.group(1).lower(), match.group(2).strip()
+        key, value = match.group(1), match.group(2)
         header.fields[key] = value
-        if key == "elementdatafile":
-            if match.group(1) != "ElementDataFile":  # MetaIO might read on past it
-                raise InputError(f"{path}: key {match.group(1)!r} must be spelled ElementDataFile")
+        if key.lower() == "elementdatafile":
+            if key != "ElementDataFile":  # MetaIO would read on past it
+                raise InputError(f"{path}: key {key!r} must be spelled ElementDataFile")
             header.data_file = value
             if value.split()[:1] == ["LIST"]:
-                header.listed = [s.strip() for s in lines[n + 1 :] if s.strip()]
+                header.listed = _listed_lines(path, lines, n + 1, "MetaImage")
             return header
     if truncated:
         raise InputError(f"{path}: MetaImage header longer than {_MAX_HEADER >> 20} MiB")
@@ -200,15 +257,16 @@ def _listed(path: Path, header: Header) -> list[str]:
             f"{path}: the header's data file LIST names {len(header.listed)} files, the "
             f"image needs {max(1, needed)}"
         )
-    spaced = [name for name in header.listed if len(name.split()) > 1]
+    # Readers differ on the blanks around and inside a listed name: none are taken.
+    spaced = [name for name in header.listed if re.search(r"[ \t]", name)]
     if spaced:
-        raise InputError(f"{path}: data file name {spaced[0]!r} in the LIST has spaces")
+        raise InputError(f"{path}: data file name {spaced[0]!r} in the LIST has blanks")
     return header.listed
 
 
 def _files_needed(header: Header) -> int:
     """How many files a ``LIST [<subdim>]`` must name: one per sub-image (0 if unknown)."""
-    sizes_key = "sizes" if header.kind == "nrrd" else "dimsize"
+    sizes_key = "sizes" if header.kind == "nrrd" else "DimSize"
     try:
         sizes = [int(s) for s in header.fields.get(sizes_key, "").split()]
         extra = header.data_file.split()[1:] if header.data_file else []
@@ -262,33 +320,6 @@ def _inside(header: Path, name: str) -> Path:
     return target
 
 
-def _frame_problem(header: Header) -> str | None:
-    """Why the header places the image in no patient frame (None when it does)."""
-    fields = header.fields
-    if header.kind == "nrrd":
-        space = fields.get("space", "").lower().removesuffix("-time")
-        space = space[:3] if len(space) == 4 and space.endswith("t") else space  # RAST
-        if "space" not in fields:
-            return "no 'space' field, so no patient frame (ITK would take the identity)"
-        if space not in _PATIENT_SPACES:
-            return (
-                f"'space: {fields['space']}' says nothing about patient orientation "
-                "(expected RAS, LAS or LPS)"
-            )
-        if "space directions" not in fields:
-            return "no 'space directions', so no orientation (ITK would take the identity)"
-        units = fields.get("space units", "").replace('"', " ").split()
-        if any(u.lower() != "mm" for u in units):
-            return f"'space units: {fields['space units']}' (only mm is read)"
-        return None
-    if not any(key in fields for key in _METAIMAGE_ORIENTATION):
-        return "no TransformMatrix, so no orientation (ITK would take the identity)"
-    units = fields.get("distanceunits", "mm").lower()
-    if units not in ("mm", "unknown"):
-        return f"DistanceUnits = {fields['distanceunits']} (only mm is read)"
-    return None
-
-
 def check_header(path: Path) -> Header:
     """Read the header of an NRRD or MetaImage file and check the files it names, before
     ITK touches either.
@@ -305,23 +336,13 @@ def check_header(path: Path) -> Header:
 def _check_sizes(path: Path, header: Header) -> None:
     """InputError unless the header states its dimension (1 to 16) and as many sizes, each
     a positive whole number: MetaIO crashes the process on ``NDims = 1e308``."""
-    ndim_key, sizes_key = ("dimension", "sizes") if header.kind == "nrrd" else ("ndims", "dimsize")
-    try:
-        ndim = int(header.fields[ndim_key])
-        sizes = [int(v) for v in header.fields[sizes_key].split()]
-    except (KeyError, ValueError):
-        ndim, sizes = 0, []
+    ndim_key, sizes_key = ("dimension", "sizes") if header.kind == "nrrd" else ("NDims", "DimSize")
+    words = [header.fields.get(ndim_key, ""), *header.fields.get(sizes_key, "").split()]
+    # Plain digits only: Python's int() also takes "1_0", which C reads as 1.
+    ints = [int(w) for w in words] if all(_is_int(w) for w in words) else [0]
+    ndim, sizes = ints[0], ints[1:]
     if not 1 <= ndim <= 16 or len(sizes) != ndim or min(sizes) < 1:
         raise InputError(
             f"{path}: cannot read image header (its {ndim_key} and {sizes_key} do not give "
             "a size: a whole number of dimensions, each a positive size)"
         )
-
-
-def check_frame(path: Path, header: Header) -> None:
-    """InputError naming the file when its header places it in no patient frame (see
-    :func:`_frame_problem`). Called once the image is known to be 3D, so that a 2D or 4D
-    file (whose header ITK writes without a patient space) is refused for that."""
-    problem = _frame_problem(header)
-    if problem:
-        raise InputError(f"{path}: {problem}")

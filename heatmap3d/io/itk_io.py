@@ -24,7 +24,12 @@ import SimpleITK as sitk
 from heatmap3d.errors import InputError
 from heatmap3d.geometry import Volume
 from heatmap3d.io.headers import check_frame, check_header
-from heatmap3d.io.volume_checks import check_claimed_size
+from heatmap3d.io.volume_checks import (
+    SHEAR_TOLERANCE,
+    check_claimed_size,
+    check_float32_copy,
+    shear_of,
+)
 
 
 @contextlib.contextmanager
@@ -113,7 +118,8 @@ def image_to_array(img: sitk.Image) -> np.ndarray:
     """The voxels of a scalar image as float32 in ITK index order: ``(I, J, K[, ...])``."""
     array = sitk.GetArrayViewFromImage(img)
     # GetArrayFromImage's order is (k, j, i): reverse the axes so data[i, j, k] = index (i,j,k).
-    return np.ascontiguousarray(array.transpose(), dtype=np.float32)
+    with np.errstate(over="ignore", invalid="ignore"):  # beyond float32: the caller says it
+        return np.ascontiguousarray(array.transpose(), dtype=np.float32)
 
 
 def volume_to_image(vol: Volume, pixel_type: int = sitk.sitkFloat32) -> sitk.Image:
@@ -129,11 +135,23 @@ def volume_to_image(vol: Volume, pixel_type: int = sitk.sitkFloat32) -> sitk.Ima
 
 
 def _refuse_shear(affine: np.ndarray) -> None:
-    """ValueError when the voxel axes are not orthogonal: ITK images cannot hold shear."""
-    matrix = np.asarray(affine, dtype=np.float64)[:3, :3]
-    unit = matrix / np.linalg.norm(matrix, axis=0)
-    if np.abs(unit.T @ unit - np.eye(3)).max() > 1e-6:
+    """ValueError when the voxel axes are not orthogonal: ITK images cannot hold shear (the
+    readers refuse it beyond the same :data:`SHEAR_TOLERANCE`)."""
+    if shear_of(affine) > SHEAR_TOLERANCE:
         raise ValueError("the affine has shear (non-orthogonal voxel axes); ITK cannot store it")
+
+
+def _check_direction(path: Path, img: sitk.Image) -> None:
+    """InputError unless the direction's columns are unit vectors: MetaIO takes a scaled
+    TransformMatrix as it stands, so ``2 0 0 ...`` would double the first axis's spacing
+    (teem normalises NRRD directions itself)."""
+    direction = np.asarray(img.GetDirection(), dtype=np.float64).reshape(img.GetDimension(), -1)
+    lengths = np.linalg.norm(direction[:3, :3], axis=0)
+    if np.abs(lengths - 1).max() > SHEAR_TOLERANCE:
+        raise InputError(
+            f"{path}: the direction (TransformMatrix) has columns of lengths "
+            f"{', '.join(f'{v:.6g}' for v in lengths)}, not 1: not a rotation"
+        )
 
 
 def read_itk_file(path: Path) -> tuple[np.ndarray, np.ndarray]:
@@ -141,8 +159,11 @@ def read_itk_file(path: Path) -> tuple[np.ndarray, np.ndarray]:
     voxel -> world RAS mm affine. A 4D image whose last axis has length 1 comes back 4D
     (the caller squeezes it); 2D, other 4D and multi-component (vector, RGB) images are
     refused with :class:`InputError`, as are complex voxels, a header claiming more voxels
-    than memory holds, and whatever :func:`heatmap3d.io.headers.check_header` refuses (data
-    files outside the header's folder, no patient frame): all before any voxel is read."""
+    than memory holds, and whatever :func:`heatmap3d.io.headers.check_header` and
+    :func:`heatmap3d.io.header_frames.check_frame` refuse (data files outside the header's
+    folder, no patient frame, a geometry stated incompletely): all before any voxel is read.
+    After reading: a direction whose columns are not unit vectors, and voxels float32
+    cannot hold (:func:`~heatmap3d.io.volume_checks.check_float32_copy`)."""
     header = check_header(path)
     reader = sitk.ImageFileReader()
     reader.SetFileName(str(path))
@@ -174,9 +195,10 @@ def read_itk_file(path: Path) -> tuple[np.ndarray, np.ndarray]:
         raise InputError(f"{path}: cannot read image ({itk_message(exc)})") from exc
     if img.GetDimension() == 4:  # (x, y, z, 1): keep the 3D geometry, as NIfTI does
         img = img[:, :, :, 0]
-    return image_to_array(img), affine_from_itk(
-        img.GetOrigin(), img.GetSpacing(), img.GetDirection()
-    )
+    _check_direction(path, img)
+    data = image_to_array(img)
+    check_float32_copy(path, data, lambda: sitk.GetArrayViewFromImage(img))
+    return data, affine_from_itk(img.GetOrigin(), img.GetSpacing(), img.GetDirection())
 
 
 def write_itk_file(path: Path, vol: Volume) -> None:

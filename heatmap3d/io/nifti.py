@@ -23,7 +23,12 @@ from nibabel.spatialimages import HeaderDataError
 
 from heatmap3d.errors import InputError, one_line
 from heatmap3d.geometry import Volume
-from heatmap3d.io.volume_checks import check_claimed_size
+from heatmap3d.io.volume_checks import (
+    SHEAR_TOLERANCE,
+    check_claimed_size,
+    check_float32_copy,
+    shear_of,
+)
 
 __all__ = [
     "FRAMES",
@@ -47,6 +52,11 @@ FRAMES = ("sform", "qform")
 
 # sform and qform may differ by float32 rounding (the qform is a quaternion): far below this.
 _FRAME_TOLERANCE_MM = 0.1
+
+# The frame codes NIfTI defines (nibabel's xform_codes): 0 unknown, 1 scanner, 2 aligned,
+# 3 Talairach, 4 MNI, 5 template. nibabel's loader resets any other to 0 (with a log line),
+# then builds its affine from the other frame or from the voxel sizes alone.
+_XFORM_CODES = frozenset(int(code) for code in nib.nifti1.xform_codes.value_set())
 
 # mm per unit of NIfTI's xyz_units code (the low 3 bits of xyzt_units): 0 unknown (read as
 # mm, as every tool does), 1 metre, 2 mm, 3 micrometre; ITK converts the same way.
@@ -92,23 +102,28 @@ def read_nifti(path: Path, *, allow_no_world_frame: bool = False) -> tuple[np.nd
     and its ``(4, 4)`` voxel -> world RAS mm affine.
 
     Refused with :class:`InputError` naming the file: unreadable or truncated files; a
-    header without a world frame (``sform_code = qform_code = 0``) or voxel
+    header without a world frame (``sform_code = qform_code = 0``), with a frame code NIfTI
+    does not define, a qform whose ``qfac`` (``pixdim[0]``) is not -1, 0 or 1, or voxel
     sizes (``pixdim[1:4]``) of 0 or below, unless ``allow_no_world_frame``; sform and
     qform that disagree (unless :func:`trust_frame` chose one); voxels that are not real
     numbers (complex, RGB, bool); spatial units other than mm, m or micrometres; a header claiming
-    more voxels than memory holds (all checked before reading the voxels).
+    more voxels than memory holds (all checked before reading the voxels); voxels float32
+    cannot hold (:func:`~heatmap3d.io.volume_checks.check_float32_copy`).
     """
     try:
         img = nib.load(path)
     except _NIBABEL_READ_ERRORS as exc:
         raise InputError(f"{path}: cannot read image ({one_line(exc)})") from exc
     stored = _header_as_stored(path, img)
+    _check_codes(path, stored, allow_no_world_frame)
     _check_world_frame(path, stored, allow_no_world_frame)
     affine = _chosen_affine(path, stored, img.affine)
     _check_dtype(path, img.get_data_dtype())
     check_claimed_size(path, img.shape, img.get_data_dtype().itemsize)
     try:
-        data = img.get_fdata(dtype=np.float32)  # applies scl_slope/scl_inter
+        with np.errstate(over="ignore", invalid="ignore"):  # check_float32_copy says it
+            data = img.get_fdata(dtype=np.float32)  # applies scl_slope/scl_inter
+        check_float32_copy(path, data, lambda: np.asanyarray(img.dataobj))
     except _NIBABEL_READ_ERRORS as exc:
         raise InputError(f"{path}: cannot read image ({one_line(exc)})") from exc
     return data, _in_mm(path, stored, affine)
@@ -128,6 +143,9 @@ def _chosen_affine(path: Path, header, affine: np.ndarray) -> np.ndarray:
     the user trusts (:func:`trust_frame`), else InputError naming both."""
     if int(header["sform_code"]) == 0 or int(header["qform_code"]) == 0:
         return np.asarray(affine, dtype=np.float64)
+    if header["pixdim"][0] == 0:  # qfac 0 means 1 (the NIfTI standard; nibabel sets it too)
+        header = header.copy()
+        header["pixdim"][0] = 1
     sform = header.get_sform()
     try:
         qform = header.get_qform()
@@ -188,6 +206,31 @@ def _header_as_stored(path: Path, img):
         raise InputError(f"{path}: cannot read image header ({one_line(exc)})") from exc
 
 
+def _check_codes(path: Path, header, allow_no_world_frame: bool) -> None:
+    """Refuse frame codes NIfTI does not define and a qform's ``qfac`` other than -1, 0, 1.
+
+    nibabel's loader "fixes" both before anything else sees them: an unknown sform or qform
+    code becomes 0, so the frame it named is dropped for the other one or for the voxel-size
+    fallback (a landmark 12 mm off, in a frame made up); ``qfac`` -3 becomes 1, where the
+    NIfTI library (ITK, 3D Slicer) takes -1, so the two flip the third axis differently.
+    """
+    if allow_no_world_frame:
+        return
+    for name in ("sform_code", "qform_code"):
+        code = int(header[name])
+        if code not in _XFORM_CODES:
+            raise InputError(
+                f"{path}: {name} = {code} is not a NIfTI frame code (0 to 5): the header is "
+                "corrupt, and nibabel would drop that frame for another; fix the header"
+            )
+    qfac = float(header["pixdim"][0])
+    if int(header["qform_code"]) != 0 and qfac not in (-1.0, 0.0, 1.0):
+        raise InputError(
+            f"{path}: qfac (pixdim[0]) = {qfac:g}, expected 1 or -1: nibabel reads it as 1, "
+            "the NIfTI library (ITK, 3D Slicer) as -1 when negative; fix the header"
+        )
+
+
 def _check_world_frame(path: Path, header, allow_no_world_frame: bool) -> None:
     """Refuse a header whose affine would be nibabel's fallback or built on bad voxel sizes.
 
@@ -218,16 +261,21 @@ def write_nifti(path: Path, vol: Volume) -> None:
 
     Both sform and qform are set from ``vol.affine`` with code 2 (aligned, see
     :data:`NIFTI_XFORM_CODE`); the sform is exact, the qform is nibabel's closest
-    rotation + zoom, exact unless the affine has shear: then the qform is left unset
-    (code 0), as a qform that disagrees with the sform would be refused on reading it
-    back (see :func:`read_nifti`). Units are mm.
+    rotation + zoom, exact unless the affine has a trace of shear: then the qform is left
+    unset (code 0), as a qform that disagrees with the sform would be refused on reading it
+    back (see :func:`read_nifti`). Units are mm. A sheared affine (beyond
+    :data:`~heatmap3d.io.volume_checks.SHEAR_TOLERANCE`) is refused, as every reader
+    refuses it.
     """
+    shear = shear_of(vol.affine)
+    if shear > SHEAR_TOLERANCE:
+        raise InputError(
+            f"{path}: cannot write image (the affine has shear: non-orthogonal voxel axes, "
+            "which the readers refuse)"
+        )
     img = nib.Nifti1Image(np.asarray(vol.data, dtype=np.float32), vol.affine)
     img.set_sform(vol.affine, code=NIFTI_XFORM_CODE)
-    matrix = np.asarray(vol.affine, dtype=np.float64)[:3, :3]
-    unit = matrix / np.linalg.norm(matrix, axis=0)
-    sheared = np.abs(unit.T @ unit - np.eye(3)).max() > 1e-6
-    img.set_qform(vol.affine, code=0 if sheared else NIFTI_XFORM_CODE)
+    img.set_qform(vol.affine, code=0 if shear > 1e-6 else NIFTI_XFORM_CODE)
     img.header.set_xyzt_units(xyz="mm")
     try:
         img.to_filename(path)

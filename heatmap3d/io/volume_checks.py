@@ -7,7 +7,7 @@ call these so that a scan is refused for the same reasons, with the same one-lin
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -17,12 +17,15 @@ from heatmap3d.geometry import Volume, resampled_shape, spacing_of
 from heatmap3d.io.memory import available_memory
 
 __all__ = [
+    "SHEAR_TOLERANCE",
     "available_memory",
     "check_affine",
     "check_claimed_size",
+    "check_float32_copy",
     "check_grid",
     "check_not_constant",
     "check_voxels",
+    "shear_of",
 ]
 
 # Reading a scan holds its stored array and the float32 copy at once: the headroom below
@@ -32,6 +35,11 @@ _MEMORY_FRACTION = 0.8
 # float32 arrays of the resampled grid that preprocessing holds at once (the resampled
 # volume, the clipped copy and the z-scored result of normalisation, a foreground mask).
 _PREPROCESS_COPIES = 4
+
+SHEAR_TOLERANCE = 1e-4
+"""Largest |cosine| between two voxel axes of a frame taken as orthogonal (0.006 degrees off
+90): float32 sforms (~1e-7) and headers written with 6 digits (~1e-6) stay well inside, a
+real shear (a 0.5 degree gantry tilt is 9e-3) far outside. ITK refuses sheared NIfTI."""
 
 
 def check_claimed_size(path: Path, shape: Sequence[int], bytes_per_voxel: int) -> None:
@@ -63,18 +71,66 @@ def check_voxels(path: Path, data: np.ndarray) -> None:
         raise InputError(f"{path}: {n_bad} voxels are NaN or Inf")
 
 
+def _is_constant(data: np.ndarray) -> bool:
+    """Every element equal, compared exactly in the array's own dtype (a uint64 of 2**63 + 1
+    is not 2**63, though both are the same float); False when a NaN is present."""
+    return bool(data.size) and bool(np.min(data) == np.max(data))
+
+
 def check_not_constant(path: Path, data: np.ndarray) -> None:
     """Refuse an image whose voxels are all equal (e.g. an all-zero export gone wrong)."""
-    first = data.flat[0]
-    if np.all(data == first):
+    if _is_constant(data):
         raise InputError(
-            f"{path}: image is constant (every voxel = {float(first):g}): "
+            f"{path}: image is constant (every voxel = {data.flat[0].item():g}): "
             "nothing to find landmarks in"
         )
 
 
+def check_float32_copy(path: Path, data: np.ndarray, stored: Callable[[], np.ndarray]) -> None:
+    """Refuse a scan whose float32 copy ``data`` lost what its stored voxels hold: values
+    beyond float32's range (they became Inf) or differences below its precision at their
+    magnitude (a varying uint64, int64 or float64 scan became constant). Either would
+    otherwise be refused for a reason it does not have (NaN/Inf voxels, a constant image).
+
+    ``stored()`` gives the stored voxels (any shape or axis order, any real dtype); it is
+    only called when ``data`` is constant or not finite, so a good scan is not read twice.
+    """
+    if data.size == 0:
+        return
+    low, high = np.min(data), np.max(data)  # NaN when any voxel is NaN
+    if np.isfinite(low) and np.isfinite(high) and low < high:
+        return
+    raw = np.asarray(stored())
+    if raw.dtype.kind not in "iuf" or raw.size != data.size:
+        return
+    overflowed = int(np.count_nonzero(~np.isfinite(data))) - int(
+        np.count_nonzero(~np.isfinite(raw))
+    )
+    if overflowed > 0:
+        big = float(np.max(np.abs(raw[np.isfinite(raw)])))
+        raise InputError(
+            f"{path}: {overflowed} voxels hold values (up to {big:.4g}) beyond float32's "
+            f"range, in which scans are read; rescale the scan"
+        )
+    if _is_constant(data) and not _is_constant(raw):
+        raise InputError(
+            f"{path}: its {raw.dtype} voxels range from {np.min(raw).item()} to "
+            f"{np.max(raw).item()}, differences float32 (in which scans are read) cannot hold "
+            "at that magnitude; rescale the scan (e.g. subtract its minimum)"
+        )
+
+
+def shear_of(affine: np.ndarray) -> float:
+    """The largest |cosine| between two voxel axes (columns of ``affine[:3, :3]``): 0 for an
+    orthogonal frame (flipped, permuted or oblique), up to 1 for parallel axes."""
+    matrix = np.asarray(affine, dtype=np.float64)[:3, :3]
+    unit = matrix / np.linalg.norm(matrix, axis=0)
+    return float(np.abs(unit.T @ unit - np.eye(3)).max())
+
+
 def check_affine(path: Path, affine: np.ndarray) -> None:
-    """Raise InputError unless ``affine`` is finite, with positive spacing, invertible."""
+    """Raise InputError unless ``affine`` is finite, with positive spacing, invertible, and
+    its voxel axes orthogonal (within :data:`SHEAR_TOLERANCE`)."""
     if not np.all(np.isfinite(affine)):
         raise InputError(f"{path}: affine has NaN or Inf entries")
     spacing = spacing_of(affine)
@@ -84,6 +140,14 @@ def check_affine(path: Path, affine: np.ndarray) -> None:
     # axes are to parallel (independent of the spacing), so 1e6 means "numerically singular".
     if np.linalg.cond(affine[:3, :3] / spacing) > 1e6:
         raise InputError(f"{path}: affine is singular (its voxel axes are parallel)")
+    shear = shear_of(affine)
+    if shear > SHEAR_TOLERANCE:
+        angle = float(np.degrees(np.arccos(min(shear, 1.0))))
+        raise InputError(
+            f"{path}: sheared frame (two voxel axes at {angle:.4g} degrees, not 90): the "
+            "voxel grid is not orthogonal, as ITK and most tools require; resample it to "
+            "an orthogonal grid first"
+        )
 
 
 def check_grid(vol: Volume, spacing: Sequence[float]) -> None:

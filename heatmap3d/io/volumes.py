@@ -13,8 +13,9 @@ voxels (rescale slopes applied) and the voxel -> world RAS mm affine (LPS format
 converted in :func:`heatmap3d.io.itk_io.lps_ras`). Whatever the format, a scan is refused
 with a one-line :class:`~heatmap3d.errors.InputError` naming it when it is missing,
 unreadable or truncated; not 3D (a 4D image whose last axis has length 1 is squeezed);
-empty; has NaN/Inf voxels; has a non-finite, zero-spacing or singular affine; is constant;
-or claims in its header more voxels than memory holds (checked before reading them).
+empty; has NaN/Inf voxels or values float32 cannot hold; has a non-finite, zero-spacing,
+singular or sheared affine; is constant (in its stored type); or claims in its header more
+voxels than memory holds (checked before reading them).
 
 Landmark files are read and written by :mod:`heatmap3d.io.landmarks`.
 """
