@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import torch
 
-from heatmap3d.cli import main
+from heatmap3d.commands.main import main
 from heatmap3d.config import Config, DataConfig
 from heatmap3d.data.check import check_dataset
 from heatmap3d.data.setup import prepare_dataset
@@ -516,7 +516,7 @@ def test_missing_dataset_folder_is_a_usage_error(tmp_path, capsys):
 def test_exit_status_at_the_shell(data):
     (data / "landmarks" / "case003.mrk.json").unlink()
     done = subprocess.run(
-        [sys.executable, "-m", "heatmap3d.cli", "check", str(data)],
+        [sys.executable, "-m", "heatmap3d", "check", str(data)],
         capture_output=True,
         text=True,
         encoding="utf-8",

@@ -28,7 +28,12 @@ legal but worth a look. Checks, one function each:
   all at one point or on a line, several landmarks at one position);
 * across cases, the configuration: a case that fits the others only turned 180 degrees
   about S-I (x and y negated: RAS labelled LPS) or only mirrored
-  (:mod:`heatmap3d.data.reflection`);
+  (:mod:`heatmap3d.data.reflection`); two labels of one case exchanged, each landmark far
+  from its own consensus position and at the other's (:mod:`heatmap3d.data.label_swaps`);
+  numbers in other units than the file says: every landmark within one voxel of the others
+  (mm numbers under ``coordinateUnits: um``), or a case spanning 5 times less or more than
+  the others, with the likely unit (:func:`~heatmap3d.data.landmark_checks.check_scales`);
+  the last two need 3 cases or more;
 * per case id: one file name (no path), one image and one landmark file (two candidates,
   ``case.csv`` and ``case.mrk.json``, are an error naming both).
 
@@ -48,7 +53,13 @@ import numpy as np
 
 from heatmap3d.data.findings import ERROR, WARNING, CheckReport, Collector, Finding
 from heatmap3d.data.frame_check import check_frame
-from heatmap3d.data.landmark_checks import check_case, check_unannotated, reference_names
+from heatmap3d.data.label_swaps import check_label_swaps
+from heatmap3d.data.landmark_checks import (
+    check_case,
+    check_scales,
+    check_unannotated,
+    reference_names,
+)
 from heatmap3d.data.reflection import check_orientation
 from heatmap3d.errors import InputError
 from heatmap3d.geometry import Volume
@@ -65,6 +76,9 @@ from heatmap3d.io.layout import (
 )
 from heatmap3d.io.manifest import check_manifest_target, write_manifest
 from heatmap3d.io.volumes import load_volume
+from heatmap3d.log import get_logger
+
+log = get_logger(__name__)
 
 __all__ = [
     "CheckReport",
@@ -132,14 +146,19 @@ def check_cases(
     unique = list({c.case_id: c for cs in cases.values() for c in cs}.values())
     data = [_read_case(case, found) for case in unique]
     names, source = reference_names([d.landmarks for d in data], landmarks)
-    for d in data:
-        grid = (d.shape, d.affine) if d.shape is not None and d.affine is not None else None
+    grids = [
+        (d.shape, d.affine) if d.shape is not None and d.affine is not None else None for d in data
+    ]
+    for d, grid in zip(data, grids):
         check_case(d.case, d.landmarks, grid, names, source, found)
     if unique:
         where = unique[0].landmarks.parent
         check_unannotated(where, [d.landmarks for d in data], names, source, found)
     placed = [(d.case.landmarks, d.landmarks) for d in data if d.landmarks is not None]
     check_orientation(placed, names, found)
+    check_label_swaps(placed, names, found)
+    with_grid = [(d.case, d.landmarks, g) for d, g in zip(data, grids) if d.landmarks is not None]
+    check_scales(with_grid, names, found)
     result = found.result
     result.n_cases, result.names = len(unique), names
     result.splits = {name: list(members) for name, members in cases.items()}
@@ -175,7 +194,7 @@ def run_check(
     print(report.text())
     if report.errors:
         if manifest is not None:
-            print(f"{manifest}: not written (fix the errors first)")
+            log.warning(f"{manifest}: not written (fix the errors first)")
         return 1
     if manifest is not None:
         write_manifest(
@@ -185,7 +204,7 @@ def run_check(
             splits=report.splits,
             overwrite=overwrite,
         )
-        print(f"wrote {manifest}")
+        log.info(f"wrote {manifest}")
     return 0
 
 

@@ -1,10 +1,12 @@
 """A DICOM series (one folder of single-frame slices) through SimpleITK/GDCM.
 
-GDCM finds the series in a folder and orders its files by ImagePositionPatient along the
-slice normal (not by file name or InstanceNumber); ITK then builds the volume, applying
-RescaleSlope/Intercept (CT comes out in HU) and taking the slice spacing from the
-positions (not from SliceThickness, which is the slab thickness and may differ). What ITK
-does not check is checked here, before any pixel is read, from the headers alone:
+The folder's files are grouped into series by SeriesInstanceUID
+(:mod:`heatmap3d.io.dicom_folder`) and ordered here by ImagePositionPatient along the
+slice normal, as GDCM orders them (not by file name or InstanceNumber); ITK then builds
+the volume from that list of files, applying RescaleSlope/Intercept (CT comes out in HU)
+and taking the slice spacing from the positions (not from SliceThickness, which is the
+slab thickness and may differ). What ITK does not check is checked here, before any pixel
+is read, from the headers alone:
 
 * every slice has the same ImageOrientationPatient (a localizer series has not);
 * the positions, projected onto the slice normal (row x column), step uniformly: no step
@@ -20,6 +22,10 @@ does not check is checked here, before any pixel is read, from the headers alone
   NominalScannedPixelSpacing (0018,2010), the tags GDCM reads; without any, ITK takes 1 mm
   pixels, a size nobody measured.
 
+The folder is held to itself (:mod:`heatmap3d.io.dicom_folder`): GDCM never lists it,
+and is handed only files checked first. The volume ITK builds must hold exactly as many
+slices as files were given.
+
 Every refusal is an :class:`~heatmap3d.errors.InputError` naming the folder. The geometry
 is turned into the project's RAS affine by :func:`heatmap3d.io.itk_io.affine_from_itk`.
 Series are written by :mod:`heatmap3d.io.dicom_writer`.
@@ -34,31 +40,28 @@ import numpy as np
 import SimpleITK as sitk
 
 from heatmap3d.errors import InputError
+from heatmap3d.io.dicom_folder import Header, holds_dicom, is_regular, series_headers
 from heatmap3d.io.dicom_writer import write_dicom_series  # the writer, re-exported here
 from heatmap3d.io.itk_io import (
-    ITK_SUFFIXES,
     affine_from_itk,
     image_to_array,
     itk_message,
     lps_ras,
     preserved_locale,
 )
-from heatmap3d.io.nifti import NIFTI_SUFFIXES
 from heatmap3d.io.volume_checks import check_claimed_size
 
 __all__ = ["holds_dicom", "read_dicom_series", "write_dicom_series"]
 
 _TOLERANCE_MM = 0.01  # absolute tolerance on slice positions
 _TOLERANCE_REL = 0.01  # relative to the slice step
-_DICOM_SUFFIXES = (".dcm", ".dicom", ".ima")
-_OTHER_IMAGE_SUFFIXES = NIFTI_SUFFIXES + ITK_SUFFIXES
 
 # DICOM tags, as SimpleITK names them ("group|element").
 _POSITION, _ORIENTATION, _FRAMES = "0020|0032", "0020|0037", "0028|0008"
 # Where GDCM finds the pixel size: PixelSpacing, ImagerPixelSpacing (CR, DX),
 # NominalScannedPixelSpacing (secondary capture, what write_dicom_series writes).
 _PIXEL_SPACINGS = ("0028|0030", "0018|1164", "0018|2010")
-_DESCRIPTION, _SERIES_UID = "0008|103e", "0020|000e"
+_DESCRIPTION = "0008|103e"
 
 
 @dataclass(frozen=True)
@@ -72,33 +75,6 @@ class _Slice:
     pixel_spacing: np.ndarray  # (2,) mm between rows, then between columns
 
 
-def holds_dicom(folder: Path) -> bool:
-    """Whether ``folder`` holds DICOM files itself (a series), not only in sub-folders.
-
-    Cheap first: a file with the ``DICM`` marker at byte 128, or a DICOM suffix. Files
-    without either (old files lack the preamble) are asked of GDCM.
-    """
-    files = [p for p in Path(folder).iterdir() if p.is_file()]
-    for path in files:
-        if path.suffix.lower() in _DICOM_SUFFIXES or _has_dicm_marker(path):
-            return True
-    # Only files of no other known image type are worth GDCM's look (a folder of NIfTI).
-    others = [p for p in files if not p.name.lower().endswith(_OTHER_IMAGE_SUFFIXES)]
-    if not others:
-        return False
-    with preserved_locale():
-        return bool(sitk.ImageSeriesReader.GetGDCMSeriesIDs(str(folder)))
-
-
-def _has_dicm_marker(path: Path) -> bool:
-    try:
-        with open(path, "rb") as f:
-            f.seek(128)
-            return f.read(4) == b"DICM"
-    except OSError:
-        return False
-
-
 def read_dicom_series(folder: Path, series: str | None = None) -> tuple[np.ndarray, np.ndarray]:
     """``(data, affine)`` of the DICOM series in ``folder``: float32 ``(I, J, K)`` voxels
     (rescale applied; ``i`` along rows' direction, ``k`` across slices) and the voxel ->
@@ -108,21 +84,28 @@ def read_dicom_series(folder: Path, series: str | None = None) -> tuple[np.ndarr
     such a folder is refused with a list of its series. See the module docstring for the
     checks.
     """
-    uid = _pick_series(folder, series)
-    files = list(sitk.ImageSeriesReader.GetGDCMSeriesFileNames(str(folder), uid))
-    if len(files) == 1:
-        _refuse_single_file(folder, Path(files[0]))
-    slices = [_read_slice(folder, Path(f)) for f in files]
+    headers = _pick_series(folder, series)
+    if len(headers) == 1:
+        _refuse_single_file(folder, *headers[0])
+    slices = _ordered([_read_slice(folder, path, reader) for path, reader in headers])
     _check_stack(folder, slices)
-    columns, rows = _first_header(folder, Path(files[0])).GetSize()[:2]
+    files = [str(Path(folder) / s.name) for s in slices]
+    columns, rows = headers[0][1].GetSize()[:2]
     # 8 bytes a voxel: ITK gives float64 when the rescale slope is not a whole number.
     check_claimed_size(folder, (columns, rows, len(files)), 8)
     reader = sitk.ImageSeriesReader()
+    reader.SetImageIO("GDCMImageIO")
     reader.SetFileNames(files)
     try:
-        img = reader.Execute()
+        with preserved_locale():
+            img = reader.Execute()
     except RuntimeError as exc:
         raise InputError(f"{folder}: cannot read the DICOM series ({itk_message(exc)})") from exc
+    if img.GetDimension() != 3 or img.GetSize()[2] != len(files):
+        raise InputError(
+            f"{folder}: the series has {len(files)} slice files but ITK built a volume of "
+            f"size {img.GetSize()}; not one slice a file"
+        )
     if img.GetNumberOfComponentsPerPixel() != 1:
         raise InputError(f"{folder}: colour (RGB) DICOM series; expected grey values")
     affine = affine_from_itk(img.GetOrigin(), img.GetSpacing(), img.GetDirection())
@@ -130,53 +113,41 @@ def read_dicom_series(folder: Path, series: str | None = None) -> tuple[np.ndarr
     return image_to_array(img), affine
 
 
-def _pick_series(folder: Path, series: str | None) -> str:
-    """The SeriesInstanceUID to read; InputError when there is none, or no way to choose."""
-    files = [p for p in folder.iterdir() if p.is_file()]
-    if not files:
-        raise InputError(f"{folder}: empty folder, no DICOM files in it")
-    uids = list(sitk.ImageSeriesReader.GetGDCMSeriesIDs(str(folder)))
-    if not uids:
-        raise InputError(f"{folder}: no DICOM series found among its {len(files)} files")
-    if series is not None and series in uids:
-        return series
-    if series is None and len(uids) == 1:
-        return uids[0]
-    listing = "; ".join(_describe(folder, uid) for uid in uids)
+def _pick_series(folder: Path, series: str | None) -> list[Header]:
+    """The files (with headers) of the series to read; InputError when there is none, or
+    no way to choose."""
+    headers = series_headers(folder)
+    series = None if series is None else series.strip(" \x00")  # as GDCM lists UIDs
+    if not headers:
+        count = sum(1 for p in Path(folder).iterdir() if is_regular(p))
+        if not count:
+            raise InputError(f"{folder}: empty folder, no DICOM files in it")
+        raise InputError(f"{folder}: no DICOM series found among its {count} files")
+    if series is not None and series in headers:
+        return headers[series]
+    if series is None and len(headers) == 1:
+        return next(iter(headers.values()))
+    listing = "; ".join(_describe(uid, files) for uid, files in headers.items())
     if series is not None:
         raise InputError(f"{folder}: no series {series!r} here; the series are: {listing}")
     raise InputError(
-        f"{folder}: {len(uids)} DICOM series, pick one with series=UID "
+        f"{folder}: {len(headers)} DICOM series, pick one with series=UID "
         f"(heatmap3d predict --series UID): {listing}"
     )
 
 
-def _describe(folder: Path, uid: str) -> str:
+def _describe(uid: str, files: list[Header]) -> str:
     """``UID ("description", N files)`` for the listing of a folder's series."""
-    files = sitk.ImageSeriesReader.GetGDCMSeriesFileNames(str(folder), uid)
-    reader = _first_header(folder, Path(files[0]))
+    reader = files[0][1]
     description = (
         reader.GetMetaData(_DESCRIPTION).strip() if reader.HasMetaDataKey(_DESCRIPTION) else ""
     )
     return f'{uid} ("{description}", {len(files)} files)'
 
 
-def _first_header(folder: Path, path: Path) -> sitk.ImageFileReader:
-    """An ImageFileReader that has read the header (no pixels) of ``path``."""
-    reader = sitk.ImageFileReader()
-    reader.SetFileName(str(path))
-    reader.LoadPrivateTagsOff()
-    try:
-        reader.ReadImageInformation()
-    except RuntimeError as exc:
-        message = itk_message(exc)
-        raise InputError(f"{folder}: cannot read DICOM file {path.name} ({message})") from exc
-    return reader
-
-
-def _refuse_single_file(folder: Path, path: Path) -> None:
+def _refuse_single_file(folder: Path, path: Path, reader: sitk.ImageFileReader) -> None:
     """A series of one file is a 2D image or a multi-frame file: say which."""
-    frames = _frames(_first_header(folder, path))
+    frames = _frames(reader)
     if frames > 1:
         raise InputError(
             f"{folder}: multi-frame DICOM ({path.name} holds {frames} frames) is not "
@@ -194,9 +165,8 @@ def _frames(reader: sitk.ImageFileReader) -> int:
         return 1
 
 
-def _read_slice(folder: Path, path: Path) -> _Slice:
+def _read_slice(folder: Path, path: Path, reader: sitk.ImageFileReader) -> _Slice:
     """The position, orientation and frame count of one file, from its header alone."""
-    reader = _first_header(folder, path)
     values = {}
     wanted = ((_POSITION, "ImagePositionPatient", 3), (_ORIENTATION, "ImageOrientationPatient", 6))
     for tag, name, n in wanted:
@@ -238,6 +208,13 @@ def _pixel_spacing(folder: Path, path: Path, reader: sitk.ImageFileReader) -> np
             "; expected two positive sizes in mm"
         )
     return values
+
+
+def _ordered(slices: list[_Slice]) -> list[_Slice]:
+    """The slices ordered by position along the first one's normal (as GDCM orders them;
+    stable, so ties keep name order and are refused as a zero step by the stack check)."""
+    normal = np.cross(slices[0].orientation[:3], slices[0].orientation[3:])
+    return sorted(slices, key=lambda s: float(s.position @ normal))
 
 
 def _check_stack(folder: Path, slices: list[_Slice]) -> None:
