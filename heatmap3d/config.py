@@ -1,7 +1,8 @@
 """Configuration: nested dataclasses read from YAML, with ``section.key=value`` overrides.
 
 Every field has a default and a comment saying what it means and in which unit. Unknown
-keys are errors (a typo such as ``train.epoch=50`` must not be silently ignored), and
+keys are errors (a typo such as ``train.epoch=50`` must not be silently ignored), so is a
+key given twice in a file (:mod:`heatmap3d.io.yaml_file`, the one YAML reader), and
 values are checked against the field's type. The resolved config is stored in every
 checkpoint as plain Python types (:func:`to_dict`), so ``heatmap3d predict`` needs nothing
 but the checkpoint.
@@ -10,6 +11,7 @@ but the checkpoint.
 from __future__ import annotations
 
 import dataclasses
+import reprlib
 import types
 import typing
 from collections.abc import Sequence
@@ -17,16 +19,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from heatmap3d.config_checks import (  # noqa: F401 (PRECISIONS, ROLES re-exported)
     PRECISIONS,
     ROLES,
     ConfigValueError,
     validate,
 )
-from heatmap3d.errors import InputError, first_line
-from heatmap3d.io.json_file import read_text
+from heatmap3d.errors import InputError
+from heatmap3d.io.yaml_file import load_yaml, parse_yaml
 
 
 @dataclass
@@ -61,17 +61,17 @@ class DataConfig:
 @dataclass
 class SyntheticConfig:
     generate: bool = False  # generate the phantom dataset into data.root if it is absent
-    n_train: int = 40
-    n_val: int = 8
-    n_test: int = 4
-    seed: int = 0
+    n_train: int = 40  # synthetic training phantoms
+    n_val: int = 8  # synthetic validation phantoms
+    n_test: int = 4  # synthetic test phantoms
+    seed: int = 0  # random seed of the phantoms (the same seed, the same files)
 
 
 @dataclass
 class AugmentConfig:
     """Training-time augmentation, on the device; never applied at validation."""
 
-    enabled: bool = False
+    enabled: bool = False  # augment training crops (the plan turns it on)
     rotation_deg: float = 15.0  # uniform in +-this about each axis, degrees
     scale: list[float] = field(default_factory=lambda: [0.9, 1.1])  # isotropic factor range
     shear: float = 0.05  # off-diagonal terms uniform in +-this
@@ -136,16 +136,16 @@ class HeatmapConfig:
 
 @dataclass
 class TrainConfig:
-    epochs: int = 100
+    epochs: int = 100  # epochs to train when train.budget_minutes is 0
     # Minutes of training (0 = train.epochs decides). With a budget the number of epochs is
     # estimated from the time the first epochs take and re-estimated after each one; the
     # cosine schedule is set over that estimate, so it ends (lr ~ 0) when the budget does.
     budget_minutes: float = 0.0
     batch_size: int = 2  # per process
-    lr: float = 1e-3
-    weight_decay: float = 1e-5
+    lr: float = 1e-3  # AdamW learning rate at the start of the cosine schedule
+    weight_decay: float = 1e-5  # AdamW weight decay
     grad_clip: float = 1.0  # max gradient norm; 0 disables clipping
-    seed: int = 0
+    seed: int = 0  # seed of the weights, the crops and the augmentation
     val_every: int = 5  # validate every N epochs (and after the last)
     # last.pt (what --resume and a torchrun restart continue from) is written after an
     # epoch when this many minutes have passed since the last one was, and after the last
@@ -164,7 +164,7 @@ class TrainConfig:
     # folder's shape model (shape.json, a copy) instead of one fitted on the training
     # landmarks, which few scans cannot make (how individuals vary). "" = fit on them.
     shape_prior: str = ""
-    out_dir: str = "runs"
+    out_dir: str = "runs"  # folder of the run folders (train.name)
     name: str = "demo"  # run folder: out_dir/name (checkpoints, TensorBoard events)
     amp: bool = True  # bf16 autocast on CUDA (ignored on CPU); what precision "auto" follows
     device: str = "auto"  # "auto", "cuda" or "cpu"
@@ -245,33 +245,44 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     source = "defaults"
     if path is not None:
         source = str(path)
-        # read_text: a folder, FIFO, binary or non-UTF-8 file is one line naming it.
-        text = read_text(path, what="config file", max_bytes=2**20)  # configs are a few kB
-        try:
-            raw = yaml.safe_load(text) or {}
-        except yaml.YAMLError as err:
-            raise InputError(f"{path}: not valid YAML ({first_line(err)})") from None
-        except RecursionError:
-            raise InputError(f"{path}: config file is nested too deeply to be read") from None
+        # load_yaml: a folder, FIFO, binary or non-UTF-8 file, a key given twice, text that
+        # is not YAML or nests too deeply: each one line naming the file.
+        raw = load_yaml(path, what="config file", max_bytes=2**20) or {}  # a few kB
         if not isinstance(raw, dict):
             raise InputError(f"{path}: a config must be a mapping of sections")
     for item in overrides or []:
-        _apply_override(raw, item)
+        apply_override(raw, item)
     return from_dict(raw, source=source)
 
 
-def _apply_override(raw: dict[str, Any], item: str) -> None:
+def _split_override(item: str) -> tuple[list[str], str]:
+    """``section.key=value`` as ``([section, key], value)``; InputError when malformed."""
     key, sep, value = item.partition("=")
     parts = key.strip().split(".")
     if not sep or len(parts) != 2 or not all(parts):
-        raise InputError(f"override {item!r}: expected section.key=value, e.g. train.epochs=50")
+        shown = _shown(item)  # an override may be long (a nested list); one line
+        raise InputError(f"override {shown}: expected section.key=value, e.g. train.epochs=50")
+    return parts, value
+
+
+def sets_key(overrides: Sequence[str], dotted: str) -> bool:
+    """Whether one of ``overrides`` (``section.key=value``) sets ``dotted`` (``train.name``)."""
+    return any(".".join(_split_override(item)[0]) == dotted for item in overrides)
+
+
+def apply_override(raw: dict[str, Any], item: str) -> None:
+    """Set one ``section.key=value`` in the nested ``raw`` dict, the value read as YAML
+    (the one place an override is parsed); InputError (one line) when malformed."""
+    shown = _shown(item)
+    parts, value = _split_override(item)
     section = raw.setdefault(parts[0], {})
     if not isinstance(section, dict):
-        raise InputError(f"override {item!r}: {parts[0]} is not a section")
-    try:
-        section[parts[1]] = yaml.safe_load(value)
-    except (yaml.YAMLError, RecursionError):
-        raise InputError(f"override {item!r}: cannot parse the value") from None
+        raise InputError(f"override {shown}: {parts[0]} is not a section")
+    try:  # the one YAML reader: {a: 1, a: 2} is refused here as in a file
+        section[parts[1]] = parse_yaml(value, "value", what="override value")
+    except InputError as err:
+        why = str(err).removeprefix("value: ")
+        raise InputError(f"override {shown}: cannot parse the value: {why}") from None
 
 
 def _build(cls: type, raw: Any, source: str, prefix: str) -> Any:
@@ -281,7 +292,8 @@ def _build(cls: type, raw: Any, source: str, prefix: str) -> Any:
     names = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(map(str, set(raw) - names))
     if unknown:
-        keys = ", ".join(prefix + k for k in unknown)  # str: YAML keys may be numbers
+        # str: YAML keys may be numbers; split/join: a key may hold a newline
+        keys = ", ".join(" ".join((prefix + k).split()) for k in unknown)
         raise InputError(f"{source}: unknown config key(s) {keys}; known: {sorted(names)}")
     kwargs = {}
     for name, value in raw.items():
@@ -299,15 +311,36 @@ def _coerce(value: Any, hint: Any, key: str, source: str) -> Any:
     if origin in (list, types.GenericAlias) or origin is list:
         (inner,) = typing.get_args(hint)
         if not isinstance(value, (list, tuple)):
-            raise InputError(f"{source}: {key} must be a list, got {value!r}")
+            raise InputError(f"{source}: {key} must be a list, got {_shown(value)}")
         return [_coerce(v, inner, key, source) for v in value]
     if hint is float and isinstance(value, int) and not isinstance(value, bool):
         try:
             return float(value)
         except OverflowError:  # an integer of 400 digits
-            raise InputError(f"{source}: {key} must be a finite number, got {value}") from None
+            raise InputError(
+                f"{source}: {key} must be a finite number, got {_shown(value)}"
+            ) from None
     if hint is str and isinstance(value, (int, float)) and not isinstance(value, bool):
-        return str(value)
+        try:
+            return str(value)
+        except ValueError:  # an integer of more than 4300 digits (a hostile checkpoint)
+            raise InputError(f"{source}: {key} must be text, got {_shown(value)}") from None
     if not isinstance(value, hint) or (hint is not bool and isinstance(value, bool)):
-        raise InputError(f"{source}: {key} must be {hint.__name__}, got {value!r}")
+        raise InputError(f"{source}: {key} must be {hint.__name__}, got {_shown(value)}")
     return value
+
+
+_REPR = reprlib.Repr()
+_REPR.maxlevel, _REPR.maxlist, _REPR.maxdict, _REPR.maxstring, _REPR.maxother = 3, 4, 4, 60, 60
+_REPR.maxlong = 60
+
+
+def _shown(value: Any) -> str:
+    """A wrong value, as Python writes it but bounded: YAML aliases can make a list whose
+    full repr has billions of items (``&a [x, x]``, ``&b [*a, *a]``, ...), and a file's
+    text may hold a newline (the message stays one line)."""
+    try:
+        text = " ".join(_REPR.repr(value).split())
+    except ValueError:  # an integer of more than 4300 digits cannot be printed
+        return "a number too long to print"
+    return text if len(text) <= 100 else text[:97] + "..."

@@ -2,7 +2,10 @@
 make: every number finite and of its type, every value in the range a run can use.
 
 :func:`validate` runs on every ``Config`` built (``__post_init__``), from YAML, from
-overrides or in code; each problem is one :class:`InputError` line naming the key.
+overrides or in code; each problem is one :class:`InputError` line naming the key. Counts
+that would hang a run or exhaust its machine before anything fails are bounded (the
+``MAX_`` constants), and ``train.name``, the run folder inside ``train.out_dir``, must be
+one plain folder name (:func:`_check_paths`).
 """
 
 from __future__ import annotations
@@ -31,6 +34,26 @@ MAX_SPACING_MM = 100.0
 MAX_PATCH = 1024
 MAX_DEPTH = 8
 MAX_CHANNELS = 1024
+# Counts that hang or exhaust a machine long before they fail: each bound is far beyond
+# what any run uses (a value past it is a typo or a unit mistake, refused naming the key).
+MAX_WORKERS = 256  # loader processes per rank: more than any machine has cores
+MAX_PREFETCH = 64  # batches each loader worker keeps ready, in memory
+MAX_BATCH = 4096  # samples per step, or windows per forward pass
+MAX_ACCUMULATE = 4096  # micro-batches per optimizer step
+MAX_ELASTIC_GRID = 64  # control points per axis: a g**3 field is drawn for every sample
+MAX_OVERLAP = 0.9  # sliding windows: 0.99 makes 32**3 times the windows of no overlap
+MAX_CALIBRATION_VIEWS = 100  # placements of each held-out scan, each a whole prediction
+MAX_SYNTHETIC_CASES = 10_000  # synthetic scans in one dataset (heatmap3d synth too)
+# Config values that are paths. train.name is more: one folder name inside train.out_dir.
+PATH_KEYS = (
+    ("data", "root"),
+    ("data", "split_file"),
+    ("data", "manifest"),
+    ("data", "cache_dir"),
+    ("augment", "anatomy_prior"),
+    ("train", "shape_prior"),
+    ("train", "out_dir"),
+)
 
 
 def validate(cfg: Config) -> None:
@@ -79,10 +102,70 @@ def validate(cfg: Config) -> None:
         (cfg.train.timeout_min > 0, "train.timeout_min: > 0 (minutes)"),
         (cfg.train.checkpoint_minutes >= 0, "train.checkpoint_minutes: >= 0 (0: every epoch)"),
         *_value_checks(cfg),
+        *_bound_checks(cfg),
     ]
     for ok, message in checks:
         if not ok:
             raise ConfigValueError(f"invalid config value: {message}")
+    _check_paths(cfg)
+
+
+def _bound_checks(cfg: Config) -> list[tuple[bool, str]]:
+    """Values that would hang a run, or exhaust its memory, before anything fails (see the
+    MAX_ constants); train.epochs has no bound: train.budget_minutes limits a long run."""
+    d, a, t, i, s = cfg.data, cfg.augment, cfg.train, cfg.inference, cfg.synthetic
+    return [
+        (d.num_workers <= MAX_WORKERS, f"data.num_workers: at most {MAX_WORKERS}"),
+        (d.prefetch_factor <= MAX_PREFETCH, f"data.prefetch_factor: at most {MAX_PREFETCH}"),
+        (t.batch_size <= MAX_BATCH, f"train.batch_size: at most {MAX_BATCH} (per process)"),
+        (i.batch <= MAX_BATCH, f"inference.batch: at most {MAX_BATCH} windows"),
+        (t.accumulate <= MAX_ACCUMULATE, f"train.accumulate: at most {MAX_ACCUMULATE}"),
+        (a.elastic_grid <= MAX_ELASTIC_GRID, f"augment.elastic_grid: at most {MAX_ELASTIC_GRID}"),
+        (
+            i.overlap <= MAX_OVERLAP,
+            f"inference.overlap: at most {MAX_OVERLAP:g} (0.99 runs ~30,000 times the windows)",
+        ),
+        (
+            t.calibration_views <= MAX_CALIBRATION_VIEWS,
+            f"train.calibration_views: at most {MAX_CALIBRATION_VIEWS}",
+        ),
+        (
+            s.n_train + s.n_val + s.n_test <= MAX_SYNTHETIC_CASES,
+            f"synthetic.n_train + n_val + n_test: at most {MAX_SYNTHETIC_CASES} cases",
+        ),
+    ]
+
+
+def _check_paths(cfg: Config) -> None:
+    """``train.name`` is the run folder ``out_dir/name``: one plain folder name, by the
+    rule a case id follows (:func:`heatmap3d.io.case_ids.case_id_problem`): ``../x``,
+    ``/abs``, ``a/b``, ``.``, ``..``, ``""`` or a control character would put the run
+    outside ``out_dir`` or make a folder no one can name. Every path value is free of
+    control characters (a newline from a YAML block scalar, a tab): none names a real
+    folder, and each would break the one-line messages that name it."""
+    # Imported here: case_ids reads the volume suffixes (the file readers), which a config
+    # built for --help or a report needs not load.
+    from heatmap3d.io.case_ids import case_id_problem
+
+    problem = case_id_problem(cfg.train.name)
+    if problem is not None:
+        raise ConfigValueError(
+            f"invalid config value: train.name: {_shown(cfg.train.name)}: {problem}; the run "
+            "folder is train.out_dir/<name>, so name it with one plain folder name"
+        )
+    for section, key in PATH_KEYS:
+        value = getattr(getattr(cfg, section), key)
+        if any(ord(c) < 32 or ord(c) == 127 for c in value):
+            raise ConfigValueError(
+                f"invalid config value: {section}.{key}: {_shown(value)} holds a control "
+                "character (a newline, a tab); no path does"
+            )
+
+
+def _shown(value: str) -> str:
+    """``value`` as Python writes it (escapes keep the message on one line), cut short."""
+    text = ascii(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def _value_checks(cfg: Config) -> list[tuple[bool, str]]:

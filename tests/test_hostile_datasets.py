@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from test_bad_input import train as refused_training
 
-from heatmap3d.cli import main
+from heatmap3d.commands.main import main
 from heatmap3d.data.synthetic import MARKER_FILE
 from heatmap3d.io.landmarks import Landmarks, read_landmarks, write_landmarks
 

@@ -11,10 +11,12 @@ known exactly. Output is what users give: ``.nii.gz`` images, landmark files in 
 Everything is deterministic given the seed.
 
 Generation never writes over anyone's files. It writes into a new or empty folder only,
-and first leaves its marker there, :data:`MARKER_FILE`: a folder with the marker and no
-``split.json`` is an unfinished synthetic dataset (a run stopped midway) that the next
-run may finish; any other non-empty folder, even one holding only ``images/`` and
-``landmarks/``, is a user's and is refused by name (:func:`start_dataset`).
+or redoes an unfinished synthetic dataset of its own (its marker, no ``split.json``) in
+which every file is one it wrote, unchanged; anything else in the way is refused by name
+and never replaced (:mod:`heatmap3d.data.synthetic_folder`). Any other non-empty folder,
+even one holding only ``images/`` and ``landmarks/``, is a user's (:func:`start_dataset`).
+The counts are bounded (``MAX_SYNTHETIC_CASES``), and the disk and memory they need are
+checked before anything is written: ``--n-train 1000000000`` is refused at once.
 """
 
 from __future__ import annotations
@@ -29,7 +31,14 @@ from scipy.spatial.transform import Rotation
 from tqdm import tqdm
 
 from heatmap3d import __version__
-from heatmap3d.errors import InputError
+from heatmap3d.config_checks import MAX_SYNTHETIC_CASES
+from heatmap3d.data.synthetic_folder import (
+    MARKER_FILE,
+    check_resources,
+    claim_folder,
+    record_written,
+)
+from heatmap3d.errors import InputError, one_line
 from heatmap3d.geometry import Volume, voxel_to_world
 from heatmap3d.io.atomic import atomic_write_bytes
 from heatmap3d.io.landmarks import Landmarks, write_landmarks
@@ -51,8 +60,10 @@ _TEMPLATE_POINTS = np.array(
 _BODY_AXES = np.array([42.0, 36.0, 32.0])  # ellipsoid semi-axes, mm
 _FOV_MM = 104.0  # field of view along each image axis
 _SPACINGS = [(1.5, 1.5, 2.5), (2.0, 2.0, 2.0), (1.2, 1.2, 3.0), (1.8, 1.8, 1.8)]
-MARKER_FILE = ".heatmap3d-synthetic"
-"""Written first into a dataset folder that generation owns (see the module doc)."""
+PHANTOM_VOXELS = max(int(np.prod([np.ceil(_FOV_MM / s) for s in sp])) for sp in _SPACINGS)
+"""The most voxels a phantom scan has (its largest grid)."""
+PHANTOM_WORK_BYTES = 256
+"""Bytes of memory per voxel while a phantom is made (float64 coordinates; ~200 measured)."""
 
 
 @dataclass
@@ -147,53 +158,76 @@ def generate_dataset(
     ids = start_dataset(root, n_train, n_val, n_test, seed=seed)
     for i, case in enumerate(tqdm(ids, desc="synthetic data", disable=not progress)):
         vol, lm = generate_case(np.random.default_rng([seed, i]))
-        save_volume(root / "images" / f"{case}.nii.gz", vol)
-        write_case_landmarks(root, case, i, lm)
+        image = root / "images" / f"{case}.nii.gz"
+        save_volume(image, vol)
+        record_written(root, [image, write_case_landmarks(root, case, i, lm)])
     return finish_dataset(root, ids, n_train, n_val)
 
 
 def check_counts(n_train: int, n_val: int, n_test: int, seed: int) -> None:
-    """InputError naming the option for a count below 0, no case at all, or a seed below 0
-    (numpy takes no negative seed)."""
+    """InputError naming the option for a count below 0, no case at all, more than
+    :data:`MAX_SYNTHETIC_CASES` cases, or a seed outside ``0 <= seed < 2**31`` (numpy takes
+    no negative seed; ``synthetic.seed`` has the same range)."""
     counts = {"--n-train": n_train, "--n-val": n_val, "--n-test": n_test, "--seed": seed}
     for option, value in counts.items():
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
             raise InputError(f"{option}: must be a whole number >= 0, got {value!r}")
-    if n_train + n_val + n_test < 1:
+    if seed >= 2**31:
+        raise InputError(f"--seed: must be below 2**31, got {seed}")
+    total = n_train + n_val + n_test
+    if total < 1:
         raise InputError("--n-train, --n-val, --n-test: no cases to generate (all are 0)")
+    if total > MAX_SYNTHETIC_CASES:
+        raise InputError(
+            f"--n-train, --n-val, --n-test: {total} cases asked for, at most "
+            f"{MAX_SYNTHETIC_CASES} (a synthetic dataset for training needs tens)"
+        )
 
 
-def start_dataset(root: Path, n_train: int, n_val: int, n_test: int, *, seed: int) -> list[str]:
-    """Check the counts, claim ``root`` (its marker), create ``root/images`` and
+def start_dataset(
+    root: Path,
+    n_train: int,
+    n_val: int,
+    n_test: int,
+    *,
+    seed: int,
+    case_voxels: int = PHANTOM_VOXELS,
+    work_bytes: int = PHANTOM_WORK_BYTES,
+) -> list[str]:
+    """Check the counts and the disk and memory they need (scans of up to
+    ``case_voxels`` voxels, ``work_bytes`` a voxel to make one), claim ``root``
+    (:func:`claim_folder`, then its marker), create ``root/images`` and
     ``root/landmarks``; the case ids ``case000``, ...
 
     Refuses (InputError) a folder that is not empty unless it holds generation's marker
-    and no ``split.json`` (an unfinished synthetic dataset): never a user's files.
+    and no ``split.json`` and every file in it is one generation wrote, unchanged (an
+    unfinished synthetic dataset): never a user's files.
     """
     check_counts(n_train, n_val, n_test, seed)
     if root.exists() and not root.is_dir():
         raise InputError(f"{root}: is a file; generate a synthetic dataset into a new folder")
-    held = sorted(p.name for p in root.iterdir()) if root.is_dir() else []
-    if held and ((root / "split.json").exists() or not (root / MARKER_FILE).is_file()):
-        shown = ", ".join(held[:4]) + (", ..." if len(held) > 4 else "")
-        raise InputError(
-            f"{root}: exists and is not empty (holds {shown}) and is no unfinished "
-            "synthetic dataset; generate a synthetic dataset into a new folder"
-        )
-    (root / "images").mkdir(parents=True, exist_ok=True)
-    (root / "landmarks").mkdir(parents=True, exist_ok=True)
-    marker = {"written_by": f"heatmap3d {__version__}", "seed": seed}
-    atomic_write_bytes(root / MARKER_FILE, (json.dumps(marker) + "\n").encode())
+    check_resources(root, n_train + n_val + n_test, case_voxels=case_voxels, work_bytes=work_bytes)
+    claim_folder(root)
+    try:
+        (root / "images").mkdir(parents=True, exist_ok=True)
+        (root / "landmarks").mkdir(parents=True, exist_ok=True)
+        marker = {"written_by": f"heatmap3d {__version__}", "seed": seed}
+        atomic_write_bytes(root / MARKER_FILE, (json.dumps(marker) + "\n").encode())
+    except OSError as err:
+        raise InputError(f"{root}: cannot write the dataset there ({one_line(err)})") from None
     return [f"case{i:03d}" for i in range(n_train + n_val + n_test)]
 
 
-def write_case_landmarks(root: Path, case: str, index: int, lm: Landmarks) -> None:
+def write_case_landmarks(root: Path, case: str, index: int, lm: Landmarks) -> Path:
     """Case ``index``'s landmarks: CSV in RAS and Slicer ``.mrk.json`` in LPS, alternately
-    (both formats and both frames in every dataset)."""
+    (both formats and both frames in every dataset); the file's path."""
     if index % 2 == 0:
-        write_landmarks(root / "landmarks" / f"{case}.csv", lm, coordinate_system="RAS")
+        path = root / "landmarks" / f"{case}.csv"
+        write_landmarks(path, lm, coordinate_system="RAS")
     else:
-        write_landmarks(root / "landmarks" / f"{case}.mrk.json", lm, coordinate_system="LPS")
+        path = root / "landmarks" / f"{case}.mrk.json"
+        write_landmarks(path, lm, coordinate_system="LPS")
+    return path
 
 
 def finish_dataset(root: Path, ids: list[str], n_train: int, n_val: int) -> Path:

@@ -42,6 +42,8 @@ from tqdm import tqdm
 
 from heatmap3d.data.painter import Painter
 from heatmap3d.data.synthetic import finish_dataset, start_dataset, write_case_landmarks
+from heatmap3d.data.synthetic_folder import record_written
+from heatmap3d.errors import InputError
 from heatmap3d.geometry import Volume, world_to_voxel
 from heatmap3d.io.landmarks import Landmarks
 from heatmap3d.io.nifti import NIFTI_XFORM_CODE
@@ -83,6 +85,8 @@ _VERT_R = np.array([19.0, 15.0])  # vertebral body semi-axes (x, y)
 _VERT_H = 19.0  # vertebral body height; discs fill the rest of the 25 mm pitch
 _LEVELS = {"T12": 15.0, "L1": -10.0, "L2": -35.0, "L3": -60.0, "L4": -85.0, "L5": -110.0}
 _INSET = 4.0  # mm: surface landmarks are this far inside their structure
+CT_WORK_BYTES = 64
+"""Bytes of memory per voxel while a CT scan is made (float32 layers; ~34 measured)."""
 
 
 @dataclass
@@ -276,16 +280,34 @@ def generate_ct_dataset(
     in-plane); finer spacing means more voxels (0.9 mm: ~16 M voxels, 1.2 mm: ~8 M).
     """
     root = Path(root)
-    ids = start_dataset(root, n_train, n_val, n_test, seed=seed)
+    voxels = _most_voxels(inplane_mm)
+    ids = start_dataset(
+        root, n_train, n_val, n_test, seed=seed, case_voxels=voxels, work_bytes=CT_WORK_BYTES
+    )
     dicom_done = False
     for i, case_id in enumerate(tqdm(ids, desc="synthetic CT", disable=not progress)):
         vol, lm, case = generate_ct_case(np.random.default_rng([seed, i]), inplane_mm)
         if i % 5 == 4:
-            save_volume(root / "images" / f"{case_id}.nrrd", vol)
+            image = root / "images" / f"{case_id}.nrrd"
+            save_volume(image, vol)
         elif not dicom_done and np.linalg.det(case.affine[:3, :3]) > 0:
-            save_volume(root / "images" / case_id, vol)
+            image = root / "images" / case_id
+            save_volume(image, vol)
             dicom_done = True
         else:
-            _write_nifti_int16(root / "images" / f"{case_id}.nii.gz", vol)
-        write_case_landmarks(root, case_id, i, lm)
+            image = root / "images" / f"{case_id}.nii.gz"
+            _write_nifti_int16(image, vol)
+        record_written(root, [image, write_case_landmarks(root, case_id, i, lm)])
     return finish_dataset(root, ids, n_train, n_val)
+
+
+def _most_voxels(inplane_mm: tuple[float, float]) -> int:
+    """The most voxels a scan at in-plane spacings ``inplane_mm`` (mm) has (a 320 mm field
+    of view, 350 mm along the body in slices of at least 2.5 mm); InputError unless
+    ``inplane_mm`` is two numbers with 0.2 <= low <= high <= 5 mm."""
+    values = list(inplane_mm) if isinstance(inplane_mm, (tuple, list)) else []
+    numbers = all(isinstance(v, (int, float)) and np.isfinite(v) for v in values)
+    if len(values) != 2 or not numbers or not 0.2 <= values[0] <= values[1] <= 5.0:
+        raise InputError(f"inplane_mm: two numbers 0.2 <= low <= high <= 5 (mm), got {inplane_mm}")
+    lo = float(values[0])
+    return int(np.ceil(320.0 / lo)) ** 2 * int(np.ceil(350.0 / 2.5))

@@ -9,7 +9,10 @@ turns the stages into full configs for the runner.
 A plan file the tool writes starts with a stamp line, ``# written by heatmap3d <version>;
 sha256 <hex>``, the hash of the text after that line. A plan whose text still matches
 its stamp is the tool's and may be rewritten; one a person edited (or wrote) is theirs,
-and training never replaces it (:func:`is_our_plan`, :func:`check_plan_target`).
+and training never replaces it (:func:`plan_state` tells which, :func:`is_our_plan`,
+:func:`check_plan_target`). Plans are read by the one YAML reader
+(:mod:`heatmap3d.io.yaml_file`: a key given twice is refused, never silently dropped), and
+a stage's name must be one plain folder name: it names the stage's run folder.
 """
 
 from __future__ import annotations
@@ -19,18 +22,20 @@ import datetime
 import hashlib
 import json
 import math
+import os
+import stat
 import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from heatmap3d import __version__
-from heatmap3d.config import Config, _apply_override, from_dict
+from heatmap3d.config import Config, apply_override, from_dict
 from heatmap3d.errors import InputError, first_line
-from heatmap3d.io.atomic import atomic_write_bytes, refuse_foreign
+from heatmap3d.io.atomic import atomic_write_bytes
+from heatmap3d.io.case_ids import case_id_problem
 from heatmap3d.io.json_file import read_text
+from heatmap3d.io.yaml_file import load_yaml
 from heatmap3d.planning.fingerprint import Fingerprint
 from heatmap3d.planning.plan import Plan
 
@@ -38,6 +43,7 @@ __all__ = [
     "PlanStage",
     "check_plan_target",
     "is_our_plan",
+    "plan_state",
     "plan_text",
     "read_plan",
     "stage_configs",
@@ -48,6 +54,12 @@ __all__ = [
 _STAMP = "# written by heatmap3d "
 
 _STAGE_KEYS = {"name", "budget_share", "config"}
+MODEL_FOLDER_ENTRIES = frozenset(
+    {"plan.yaml", "model.json", "shape.json", "pose.json", "calibration.json"}
+    | {"folds", "out_of_fold", "predictions", "evaluation", "report.html"}
+)
+"""What the model folder holds beside the stages' run folders (heatmap3d.training.stages):
+no stage may be named so."""
 
 
 @dataclass(frozen=True)
@@ -138,27 +150,68 @@ def _read_text(path: Path) -> str:
     return read_text(path, what="plan file")  # a FIFO or a folder: one line, never a hang
 
 
-def is_our_plan(path: str | Path) -> bool:
-    """True when ``path`` is a plan file heatmap3d wrote and nobody changed since."""
+def plan_state(path: str | Path) -> str:
+    """What is at ``path``, for a writer of plan files (never raises, never blocks):
+
+    * ``"absent"``: nothing;
+    * ``"folder"``; ``"special"``: a FIFO, socket or device; ``"link"``: a symbolic link
+      (writing would replace the link, not what it points to);
+    * ``"ours"``: a plan heatmap3d wrote, unchanged since (its text matches its stamp);
+    * ``"edited"``: a plan heatmap3d wrote that someone changed since (stamped, no longer
+      matching);
+    * ``"theirs"``: any other file (a plan a person wrote, or no plan at all).
+    """
+    path = Path(path)
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return "absent"
+    except OSError:
+        return "theirs"  # cannot even be looked at: certainly not provably ours
+    if stat.S_ISLNK(mode):
+        return "link"
+    if stat.S_ISDIR(mode):
+        return "folder"
+    if not stat.S_ISREG(mode):
+        return "special"
     try:
         text = read_text(path, what="plan file")
-    except InputError:
-        return False
+    except InputError:  # unreadable, binary, not UTF-8, too large: no plan of ours
+        return "theirs"
     first, _, body = text.partition("\n")
     if not first.startswith(_STAMP) or "; sha256 " not in first:
-        return False
-    return first.rsplit("; sha256 ", 1)[1].strip() == hashlib.sha256(body.encode()).hexdigest()
+        return "theirs"
+    stamped = first.rsplit("; sha256 ", 1)[1].strip()
+    return "ours" if stamped == hashlib.sha256(body.encode()).hexdigest() else "edited"
+
+
+def is_our_plan(path: str | Path) -> bool:
+    """True when ``path`` is a plan file heatmap3d wrote and nobody changed since (a link
+    to one is not: replacing the link would not write where it points)."""
+    return plan_state(path) == "ours"
+
+
+PLAN_STATES = {
+    "ours": "a plan heatmap3d wrote, unchanged since",
+    "edited": "a plan heatmap3d wrote that someone has edited since",
+    "theirs": "a file heatmap3d did not write (no plan of heatmap3d's)",
+    "link": "a symbolic link, not a plan file of heatmap3d's",
+    "special": "not a regular file (a FIFO, socket or device)",
+}
+"""Each :func:`plan_state` but absent and folder, in words for messages."""
 
 
 def check_plan_target(path: str | Path) -> None:
-    """InputError when writing a plan to ``path`` would replace a file that is not an
-    unchanged plan of ours (a plan a person edited: the edit must not be lost)."""
-    refuse_foreign(
-        path,
-        is_our_plan,
-        folder="cannot write the plan there",
-        foreign="was edited since heatmap3d wrote it (or was not written by heatmap3d) "
-        f"and is not replaced; train by it with --plan {path}, or move it away to plan afresh",
+    """InputError when writing a plan to ``path`` would replace anything but an unchanged
+    plan of ours (a plan a person edited: the edit must not be lost), saying which."""
+    state = plan_state(path)
+    if state in ("absent", "ours"):
+        return
+    if state == "folder":
+        raise InputError(f"{path}: is a folder; cannot write the plan there")
+    raise InputError(
+        f"{path}: {PLAN_STATES[state]}; not replaced: train by it with --plan {path} if it "
+        "is the plan you mean, or move it away to plan afresh"
     )
 
 
@@ -166,10 +219,8 @@ def read_plan(path: str | Path) -> list[PlanStage]:
     """The stages of a plan file; :class:`InputError` naming the file for anything wrong
     (not YAML, wrong shape, an unknown config key or a bad value in a stage)."""
     path = Path(path)
-    try:
-        raw = yaml.safe_load(read_text(path, what="plan file"))  # a FIFO, folder: one line
-    except (yaml.YAMLError, RecursionError) as err:
-        raise InputError(f"{path}: not valid YAML ({first_line(err)})") from None
+    # load_yaml: a FIFO, a folder, a key given twice, text that is not YAML: one line
+    raw = load_yaml(path, what="plan file")
     stages = raw.get("stages") if isinstance(raw, dict) else None
     if not isinstance(stages, list) or not stages:
         raise InputError(f"{path}: a plan is a mapping with a non-empty 'stages' list")
@@ -185,8 +236,15 @@ def _read_stage(path: Path, index: int, raw: Any) -> PlanStage:
     if not isinstance(raw, dict) or set(raw) - _STAGE_KEYS or "name" not in raw:
         raise InputError(f"{where}: expected keys {sorted(_STAGE_KEYS)} (name required)")
     name, share, config = raw["name"], raw.get("budget_share", 1.0), raw.get("config") or {}
-    if not isinstance(name, str) or not name or "/" in name:
-        raise InputError(f"{where}: name must be a non-empty string without '/'")
+    problem = case_id_problem(name)  # the stage's run folder: model folder/<name>
+    if problem is None and name in MODEL_FOLDER_ENTRIES:
+        problem = "a file or folder of the model folder itself"
+    if problem is not None:
+        shown = ascii(name)[:60]
+        raise InputError(
+            f"{where}: name {shown} cannot name the stage's run folder ({problem}); use one "
+            "plain folder name such as coarse"
+        )
     if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0 < share <= 1:
         raise InputError(f"{where} ({name}): budget_share must be a number in (0, 1]")
     from_dict(config, source=f"{path} (stage {name})")  # unknown keys, types, values
@@ -212,7 +270,7 @@ def stage_configs(
         raw = copy.deepcopy(stage.config)
         raw.setdefault("data", {})["root"] = str(data_root)
         for item in overrides:
-            _apply_override(raw, item)
+            apply_override(raw, item)
         total = budget_minutes
         if total is None:
             total = raw.get("train", {}).get("budget_minutes")
@@ -220,3 +278,33 @@ def stage_configs(
             raw.setdefault("train", {})["budget_minutes"] = float(total) * stage.budget_share
         result.append((stage.name, from_dict(raw, source=f"plan stage {stage.name}")))
     return result
+
+
+_ADVICE = {
+    "ours": "pass --overwrite to replace it (no edit of anyone's is lost), or write the new "
+    "plan elsewhere with --out",
+    "edited": "train by it (heatmap3d train --plan), write the new plan elsewhere with --out, "
+    "or pass --overwrite to replace it and lose those edits",
+    "theirs": "write the plan elsewhere with --out (e.g. --out plan-new.yaml); --overwrite "
+    "would destroy that file",
+    "link": "write the plan elsewhere with --out; --overwrite would replace the link itself "
+    "by a file",
+}
+
+
+def check_plan_out(out: Path, *, overwrite: bool) -> str | None:
+    """None when ``out`` is free; what is there, in words, when ``overwrite`` lets the plan
+    replace it; else InputError, one line naming ``out``, saying what it is (a plan
+    heatmap3d wrote, one someone edited since, a file heatmap3d did not write, a link),
+    what to do instead and what ``--overwrite`` would destroy. A folder, FIFO, socket or
+    device is refused even with ``overwrite``."""
+    state = plan_state(out)
+    if state == "absent":
+        return None
+    if state == "folder":
+        raise InputError(f"{out}: is a folder; the plan is a file (give --out a file name)")
+    if state == "special":
+        raise InputError(f"{out}: {PLAN_STATES[state]}; give --out a file name")
+    if overwrite:
+        return PLAN_STATES[state]
+    raise InputError(f"{out}: exists, {PLAN_STATES[state]}; not replaced: {_ADVICE[state]}")

@@ -1,0 +1,189 @@
+"""Which files ``heatmap3d synth`` wrote: the rule that lets it redo an unfinished
+synthetic dataset without ever replacing a file of anyone else's, and the disk and memory
+a dataset needs, checked before anything is written.
+
+Generation claims a folder with its marker, :data:`MARKER_FILE`, written first; after each
+case it appends to the marker the SHA-256 of every file it wrote (flushed to disk, so a
+stopped run leaves the record of every case it finished). A rerun may redo a folder that
+holds the marker and no ``split.json`` only when every file in it is one the marker lists,
+with its content unchanged (:func:`claim_folder`): a scan a user put there (under any
+name, a case's name included), a landmark file edited since, a file a stopped run cut
+short, a link or a folder generation did not make is refused, one line naming it, and
+nothing is replaced or removed. A marker of an earlier heatmap3d (no records) proves no
+file: its folder is redone only when it holds nothing else.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import stat
+from pathlib import Path
+
+from heatmap3d.errors import InputError, one_line
+from heatmap3d.io.json_file import read_text
+from heatmap3d.io.memory import available_memory
+
+__all__ = ["MARKER_FILE", "check_resources", "claim_folder", "record_written"]
+
+MARKER_FILE = ".heatmap3d-synthetic"
+"""Written first into a dataset folder that generation owns: a JSON line
+``{"written_by": ..., "seed": ...}``, then one ``{"file": ..., "sha256": ...}`` line per
+file written (its path relative to the folder, ``/``-separated)."""
+_DISK_BYTES = 2
+"""Bytes of disk per voxel, about (compressed float32 or int16: 1.3 measured)."""
+_LANDMARK_BYTES = 16 * 2**10  # a landmark file, at most about
+_MEMORY_SHARE = 0.8  # of the memory available: the rest for the interpreter and the OS
+
+
+def check_resources(root: Path, n_cases: int, *, case_voxels: int, work_bytes: int) -> None:
+    """InputError, before anything is written, when ``n_cases`` scans of up to
+    ``case_voxels`` voxels would not fit on the disk that holds ``root`` (about
+    :data:`_DISK_BYTES` a voxel, and a landmark file each), or when making one scan
+    (``work_bytes`` a voxel) needs more than the memory this process may use."""
+    need = n_cases * (case_voxels * _DISK_BYTES + _LANDMARK_BYTES)
+    where = next((p for p in (root, *root.absolute().parents) if p.is_dir()), Path("."))
+    try:
+        free = shutil.disk_usage(where).free
+    except OSError:
+        free = None  # unknown: the writes themselves will say
+    if free is not None and need > free:
+        raise InputError(
+            f"{root}: {n_cases} synthetic cases need about {need / 2**30:.3g} GiB of disk, "
+            f"{free / 2**30:.3g} GiB are free there; generate fewer (--n-train, --n-val, "
+            "--n-test) or into another folder"
+        )
+    memory, available = case_voxels * work_bytes, available_memory()
+    if available is not None and memory > _MEMORY_SHARE * available:
+        raise InputError(
+            f"{root}: making one synthetic scan of {case_voxels / 1e6:.3g} M voxels needs "
+            f"about {memory / 2**30:.3g} GiB of memory, {available / 2**30:.3g} GiB are "
+            "available to this process"
+        )
+
+
+def claim_folder(root: Path) -> None:
+    """Make ``root`` generation's to write into, or raise InputError naming what is in the
+    way: ``root`` is absent or empty, or it is an unfinished synthetic dataset (marker, no
+    ``split.json``) every file of which the marker lists with its content unchanged; those
+    files, generation's own, are removed (a rerun writes them afresh)."""
+    try:
+        held = sorted(p.name for p in root.iterdir()) if root.is_dir() else []
+    except OSError as err:
+        raise InputError(f"{root}: cannot list the folder ({one_line(err)})") from None
+    if not held:
+        return
+    split = root / "split.json"
+    if split.exists() or split.is_symlink() or not _is_regular(root / MARKER_FILE):
+        shown = ", ".join(held[:4]) + (", ..." if len(held) > 4 else "")
+        raise InputError(
+            f"{root}: exists and is not empty (holds {shown}) and is no unfinished "
+            "synthetic dataset; generate a synthetic dataset into a new folder"
+        )
+    ours = _files_of_ours(root, _read_records(root))
+    try:
+        for path in ours:
+            path.unlink()
+        for folder in sorted({p.parent for p in ours}, key=lambda p: -len(p.parts)):
+            if folder.parent != root and not any(folder.iterdir()):  # a DICOM series folder
+                folder.rmdir()
+    except OSError as err:
+        raise InputError(f"{root}: cannot redo the unfinished dataset ({one_line(err)})") from None
+
+
+def _is_regular(path: Path) -> bool:
+    try:
+        return stat.S_ISREG(os.lstat(path).st_mode)
+    except OSError:
+        return False
+
+
+def _read_records(root: Path) -> dict[str, str]:
+    """``{relative path: sha256}`` of the files the marker lists (a line cut short when a
+    run was stopped is skipped: its file is then not ours); InputError naming the marker
+    when it is not one generation wrote."""
+    path = root / MARKER_FILE
+    lines = read_text(path, what="synthetic dataset marker").splitlines()
+    try:
+        header = json.loads(lines[0]) if lines else None
+    except ValueError:
+        header = None
+    if not isinstance(header, dict) or not str(header.get("written_by", "")).startswith(
+        "heatmap3d "
+    ):
+        raise InputError(f"{path}: not a marker heatmap3d synth wrote; generate into a new folder")
+    records = {}
+    for line in lines[1:]:
+        try:
+            doc = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(doc, dict) and isinstance(doc.get("file"), str):
+            records[doc["file"]] = str(doc.get("sha256"))
+    return records
+
+
+def _files_of_ours(root: Path, records: dict[str, str]) -> list[Path]:
+    """Every file under ``root`` but the marker, each checked against ``records``:
+    InputError naming the first (in sorted order) that generation did not write, that
+    changed since, that is not a regular file, or a folder generation did not make."""
+    made = {"images", "landmarks"} | {
+        parent.as_posix() for rel in records for parent in Path(rel).parents if parent.parts
+    }
+
+    def unreadable(err: OSError) -> None:  # os.walk would skip the folder without a word
+        raise InputError(f"{err.filename}: cannot list the folder ({one_line(err)})")
+
+    files = []
+    for folder, dirs, names in os.walk(root, onerror=unreadable):
+        dirs.sort()
+        here = Path(folder)
+        for name in [*dirs, *sorted(names)]:
+            path = here / name
+            rel = path.relative_to(root).as_posix()
+            if rel == MARKER_FILE:
+                continue
+            if path.is_symlink() or not (path.is_dir() or _is_regular(path)):
+                why = "is a link or a special file, not a file generation wrote"
+            elif path.is_dir():
+                why = None if rel in made else "is a folder heatmap3d synth did not make"
+            elif rel not in records:
+                why = "was not written by heatmap3d synth"
+            elif records[rel] != _sha256(path):
+                why = "was changed since heatmap3d synth wrote it (or cut short by a stopped run)"
+            else:
+                why = None
+            if why is not None:
+                raise InputError(
+                    f"{path}: {why}; it is in an unfinished synthetic dataset, which synth "
+                    "never generates over: move it away, or generate into a new folder"
+                )
+            if not path.is_dir():
+                files.append(path)
+    return files
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(2**20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def record_written(root: Path, paths: list[Path]) -> None:
+    """Append to the marker the SHA-256 of each of ``paths`` (a file, or a folder of files:
+    a DICOM series), written by generation just now; flushed to disk, so that a stopped
+    run leaves a record of every case it finished."""
+    files = [f for p in paths for f in (sorted(p.rglob("*")) if p.is_dir() else [p])]
+    lines = [
+        json.dumps({"file": f.relative_to(root).as_posix(), "sha256": _sha256(f)}) + "\n"
+        for f in files
+        if f.is_file()
+    ]
+    with open(root / MARKER_FILE, "a", encoding="utf-8") as marker:
+        marker.write("".join(lines))
+        marker.flush()
+        os.fsync(marker.fileno())
