@@ -1,8 +1,9 @@
 """The training loss: MSE between predicted heatmaps and Gaussian targets that are never
 materialised in full (see :func:`heatmap_loss`).
 
-Conventions as in :mod:`heatmap3d.heatmaps`. The helpers that build the separable
-targets' 1D factors, and the chunk size of the CPU path, live there.
+Conventions as in :mod:`heatmap3d.heatmaps`. The targets are that module's kernel: its
+:func:`~heatmap3d.heatmaps.target_factors` and their :func:`~heatmap3d.heatmaps.outer`
+product, the values :func:`~heatmap3d.heatmaps.gaussian_heatmaps` materialises.
 """
 
 from __future__ import annotations
@@ -12,17 +13,13 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from heatmap3d import heatmaps as hm
-from heatmap3d.heatmaps import (
-    Triple,
-    as_points,
-    as_sigma,
-    as_spacing,
-    axis_factors,
-    valid_points,
-)
+from heatmap3d.heatmaps import Triple, outer, target_factors
 
 __all__ = ["heatmap_loss"]
+
+# Largest block of the CPU path, in values: bounds its float32 scratch (the block's
+# target, and its residual with a foreground weight) to 16 MiB each whatever the batch.
+BLOCK_VALUES = 1 << 22
 
 
 def heatmap_loss(
@@ -75,13 +72,10 @@ def heatmap_loss(
             f"pred must be (B, K, I, J, K) and coords (B, K, 3); got {tuple(pred.shape)} "
             f"and {tuple(coords.shape)}"
         )
-    pts, _ = as_points(coords.to(pred.device))
-    sig = as_sigma(sigma, pred.shape[1], pred.device)
-    sp = as_spacing(spacing, pred.device)
-    valid_pts = valid_points(pts, mask)
-    factors = axis_factors(pts, valid_pts, pred.shape[2:], sig, sp, None, False)
-    gi, gj, gk = (g[:, :, 0] for g in factors)  # float32
-    return _HeatmapMSE.apply(pred, gi, gj, gk, valid_pts[:, :, 0], float(foreground_weight))
+    gi, gj, gk, valid = target_factors(  # float32
+        coords.to(pred.device), pred.shape[2:], sigma=sigma, spacing=spacing, mask=mask
+    )
+    return _HeatmapMSE.apply(pred, gi, gj, gk, valid, float(foreground_weight))
 
 
 def _fused_sq_err_sum(
@@ -92,7 +86,7 @@ def _fused_sq_err_sum(
     Float32 scalar. Written for ``torch.compile``: the broadcast product is fused into
     the reduction. Run eagerly it materialises the target (tests only, small inputs).
     """
-    target = gi[..., :, None, None] * gj[..., None, :, None] * gk[..., None, None, :]
+    target = outer(gi, gj, gk)
     diff = pred.to(torch.float32) - target
     sq = diff * diff * (1.0 + weight * target)
     sq = torch.where(valid[..., None, None, None], sq, torch.zeros_like(sq))
@@ -103,7 +97,7 @@ def _fused_sq_err_grad(
     pred: Tensor, gi: Tensor, gj: Tensor, gk: Tensor, scale: Tensor, valid: Tensor, weight: float
 ) -> Tensor:
     """``scale * (1 + weight * t) * (pred - t)`` per channel, 0 on invalid ones, pred's dtype."""
-    target = gi[..., :, None, None] * gj[..., None, :, None] * gk[..., None, None, :]
+    target = outer(gi, gj, gk)
     grad = (pred.to(torch.float32) - target) * (1.0 + weight * target)
     grad = grad * scale[..., None, None, None]
     grad = torch.where(valid[..., None, None, None], grad, torch.zeros_like(grad))
@@ -141,10 +135,11 @@ def _memory_order(pred: Tensor) -> tuple[int, ...]:
 def _blocks(p_all: Tensor, gi: Tensor, gj: Tensor, gk: Tensor, valid: Tensor, channels_last: bool):
     """Yield ``(where, target, invalid)`` per block of ``p_all`` (``pred`` in its memory
     order: ``(B, I, J, K, C)`` if ``channels_last``, else ``(B, C, I, J, K)``): the index
-    of one block of memory of at most a quarter of ``CHUNK_VOXELS`` values, its float32
-    target (contiguous, the block's shape) and a mask of its invalid channels
-    broadcastable to it (None when all are valid)."""
-    budget = hm.CHUNK_VOXELS // 4
+    of one block of memory of at most ``BLOCK_VALUES`` values, its float32 target
+    (contiguous, the block's shape) and a mask of its invalid channels broadcastable to it
+    (None when all are valid). The target is :func:`outer`'s product in its order,
+    ``(gi * gj) * gk``, so its values are those of ``gaussian_heatmaps`` bit for bit."""
+    budget = BLOCK_VALUES
     for n in range(p_all.shape[0]):
         bad = ~valid[n]
         if channels_last:  # slabs of rows along I, the channel innermost
@@ -152,6 +147,7 @@ def _blocks(p_all: Tensor, gi: Tensor, gj: Tensor, gk: Tensor, valid: Tensor, ch
             _, i, j, k, c = p_all.shape
             rows = max(1, budget // max(j * k * c, 1))
             for lo in range(0, i, rows):
+                # outer() with the channel axis last: the (I, J) plane first, then * gk.
                 target = fi[lo : lo + rows, None, None] * fj[None, :, None]  # (rows, J, 1, C)
                 yield (n, slice(lo, lo + rows)), target * fk[None, None], bad if bad.any() else None
         else:  # slabs of channels
@@ -159,9 +155,8 @@ def _blocks(p_all: Tensor, gi: Tensor, gj: Tensor, gk: Tensor, valid: Tensor, ch
             step = max(1, budget // max(i * j * k, 1))
             for lo in range(0, c, step):
                 ch = slice(lo, lo + step)
-                target = gi[n, ch, :, None, None] * gj[n, ch, None, :, None]  # (c, I, J, 1)
                 b = bad[ch, None, None, None]
-                yield (n, ch), target * gk[n, ch, None, None, :], b if b.any() else None
+                yield (n, ch), outer(gi[n, ch], gj[n, ch], gk[n, ch]), b if b.any() else None
 
 
 def _cpu_forward(
