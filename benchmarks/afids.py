@@ -17,9 +17,9 @@ grid that sees the whole head, and a refinement model on a 2 mm grid trained on 
 windows around landmarks, which places each landmark in a window around the coarse
 estimate. The coarse model alone is evaluated on the same views, for comparison.
 
-    python benchmarks/afids.py                      # the CPU setting (see RESULTS.md)
-    python benchmarks/afids.py --refine-epochs 0    # the coarse model alone
-    python benchmarks/afids.py --channels 16 --refine-spacing 1 --refine-patch 48 --refine-sigma 3
+    python -m benchmarks.afids                      # the CPU setting (see RESULTS.md)
+    python -m benchmarks.afids --refine-epochs 0    # the coarse model alone
+    python -m benchmarks.afids --channels 16 --refine-spacing 1 --refine-patch 48 --refine-sigma 3
                                                     # a GPU-sized setting; not yet run
 
 Validation during training uses a training volume under a random transform (with three
@@ -30,48 +30,19 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
-from scipy.spatial.transform import Rotation
 
+from benchmarks.common import REAL, TRAIN, colin27, moved, require_real, rigid, template_folder
 from heatmap3d.config import load_config
 from heatmap3d.evaluation.metrics import format_table, radial_errors, summarize
-from heatmap3d.geometry import Volume, resample_to_spacing
 from heatmap3d.inference.predictor import Predictor
 from heatmap3d.io.landmarks import read_landmarks, write_landmarks
 from heatmap3d.io.volumes import load_volume, save_volume
 
-REAL = Path(
-    os.environ.get(
-        "HEATMAP3D_REAL_DATA", Path(__file__).resolve().parents[2] / "shared" / "data" / "real"
-    )
-)
-TRAIN = {
-    "nlin2009c": (
-        "MNI152NLin2009cAsym",
-        "tpl-MNI152NLin2009cAsym_res-01_T1w_brainmasked.nii.gz",
-        "tpl-MNI152NLin2009cAsym_res-01_desc-groundtruth_afids.fcsv",
-    ),
-    "nlin6": (
-        "MNI152NLin6Asym",
-        "tpl-MNI152NLin6Asym_res-01_T1w.nii.gz",
-        "tpl-MNI152NLin6Asym_res-01_desc-groundtruth_afids.fcsv",
-    ),
-    "nlin2009a": (
-        "approx_MNI152NLin2009aSym_nilearn",
-        "mni_icbm152_t1_tal_nlin_sym_09a_converted.nii.gz",
-        "tpl-MNI152NLin2009cSym_res-1_desc-groundtruth_afids.fcsv",  # annotated on 2009c Sym
-    ),
-}
-TEST = (
-    "MNIColin27",
-    "colin27_t1_tal_lin_brain_LPS.nii.gz",
-    "tpl-MNIColin27_desc-groundtruth_afids.fcsv",
-)
 RATER_MEAN_MM, RATER_MEDIAN_MM = 1.71, 0.91  # Colin27, from ../shared/data/real/README.md
 # Right/left pairs of the 32 AFIDs (numbered as in the .fcsv labels): mirroring swaps them.
 MIRROR_PAIRS = [
@@ -89,55 +60,25 @@ MIRROR_PAIRS = [
 ]
 
 
-def _landmark_file(folder: str, name: str) -> Path:
-    return REAL / folder / name
-
-
-def rigid(rng: np.random.Generator, max_deg: float = 15.0, max_mm: float = 20.0) -> np.ndarray:
-    """A random rigid world transform ``(4, 4)``."""
-    t = np.eye(4)
-    t[:3, :3] = Rotation.from_euler(
-        "xyz", rng.uniform(-max_deg, max_deg, 3), degrees=True
-    ).as_matrix()
-    t[:3, 3] = rng.uniform(-max_mm, max_mm, 3)
-    return t
-
-
-def moved(
-    vol: Volume, points: np.ndarray, transform: np.ndarray, spacing: float
-) -> tuple[Volume, np.ndarray]:
-    """The scan placed elsewhere in the world (affine changed) and resampled to ``spacing``."""
-    placed = Volume(vol.data, transform @ vol.affine)
-    world = points @ transform[:3, :3].T + transform[:3, 3]
-    return resample_to_spacing(placed, [spacing] * 3, order=1), world
-
-
 def build_dataset(root: Path, rng: np.random.Generator, repeat: int) -> list[str]:
     """Training folder: the three volumes (+ one moved copy as validation)."""
-    (root / "images").mkdir(parents=True)
-    (root / "landmarks").mkdir()
-    for case, (folder, image, fcsv) in TRAIN.items():
-        (root / "images" / f"{case}.nii.gz").symlink_to(REAL / folder / image)
-        (root / "landmarks" / f"{case}.fcsv").symlink_to(_landmark_file(folder, fcsv))
-    folder, image, fcsv = TRAIN["nlin2009c"]
-    lm = read_landmarks(_landmark_file(folder, fcsv))
-    vol, world = moved(load_volume(REAL / folder / image), lm.points, rigid(rng), 1.3)
-    save_volume(root / "images" / "val_moved.nii.gz", vol)
-    write_landmarks(root / "landmarks" / "val_moved.json", type(lm)(lm.names, world))
     # Three volumes make an epoch of two steps: list each several times, so that an epoch
     # is a useful amount of training between validations (each copy is augmented anew).
     train = [case for case in TRAIN for _ in range(repeat)]
-    (root / "split.json").write_text(json.dumps({"train": train, "val": ["val_moved"]}))
+    template_folder(root, {"train": train, "val": ["val_moved"]})
+    folder, image, fcsv = TRAIN["nlin2009c"]
+    lm = read_landmarks(REAL / folder / fcsv)
+    vol, world = moved(load_volume(REAL / folder / image), lm.points, rigid(rng), 1.3)
+    save_volume(root / "images" / "val_moved.nii.gz", vol)
+    write_landmarks(root / "landmarks" / "val_moved.json", type(lm)(lm.names, world))
     return lm.names
 
 
 def evaluate(predictor: Predictor, names: list[str], views: int, rng: np.random.Generator):
-    folder, image, fcsv = TEST
-    vol = load_volume(REAL / folder / image)
-    truth = read_landmarks(REAL / folder / fcsv).select(names).points
+    vol, truth = colin27()
+    truth = truth.select(names).points
     train_mean = np.mean(
-        [read_landmarks(_landmark_file(f, c)).select(names).points for f, _, c in TRAIN.values()],
-        axis=0,
+        [read_landmarks(REAL / f / c).select(names).points for f, _, c in TRAIN.values()], axis=0
     )
     errors, baseline, seconds = [], [], []
     for _ in range(views):
@@ -226,8 +167,7 @@ def report(label: str, errors: np.ndarray, names: list[str]) -> None:
 
 def main() -> None:
     args = parse_args()
-    if not REAL.is_dir():
-        raise SystemExit(f"real data not found at {REAL} (set HEATMAP3D_REAL_DATA)")
+    require_real()
     from heatmap3d.inference.refine import Cascade
     from heatmap3d.training.trainer import run
 

@@ -10,34 +10,24 @@ from the same generator state, and whether the two versions drew the same warps
 (fractions, spline weights, targets).
 
     git worktree add --detach /tmp/base <commit>
-    python benchmarks/anatomy_draw.py --base /tmp/base --prior prior.json
+    python -m benchmarks.anatomy_draw --base /tmp/base --prior prior.json
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import importlib.util
 import statistics
-import sys
 import time
 from pathlib import Path
 
 import torch
 
+from benchmarks.common import module_from_file
 from heatmap3d.config import AugmentConfig
 from heatmap3d.training import anatomy
 
 NAMES = [str(i) for i in range(1, 33)]
-
-
-def _load(base: Path):
-    path = base / "heatmap3d" / "training" / "anatomy.py"
-    spec = importlib.util.spec_from_file_location("base_anatomy", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
 
 
 def main() -> None:
@@ -53,7 +43,8 @@ def main() -> None:
     noise = torch.randn(args.batch, 32, 3, generator=torch.Generator().manual_seed(1))
     coords = (person - person.mean(0) + noise * args.noise_mm) / 2.0 + 15.5  # 32^3, 2 mm
     mask = torch.ones(args.batch, 32, dtype=torch.bool)
-    versions = {"before": _load(args.base).draw_warp, "now": anatomy.draw_warp}
+    before = module_from_file("base_anatomy", args.base / "heatmap3d" / "training" / "anatomy.py")
+    versions = {"before": before.draw_warp, "now": anatomy.draw_warp}
     times: dict[str, list[float]] = {k: [] for k in versions}
     same = True
     for repeat in range(args.repeats + 1):

@@ -1,6 +1,6 @@
 """Benchmark: predicting a cohort with one process against two torchrun ranks.
 
-Run with ``python benchmarks/cohort.py`` (defaults: 40 scans of 256 x 256 x 180 voxels at
+Run with ``python -m benchmarks.cohort`` (defaults: 40 scans of 256 x 256 x 180 voxels at
 1 mm, gzip NIfTI, int16 as scanners store them; a small untrained 3D U-Net at 2 mm).
 ``--n-scans 6 --shape 96,96,72`` is a quick check that it runs. It makes the scans and
 the model in a temporary folder (``--work DIR`` to keep them and reuse the scans; its
@@ -48,8 +48,8 @@ from heatmap3d.config import Config, DataConfig, ModelConfig
 from heatmap3d.distributed import DistInfo
 from heatmap3d.inference.decode import decode_heatmaps
 from heatmap3d.inference.predictor import Predictor
-from heatmap3d.io.predictions import write_prediction
 from heatmap3d.io.volumes import load_volume
+from heatmap3d.predictions.scan_files import write_prediction
 from heatmap3d.training.state import TrainState
 
 NAMES = [f"l{n}" for n in range(8)]

@@ -12,20 +12,18 @@ gradient-free float32 CPU convolution to oneDNN. This prints, side by side in on
    (:func:`heatmap3d.inference.cpu_threads.split_forward`, as prediction runs it), each
    way, with the largest difference between the two outputs.
 
-    python benchmarks/conv_batch1.py [--repeats 15] [--side 32]
+    python -m benchmarks.conv_batch1 [--repeats 15] [--side 32]
 """
 
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 from collections.abc import Callable
 from unittest import mock
 
 import torch
-from heatmaps import one_thread  # this folder's: a call on one intra-op thread
 
+from benchmarks.common import interleaved, one_thread
 from heatmap3d import model as model_module
 from heatmap3d.config import ModelConfig
 from heatmap3d.inference.cpu_threads import split_forward
@@ -33,15 +31,7 @@ from heatmap3d.inference.cpu_threads import split_forward
 
 def _median_ms(fns: dict[str, Callable[[], object]], repeats: int) -> dict[str, float]:
     """Median wall time of each of ``fns`` (ms), repeats interleaved after one warm-up."""
-    times: dict[str, list[float]] = {name: [] for name in fns}
-    for fn in fns.values():
-        fn()
-    for _ in range(repeats):
-        for name, fn in fns.items():
-            start = time.perf_counter()
-            fn()
-            times[name].append(time.perf_counter() - start)
-    return {name: 1000 * statistics.median(t) for name, t in times.items()}
+    return {name: 1000 * s for name, s in interleaved(fns, repeats).items()}
 
 
 def _torch_path(fn: Callable[[], torch.Tensor]) -> Callable[[], torch.Tensor]:

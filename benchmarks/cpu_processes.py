@@ -15,8 +15,8 @@ network's step, not the data pipeline's) two ways, on the same machine, in one r
 a shared node's other jobs, or a test run in the background, look like to the training.
 Reported: samples per second (all processes together), median over ``--repeats``.
 
-    python benchmarks/cpu_processes.py                 # a quiet machine
-    python benchmarks/cpu_processes.py --busy 1        # one niced busy process beside it
+    python -m benchmarks.cpu_processes                 # a quiet machine
+    python -m benchmarks.cpu_processes --busy 1        # one niced busy process beside it
 """
 
 from __future__ import annotations

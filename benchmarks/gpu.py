@@ -1,14 +1,15 @@
 """Everything this project wants measured on its first GPU, in one command.
 
-    python benchmarks/gpu.py [--results benchmarks/RESULTS.md] [--quick]
+    python -m benchmarks.gpu [--results benchmarks/RESULTS.md] [--quick]
 
 On a machine with CUDA it runs, one after another, each as its own process:
 
 1. the CUDA tests (``pytest -m cuda``);
 2. the throughput benchmark (training samples/s against the common recipe, data wait,
    memory, FLOPs and their fraction of the GPU's conv3d/matmul peak);
-3. the heatmap kernel against the memory-bandwidth floor (``benchmarks/heatmaps.py``'s
-   ``cuda_vs_fill``);
+3. the heatmap kernel (``gaussian_heatmaps``) against the memory-bandwidth floor and the
+   compiled training loss against a read pass of its input (``benchmarks/heatmaps.py``'s
+   ``cuda_vs_fill`` and ``cuda_loss_vs_read``, with its CPU figures);
 4. prediction per scan of the whole model (``benchmarks/predict_speed.py --device cuda``);
 5. DDP on every visible GPU: a synthetic dataset trained for a few epochs with
    ``torchrun --nproc_per_node=1`` and ``=N`` (wall time, so the scaling with start-up);
@@ -39,9 +40,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:  # the section is written by this checkout's atomic writer
-    sys.path.insert(0, str(ROOT))
+from benchmarks.common import REAL, ROOT, env_first
+
 RESULTS = ROOT / "benchmarks" / "RESULTS.md"
 
 
@@ -106,15 +106,15 @@ def plan(
     steps = [
         Step("CUDA tests", [py, "-m", "pytest", "-q", "-m", "cuda", "-p", "no:cacheprovider"],
              pytest_summary, key="tests"),
-        Step("throughput", [py, "benchmarks/throughput.py", *(
+        Step("throughput", [py, "-m", "benchmarks.throughput", *(
             ["--repeats", "1", "--predict-repeats", "1"] if quick else [])],
              last_line("throughput:"), key="throughput"),
-        Step("heatmap kernel", [py, "benchmarks/heatmaps.py"], last_line("heatmaps:"),
-             key="heatmaps"),
-        Step("prediction, whole model", [py, "benchmarks/predict_speed.py", "--device", "cuda",
+        Step("heatmap kernel", [py, "-m", "benchmarks.heatmaps", *(
+            ["--repeats", "5"] if quick else [])], last_line("heatmaps:"), key="heatmaps"),
+        Step("prediction, whole model", [py, "-m", "benchmarks.predict_speed", "--device", "cuda",
              "--views", "2" if quick else "4", "--repeats", "1" if quick else "3", *trained],
              last_line("after"), key="predict"),
-        Step("synthetic dataset", [py, "-m", "heatmap3d.cli", "synth", str(data),
+        Step("synthetic dataset", [py, "-m", "heatmap3d", "synth", str(data),
              "--n-train", "8", "--n-val", "2", "--n-test", "0"], wall_only, key="ddp"),
     ]  # fmt: skip
     for n in sorted({1, gpus}):
@@ -145,7 +145,8 @@ def plan(
                 f"AFIDs, the README's path, {budget} min",
                 [
                     py,
-                    "benchmarks/review.py",
+                    "-m",
+                    "benchmarks.review",
                     "--budget",
                     budget,
                     "--views",
@@ -166,16 +167,12 @@ def plan(
 
 def real_data() -> Path | None:
     """The AFIDs folder the benchmarks read, when it is there."""
-    from afids import REAL  # beside this file: one definition of where it is
-
     return REAL if REAL.is_dir() else None
 
 
 def child_env() -> dict[str, str]:
     """This environment with the repository first on ``PYTHONPATH``, so that the steps
     import this checkout's ``heatmap3d`` whether or not it is installed."""
-    from predict_speed import env_first  # beside this file: one definition of the rule
-
     return env_first(ROOT)
 
 
@@ -203,7 +200,7 @@ def run(step: Step) -> Outcome:
 def section(outcomes: list[Outcome], machine: str, day: datetime.date) -> str:
     """The RESULTS.md section: date, machine, one table row per step, failures' tails."""
     lines = [
-        f"### {day.isoformat()}, a GPU run (`python benchmarks/gpu.py`)",
+        f"### {day.isoformat()}, a GPU run (`python -m benchmarks.gpu`)",
         "",
         f"Machine: {machine}.",
         "",

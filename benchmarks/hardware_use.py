@@ -11,8 +11,6 @@ Used by ``benchmarks/throughput.py`` and ``benchmarks/gpu.py``.
 
 from __future__ import annotations
 
-import statistics
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -20,6 +18,7 @@ import torch
 from torch.nn import functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
+from benchmarks.common import interleaved
 from heatmap3d.precision import autocast_context
 
 
@@ -33,15 +32,7 @@ def count_flops(fn: Callable[[], object]) -> int:
 def seconds(fn: Callable[[], object], device: torch.device, repeats: int = 3) -> float:
     """Median seconds of ``fn`` after one warm-up call (synchronised on CUDA)."""
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    fn()
-    sync()
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        sync()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    return interleaved({"fn": fn}, repeats, sync=sync)["fn"]
 
 
 @dataclass

@@ -1,6 +1,6 @@
 """Benchmark: one U-Net training step in each memory layout and precision, side by side.
 
-    python benchmarks/layout.py [--channels 2] [--side 96] [--repeats 5]
+    python -m benchmarks.layout [--channels 2] [--side 96] [--repeats 5]
 
 Forward and backward of ``build_model`` (depth 3, 16 landmarks) on a batch of 2 volumes,
 in the default NCDHW layout and in channels_last_3d, each in float32 and under bf16

@@ -7,24 +7,27 @@ contiguous, so its output, the loss's input, is contiguous), a batch of two 32^3
 32 landmarks, sigma 4 mm on a 2 mm grid, foreground weight 20; forward, loss and backward
 (no optimizer). The loss alone is timed on an input of the same layout. The earlier
 loss is ``heatmap3d/training/loss.py`` of a ``git worktree`` (``--base``), imported beside
-this one (both use this checkout's heatmap kernel); repeats are interleaved. Reported:
+this one with that worktree's own heatmap kernel (``heatmap3d/heatmaps.py``, and
+``heatmap3d/heatmap_write.py`` where it has one); repeats are interleaved. Reported:
 median ms of the loss (forward, forward + backward) and of the whole step, and the largest
 difference of the loss and of its gradient.
 
     git worktree add --detach /tmp/base <commit>
-    python benchmarks/loss_speed.py --base /tmp/base [--repeats 15]
+    python -m benchmarks.loss_speed --base /tmp/base [--repeats 15]
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import statistics
+import sys
 import time
 from pathlib import Path
 
 import torch
 
+import heatmap3d
+from benchmarks.common import module_from_file
 from heatmap3d.config import ModelConfig
 from heatmap3d.model import build_model, set_layout
 from heatmap3d.training import loss as this_loss
@@ -32,13 +35,32 @@ from heatmap3d.training import loss as this_loss
 KW = {"sigma": 4.0, "spacing": (2.0, 2.0, 2.0), "foreground_weight": 20.0}
 
 
+# The base's modules the loss imports, in the order they import each other.
+KERNEL = ("heatmap_write", "heatmaps")
+
+
 def _load(base: Path):
-    spec = importlib.util.spec_from_file_location(
-        "base_loss", base / "heatmap3d" / "training" / "loss.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    """The base's loss module, bound to the base's own kernel modules: they stand in for
+    this checkout's (in ``sys.modules`` and on the package) while the base's files are
+    executed, and this checkout's are put back afterwards."""
+    saved = {name: sys.modules.get(f"heatmap3d.{name}") for name in KERNEL}
+    try:
+        for name in KERNEL:
+            path = base / "heatmap3d" / f"{name}.py"
+            if path.is_file():
+                module = module_from_file(f"base_{name}", path)
+                sys.modules[f"heatmap3d.{name}"] = module
+                setattr(heatmap3d, name, module)
+        return module_from_file("base_loss", base / "heatmap3d" / "training" / "loss.py")
+    finally:
+        for name, module in saved.items():
+            if module is None:
+                sys.modules.pop(f"heatmap3d.{name}", None)
+                if hasattr(heatmap3d, name):
+                    delattr(heatmap3d, name)
+            else:
+                sys.modules[f"heatmap3d.{name}"] = module
+                setattr(heatmap3d, name, module)
 
 
 def _times(fn, *args) -> tuple[float, float]:

@@ -20,71 +20,32 @@ and prints what the plan chose, the training time and the test error. Datasets:
   view), tested on its test split; the error is also given in voxels of the largest
   native spacing.
 
-    python benchmarks/plan.py afids --budget 30
-    python benchmarks/plan.py ct --budget 30
+    python -m benchmarks.plan afids --budget 30
+    python -m benchmarks.plan ct --budget 30
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def add_overrides(parser: argparse.ArgumentParser) -> None:
-    """``--set KEY=VALUE ...``: passed to training after the plan's choices; ``--nproc``:
-    training processes (torchrun's ``--nproc_per_node``)."""
-    parser.add_argument(
-        "--nproc",
-        type=int,
-        default=1,
-        help="torchrun --nproc_per_node for training (on a CPU: processes of one thread each)",
-    )
-    parser.add_argument(
-        "--set",
-        nargs="*",
-        action="extend",  # a second --set adds to the first instead of replacing it
-        default=[],
-        metavar="KEY=VALUE",
-        help="overrides for every stage, after the plan's (e.g. augment.rotation_deg=10): "
-        "to measure one of the plan's choices against another",
-    )
-
-
-def sh(*args: str | Path) -> str:
-    """Run one of the README's commands from the repository root; its output (it must pass)."""
-    cmd = [str(a) for a in args]
-    print("$ " + " ".join(cmd), flush=True)
-    proc = subprocess.run(
-        cmd, cwd=ROOT, capture_output=True, text=True, encoding="utf-8", errors="replace"
-    )
-    if proc.returncode != 0:
-        raise SystemExit(
-            f"failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
-        )
-    return proc.stdout
+from benchmarks.common import add_overrides, colin27, moved, rigid, tool, train
 
 
 def afids_dataset(work: Path, views: int, seed: int) -> tuple[Path, list[Path], Path]:
     """The AFIDs folder as a user would lay it out, and the placed Colin27 test scans."""
-    from afids import REAL, TEST, build_dataset, moved, rigid
-
-    from heatmap3d.io.landmarks import Landmarks, read_landmarks, write_landmarks
-    from heatmap3d.io.volumes import load_volume, save_volume
+    from benchmarks.afids import build_dataset
+    from heatmap3d.io.landmarks import Landmarks, write_landmarks
+    from heatmap3d.io.volumes import save_volume
 
     rng = np.random.default_rng(seed)
     data = work / "afids"
     build_dataset(data, rng, repeat=1)
-    folder, image, fcsv = TEST
-    vol, truth = load_volume(REAL / folder / image), read_landmarks(REAL / folder / fcsv)
+    vol, truth = colin27()
     scans, truth_dir = [], work / "afids_test_truth"
     truth_dir.mkdir()
     for n in range(views):
@@ -100,8 +61,8 @@ def ct_dataset(work: Path, seed: int, n_train: int, n_val: int, n_test: int):
     from heatmap3d.io.layout import find_image
 
     data = work / "ct"
-    sh(sys.executable, "-m", "heatmap3d.cli", "synth", data, "--kind", "ct", "--seed", seed,
-       "--n-train", n_train, "--n-val", n_val, "--n-test", n_test)  # fmt: skip
+    tool("synth", data, "--kind", "ct", "--seed", seed,
+         "--n-train", n_train, "--n-val", n_val, "--n-test", n_test)  # fmt: skip
     test = json.loads((data / "split.json").read_text())["test"]
     return data, [find_image(data, c) for c in test], data / "landmarks"
 
@@ -132,20 +93,16 @@ def main() -> None:
         data, scans, truth = afids_dataset(work, args.views, args.seed)
     else:
         data, scans, truth = ct_dataset(work, args.seed, *args.ct_cases)
-    cli = [sys.executable, "-m", "heatmap3d.cli"]
-    print(sh(*cli, "check", data).splitlines()[-1])
-    print(sh(*cli, "plan", data))
+    print(tool("check", data).splitlines()[-1])
+    print(tool("plan", data))
     start = time.perf_counter()
-    sh(sys.executable, "-m", "torch.distributed.run", "--standalone",
-       f"--nproc_per_node={args.nproc}", "train_ddp.py", "--data", data,
-       f"train.budget_minutes={args.budget}", f"train.out_dir={work / 'runs'}",
-       *args.set)  # fmt: skip
+    train(data, args.budget, work / "runs", args.nproc, overrides=args.set)
     minutes = (time.perf_counter() - start) / 60
     model = work / "runs" / data.name
     t0 = time.perf_counter()
-    sh(*cli, "predict", "--model", model, *scans, "--out", work / "pred", "--device", "cpu")
+    tool("predict", "--model", model, *scans, "--out", work / "pred", "--device", "cpu")
     per_scan = (time.perf_counter() - t0) / len(scans)
-    report = sh(*cli, "evaluate", "--pred", work / "pred", "--truth", truth)
+    report = tool("evaluate", "--pred", work / "pred", "--truth", truth)
     print(report)
     mre = float(next(line for line in report.splitlines() if line.startswith("all")).split()[3])
     vox = largest_spacing(scans)

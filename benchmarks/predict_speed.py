@@ -8,21 +8,21 @@ get) with randomly initialised weights (``--model`` takes a trained folder inste
 scans are hard placements of Colin27 (``benchmarks/review.py``'s ``views``).
 
 Both versions run in their own worker process (``PYTHONPATH`` at the earlier commit's
-``git worktree``), on the same scans, repeats interleaved (earlier, this, earlier, ...) so
-that a change of machine load hits both. Reported: seconds per scan (``predict_volume``:
-preprocessing, both stages, decoding, shape review; median and min over scans and
-repeats) and the largest distance between the two versions' landmarks, mm.
+``git worktree``, then this repository for the ``benchmarks`` package), on the same scans,
+repeats interleaved (earlier, this, earlier, ...) so that a change of machine load hits
+both. Reported: seconds per scan (``predict_volume``: preprocessing, both stages,
+decoding, shape review; median and min over scans and repeats) and the largest distance
+between the two versions' landmarks, mm.
 
     git worktree add --detach /tmp/base <commit>
-    python benchmarks/predict_speed.py --base /tmp/base --views 4 --repeats 3
-    python benchmarks/predict_speed.py --device cuda      # this code alone, on a GPU
+    python -m benchmarks.predict_speed --base /tmp/base --views 4 --repeats 3
+    python -m benchmarks.predict_speed --device cuda      # this code alone, on a GPU
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 import tempfile
@@ -30,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-HERE = Path(__file__).resolve().parent
+from benchmarks.common import REAL, ROOT, TRAIN, env_first, template_folder
 
 
 def build_random_folder(work: Path, members: int = 3, seed: int = 0) -> Path:
@@ -40,21 +40,17 @@ def build_random_folder(work: Path, members: int = 3, seed: int = 0) -> Path:
     peak above the decoder's threshold, as a trained model's has. Returns the folder."""
     import torch
 
-    sys.path.insert(0, str(HERE))
-    from afids import REAL, TRAIN
-    from review import dataset
-
     from heatmap3d.checkpoint import Checkpoint, save
     from heatmap3d.config import to_dict
-    from heatmap3d.inference.shape import ShapeModel
     from heatmap3d.io.landmarks import read_landmarks
     from heatmap3d.io.model_folder import StageEntry, write_model_folder
     from heatmap3d.model import build_model
     from heatmap3d.planning.fingerprint import fingerprint_dataset
     from heatmap3d.planning.plan import make_plan
     from heatmap3d.planning.plan_file import read_plan, stage_configs, write_plan
+    from heatmap3d.review.shape import ShapeModel
 
-    data = dataset(work)
+    data = template_folder(work / "afids")
     fp = fingerprint_dataset(data)
     write_plan(work / "plan.yaml", make_plan(fp, device="cpu"), fp)
     stages = stage_configs(
@@ -115,30 +111,30 @@ def worker(model: Path, scans: Path, threads: int, device: str, pose: bool = Tru
         print(json.dumps({"seconds": seconds, "points": points}), flush=True)
 
 
-def env_first(code: Path) -> dict[str, str]:
-    """This environment with ``code`` first on ``PYTHONPATH`` (what was there stays after
-    it: packages installed beside the interpreter's, as on a GPU machine)."""
-    paths = [str(code), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
-    return {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}
+def _this_script(code: Path, scratch: Path, *args: str | Path) -> dict:
+    """``subprocess`` arguments that run this script with ``code``'s ``heatmap3d``: ``code``
+    first on ``PYTHONPATH``, then this repository (the ``benchmarks`` package, where
+    ``code`` has none), from the folder ``scratch``, which holds neither package (``python
+    -m`` imports from the working directory first: this repository's would shadow
+    ``code``). ``args``: absolute paths."""
+    cmd = [sys.executable, "-m", "benchmarks.predict_speed", *map(str, args)]
+    return {"args": cmd, "env": env_first(code, ROOT), "cwd": scratch}
 
 
 def _start(
     code: Path, model: Path, scans: Path, threads: int, device: str, pose: bool = True
 ) -> subprocess.Popen:
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", str(model)]
-    cmd += ["--scans", str(scans), "--threads", str(threads), "--device", device]
-    cmd += [] if pose else ["--no-pose"]
-    env = env_first(code)
-    proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+    args = ["--worker", model, "--scans", scans, "--threads", str(threads), "--device", device]
+    run = _this_script(code, scans.parent, *args, *([] if pose else ["--no-pose"]))
+    proc = subprocess.Popen(**run, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     ready = json.loads(proc.stdout.readline()).get("ready", "")
     assert ready.startswith(str(code)), f"{code}: the worker runs {ready}"
     return proc
 
 
 def _build(code: Path, work: Path) -> Path:
-    env = env_first(code)
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--build", str(work)]
-    out = subprocess.run(cmd, env=env, check=True, capture_output=True, text=True).stdout
+    run = _this_script(code, work.parent, "--build", work)
+    out = subprocess.run(**run, check=True, capture_output=True, text=True).stdout
     return Path(out.strip().splitlines()[-1])
 
 
@@ -165,25 +161,24 @@ def main() -> None:
         return worker(args.worker, args.scans, args.threads, args.device, not args.no_pose)
     if args.build is not None:
         return print(build_random_folder(args.build))
-    sys.path.insert(0, str(HERE))
-    from review import views
+    from benchmarks.review import views
 
+    base = args.base.resolve() if args.base is not None else None
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         # Built by the earlier code, so that both read its checkpoints' stored config.
-        model = args.model or _build(args.base or HERE.parent, work / "built")
+        model = args.model.resolve() if args.model else _build(base or ROOT, work / "built")
         _, scans = views(args.views, seed=1)
         arrays = {"n": len(scans)}
         for i, (vol, *_) in enumerate(scans):
             arrays[f"data{i}"], arrays[f"affine{i}"] = vol.data, vol.affine
         np.savez(work / "scans.npz", **arrays)
-        here = HERE.parent
-        codes = [("before", args.base)] if args.base is not None else []
+        codes = [("before", base)] if base is not None else []
         procs = {
             name: _start(
                 code, model, work / "scans.npz", args.threads, args.device, not args.no_pose
             )
-            for name, code in [*codes, ("after", here)]
+            for name, code in [*codes, ("after", ROOT)]
         }
         times = {name: [] for name in procs}
         points = {}

@@ -10,7 +10,7 @@ placements first warped to the people of ``--prior`` (``with_anatomy``) or not
 (``placements_only``). Then it scores each copy as ``review.py --model`` does and prints
 the stated radius's coverage on the hard placements of Colin27.
 
-    python benchmarks/recalibrate.py runs/review_bench/runs/afids --prior prior.json --seed 0
+    python -m benchmarks.recalibrate runs/review_bench/runs/afids --prior prior.json --seed 0
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
+from benchmarks.common import ROOT
 
 
 def recalibrate(folder: Path, out: Path, people, views: int, seed: int) -> None:
@@ -61,7 +61,7 @@ def main() -> None:
     p.add_argument("--views", type=int, default=4, help="train.calibration_views")
     p.add_argument("--out", type=Path, help="where the copies go (default: beside the model)")
     args = p.parse_args()
-    from heatmap3d.training.heldout import read_prior
+    from heatmap3d.review.shape_file import read_prior
 
     torch.set_num_threads(2)
     model = args.model.resolve()
@@ -72,9 +72,13 @@ def main() -> None:
     for label, who in (("placements_only", None), ("with_anatomy", people)):
         recalibrate(model, out / label, who, args.views, args.seed)
     for label in ("placements_only", "with_anatomy"):
-        review = [sys.executable, str(ROOT / "benchmarks" / "review.py"), "--views", "8"]
+        review = [sys.executable, "-m", "benchmarks.review", "--views", "8"]
         log = subprocess.run(
-            [*review, "--model", str(out / label)], capture_output=True, text=True, check=True
+            [*review, "--model", str(out / label)],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            check=True,
         ).stdout
         lines = [s for s in log.splitlines() if "coverage" in s]
         print(f"{label}:\n  " + "\n  ".join(lines), flush=True)

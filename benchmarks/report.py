@@ -10,24 +10,31 @@ prints:
 * the load time in headless Chromium (the ``load`` event, from ``goto``), then the time
   of one sort by a column and of the "needs review" filter, each to the next frame.
 
-    python benchmarks/report.py [--n-scans 500] [--landmarks 32] [--shape 64,64,48]
+    python -m benchmarks.report [--n-scans 500] [--landmarks 32] [--shape 64,64,48]
 """
 
 from __future__ import annotations
 
 import argparse
 import platform
-import sys
+import shutil
 import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+import numpy as np
 
-from browser import ARGS, chromium_path  # noqa: E402 (the tests' browser settings)
-from report_folders import prediction_folder  # noqa: E402
+from heatmap3d.evaluation.report import FILES, write_report
 
-from heatmap3d.evaluation.report import FILES, write_report  # noqa: E402
+CHROMIUM = "/usr/bin/chromium"  # Debian's, as the report tests drive it
+ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
 
 # Click in the page and wait for the next frame after the layout: the page's own time,
 # without playwright's checks around a click.
@@ -38,6 +45,48 @@ CLICK = """async (selector) => {
     await new Promise(r => requestAnimationFrame(() => setTimeout(r, 0)));
     return (performance.now() - start) / 1000;
 }"""
+
+
+def prediction_folder(root: Path, n_scans: int, k: int, shape) -> tuple[Path, Path]:
+    """``root/pred``: ``n_scans`` predictions of ``k`` landmarks written by the tool's own
+    writer (scan 0 all confident; then in turn one, two and three landmarks to review, and
+    one absent landmark every fourth scan), and ``root/scans``: their scans (2 mm)."""
+    from heatmap3d.geometry import Volume
+    from heatmap3d.io.landmarks import Landmarks
+    from heatmap3d.io.volumes import save_volume
+    from heatmap3d.predictions.scan_files import write_prediction
+
+    rng = np.random.default_rng(0)
+    pred, scans = root / "pred", root / "scans"
+    scans.mkdir(parents=True)
+    names = [f"L{j:02d}" for j in range(k)]
+    if k >= 3:  # names a hostile file could hold, as the report tests write: shown escaped
+        names[-2:] = ['<script>alert("x")</script>', '=HYPERLINK("http://x","y")']
+    grid = np.stack(np.meshgrid(*[np.linspace(-1, 1, n) for n in shape], indexing="ij"))
+    affine = np.diag([2.0, 2.0, 2.0, 1.0])
+    affine[:3, 3] = -np.array(shape)  # centred: half the extent of 2 mm voxels
+    for n in range(n_scans):
+        blob = np.exp(-4 * (grid**2).sum(0)) * 1000 + rng.normal(0, 30, shape)
+        points = rng.uniform(-0.3, 0.3, (k, 3)) * np.array(shape) * 2.0
+        conf, radius = rng.uniform(0.6, 0.99, k), rng.uniform(1.0, 4.0, k)
+        status = ["ok"] * k
+        for j in range(n % 4):  # scans 1, 2, 3 of every four: something to review
+            conf[j], status[j], radius[j] = 0.2 + 0.05 * j, "review", 6.0 + j
+        if n % 4 == 3:
+            points[k - 3], status[k - 3] = np.nan, "absent"
+        stem = f"case{n:03d}"
+        landmarks = Landmarks(names, points)
+        write_prediction(pred, stem, landmarks, conf, radius_mm=radius, status=status)
+        save_volume(scans / f"{stem}.nii.gz", Volume(blob.astype(np.float32), affine))
+    return pred, scans
+
+
+def chromium_path() -> str:
+    """The system's Chromium (playwright downloads none here), or a one-line exit."""
+    found = CHROMIUM if Path(CHROMIUM).is_file() else shutil.which("chromium")
+    if found is None:
+        raise SystemExit("no chromium (apt-get install chromium)")
+    return found
 
 
 def build(pred: Path, scans: Path | None) -> tuple[float, str]:
@@ -53,7 +102,10 @@ def build(pred: Path, scans: Path | None) -> tuple[float, str]:
 
 def browse(page_path: Path) -> dict[str, float]:
     """Seconds to load the page, sort it by a column and filter it, in Chromium."""
-    from playwright.sync_api import sync_playwright
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        raise SystemExit("no playwright (pip install playwright)") from None
 
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=chromium_path(), args=ARGS)
@@ -87,9 +139,7 @@ def main() -> None:
     shape = tuple(int(n) for n in args.shape.split(","))
     with tempfile.TemporaryDirectory() as tmp:
         start = time.perf_counter()
-        pred, scans, _ = prediction_folder(
-            Path(tmp), n_scans=args.n_scans, k=args.landmarks, shape=shape
-        )
+        pred, scans = prediction_folder(Path(tmp), args.n_scans, args.landmarks, shape)
         made = time.perf_counter() - start
         print(f"{args.n_scans} scans x {args.landmarks} landmarks, scans {shape} voxels")
         print(f"  synthetic folder written in {made:.1f} s; {platform.machine()}, {_cpu()}")

@@ -20,9 +20,9 @@ pass's landmarks show, predicted again). Reported per variant: mean / median rad
 error, SDR 2 mm, the worst landmark's mean, seconds per scan; for the final model the
 stated radii's coverage and their rank correlation with the true error.
 
-    python benchmarks/review.py --budget 45
-    python benchmarks/review.py --model runs/review_bench/afids/runs/afids   # predict only
-    python benchmarks/review.py --folds 0 --members 3   # 3 members, validated on nlin2009a
+    python -m benchmarks.review --budget 45
+    python -m benchmarks.review --model runs/review_bench/runs/afids   # predict only
+    python -m benchmarks.review --folds 0 --members 3   # 3 members, validated on nlin2009a
 
 ``--gentle N`` also scores the final model on ``N`` gentle placements of Colin27, those of
 ``benchmarks/plan.py afids`` (rotations up to 15 degrees, translations up to 20 mm, an
@@ -37,37 +37,32 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 from scipy.spatial.transform import Rotation
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from plan import add_overrides, sh  # noqa: E402  (the README's commands, run as a user would)
+from benchmarks.common import (
+    REAL,
+    TEST,
+    add_overrides,
+    colin27,
+    moved,
+    rigid,
+    template_folder,
+    tool,
+    train,
+)
 
 
 def dataset(root: Path) -> Path:
     """The three templates as a user lays them out (two train, one val: folds pool them)."""
-    from afids import REAL, TRAIN
-
-    data = root / "afids"
-    (data / "images").mkdir(parents=True)
-    (data / "landmarks").mkdir()
-    for case, (folder, image, fcsv) in TRAIN.items():
-        (data / "images" / f"{case}.nii.gz").symlink_to(REAL / folder / image)
-        (data / "landmarks" / f"{case}.fcsv").symlink_to(REAL / folder / fcsv)
-    split = {"train": ["nlin2009c", "nlin6"], "val": ["nlin2009a"]}
-    (data / "split.json").write_text(json.dumps(split))
-    return data
+    return template_folder(root / "afids")
 
 
 def hard_view(vol, points: np.ndarray, rng: np.random.Generator):
     """Colin27 placed, regridded and rescaled (module docstring); its landmarks moved."""
-    from afids import rigid
-
     from heatmap3d.geometry import Volume, resample_to_grid
 
     t = rigid(rng, max_deg=20.0, max_mm=20.0)
@@ -99,17 +94,6 @@ def hard_view(vol, points: np.ndarray, rng: np.random.Generator):
     return Volume(data.astype(np.float32), out.affine), world, kind, t
 
 
-def colin27():
-    """Colin27 as stored and its ground-truth landmarks."""
-    from afids import REAL, TEST
-
-    from heatmap3d.io.landmarks import read_landmarks
-    from heatmap3d.io.volumes import load_volume
-
-    folder, image, fcsv = TEST
-    return load_volume(REAL / folder / image), read_landmarks(REAL / folder / fcsv)
-
-
 def views(n: int, seed: int):
     vol, truth = colin27()
     rng = np.random.default_rng(seed)
@@ -119,8 +103,6 @@ def views(n: int, seed: int):
 def gentle_views(n: int, seed: int):
     """Colin27 under ``n`` gentle placements (module docstring), as :func:`views` returns
     them: (volume, moved landmarks, "gentle", the rigid transform)."""
-    from afids import moved, rigid
-
     vol, truth = colin27()
     rng, out = np.random.default_rng(seed), []
     for _ in range(n):
@@ -158,8 +140,6 @@ def without_disputed(disputed: np.ndarray, errors: np.ndarray, radii: np.ndarray
 def raters(names: list[str]) -> np.ndarray:
     """Colin27's individual rater annotations ``(R, K, 3)`` world mm (8 raters x 4 sessions);
     the ground truth is their mean."""
-    from afids import REAL, TEST
-
     from heatmap3d.io.landmarks import read_landmarks
 
     folder = REAL / TEST[0] / "raters"
@@ -290,16 +270,12 @@ def main() -> None:
         if work.exists():
             raise SystemExit(f"{work} exists: remove it or give another --work")
         data = dataset(work)
-        cli = [sys.executable, "-m", "heatmap3d.cli"]
-        print(sh(*cli, "check", data).splitlines()[-1])
-        print(sh(*cli, "plan", data, "--device", args.plan_device))
+        print(tool("check", data).splitlines()[-1])
+        print(tool("plan", data, "--device", args.plan_device))
         start = time.perf_counter()
-        budget, out = f"train.budget_minutes={args.budget}", f"train.out_dir={work / 'runs'}"
         folds = ["--folds", args.folds] if args.folds else []  # 0: one model (split.json)
         folds += ["--members", args.members] if args.members > 1 else []
-        log = sh(sys.executable, "-m", "torch.distributed.run", "--standalone",
-                 f"--nproc_per_node={args.nproc}", "train_ddp.py", "--data", data,
-                 *folds, budget, out, *args.set)  # fmt: skip
+        log = train(data, args.budget, work / "runs", args.nproc, folds, args.set)
         minutes = (time.perf_counter() - start) / 60
         print(log[-4000:])
         model = work / "runs" / data.name

@@ -16,7 +16,7 @@ direction and count how often the moved one is flagged (detection). Models:
 
 Usage::
 
-    python benchmarks/shape_prior.py [--moves 2] [--seed 0] [--prior-only]
+    python -m benchmarks.shape_prior [--moves 2] [--seed 0] [--prior-only]
 
 About 20 s on 2 busy cores (``--prior-moves 0``, every landmark in turn: about a minute).
 """
@@ -32,33 +32,23 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 import argparse  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
-from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
 
-from heatmap3d.inference.shape import ShapeModel  # noqa: E402
-from heatmap3d.inference.shape_files import landmark_files, read_configurations  # noqa: E402
-from heatmap3d.inference.shape_prior import PopulationShape  # noqa: E402
+from benchmarks.common import DISPUTED, REAL, TRAIN  # noqa: E402
+from heatmap3d.review.prior_files import landmark_files, read_configurations  # noqa: E402
+from heatmap3d.review.shape import ShapeModel  # noqa: E402
+from heatmap3d.review.shape_prior import PopulationShape  # noqa: E402
 from heatmap3d.training.heldout import shape_floor_mm  # noqa: E402
 
-REAL = Path(
-    os.environ.get(
-        "HEATMAP3D_REAL_DATA", Path(__file__).resolve().parents[2] / "shared" / "data" / "real"
-    )
-)
 SETS = {
     "OASIS": "AFIDs-OASIS/derivatives/afids_groundtruth",
     "HCP": "AFIDs-HCP/derivatives/afids_groundtruth",
     "SNSXCN": "SNSXCN/afids_groundtruth",
     "SNSXPD": "SNSXPD/afids_groundtruth",
 }
-TEMPLATES = [
-    "MNI152NLin2009cAsym/tpl-MNI152NLin2009cAsym_res-01_desc-groundtruth_afids.fcsv",
-    "MNI152NLin6Asym/tpl-MNI152NLin6Asym_res-01_desc-groundtruth_afids.fcsv",
-    "approx_MNI152NLin2009aSym_nilearn/tpl-MNI152NLin2009cSym_res-1_desc-groundtruth_afids.fcsv",
-]
+TEMPLATES = [f"{folder}/{fcsv}" for folder, _, fcsv in TRAIN.values()]  # the three that train
 MAGNITUDES = (5.0, 10.0, 20.0, 40.0)
-DISPUTED = ("29", "30")
 
 
 def population() -> tuple[list[str], dict[str, np.ndarray]]:

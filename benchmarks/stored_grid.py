@@ -7,7 +7,7 @@ more trained model folders, next to copies resampled (identity transform) to oth
 spacings, and prints the mean radial error of the first stage alone and of the whole model,
 with the largest stated error radius (what a user sees in the ``review`` column).
 
-    python benchmarks/stored_grid.py runs/afids [more model folders] [--spacings 0.9,1.3]
+    python -m benchmarks.stored_grid runs/afids [more model folders] [--spacings 0.9,1.3]
 """
 
 from __future__ import annotations
@@ -17,19 +17,15 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from afids import REAL, TEST, moved
 
+from benchmarks.common import colin27, moved
 from heatmap3d.evaluation.metrics import radial_errors
 from heatmap3d.inference.pipeline import load_pipeline
-from heatmap3d.io.landmarks import read_landmarks
-from heatmap3d.io.volumes import load_volume
 
 
 def scans(spacings: list[float]) -> list[tuple[str, object, np.ndarray]]:
     """``(label, Volume, truth (32, 3) world mm)``: the stored file, then its resamplings."""
-    folder, image, fcsv = TEST
-    vol = load_volume(REAL / folder / image)
-    truth = read_landmarks(REAL / folder / fcsv)
+    vol, truth = colin27()
     out = [("as stored (1 mm)", vol, truth.points)]
     for sp in spacings:
         copy, world = moved(vol, truth.points, np.eye(4), sp)

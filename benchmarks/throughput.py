@@ -1,6 +1,6 @@
 """Benchmark: training and inference throughput against the common recipe.
 
-Run with ``python benchmarks/throughput.py`` (a few minutes on 2 CPU cores). In one
+Run with ``python -m benchmarks.throughput`` (a few minutes on 2 CPU cores). In one
 process, the same 3D U-Net (``heatmap3d.model.build_model``, same initial weights, same
 AdamW, same batch size, same number of loader workers) trains on the same synthetic
 scans through two pipelines:
@@ -47,7 +47,6 @@ import os
 import resource
 import socket
 import statistics
-import sys
 import tempfile
 import threading
 import time
@@ -64,9 +63,7 @@ from scipy.ndimage import gaussian_filter, zoom
 from torch.nn import functional as F
 from torch.utils.data import DataLoader, Dataset
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import hardware_use  # noqa: E402
-
+from benchmarks import hardware_use
 from heatmap3d.config import Config, DataConfig, ModelConfig, TrainConfig
 from heatmap3d.data.cache import build_entries
 from heatmap3d.data.dataset import LandmarkDataset

@@ -17,7 +17,7 @@ heatmaps, a batch of two 32^3 windows, channels_last, AdamW; 2 threads) in one p
 
 Median ms per step over ``--steps`` steps, each phase right after the one before.
 
-    python benchmarks/train_after_predict.py [--steps 30]
+    python -m benchmarks.train_after_predict [--steps 30]
 """
 
 from __future__ import annotations

@@ -1,5 +1,8 @@
 """``benchmarks/gpu.py``'s CPU-side logic: the plan of commands, reading figures, the
-RESULTS.md section and its atomic append, and the one-line exit without CUDA."""
+RESULTS.md section and its atomic append, and the one-line exit without CUDA.
+
+The benchmarks are a package run from the repository root (``python -m benchmarks.gpu``);
+``pytest`` does not put the root on the import path, so this file does, as ``-m`` does."""
 
 import datetime
 import subprocess
@@ -10,8 +13,15 @@ import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))
-import gpu  # noqa: E402
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+from benchmarks import gpu  # noqa: E402
+
+
+def module_file(argv: list[str]) -> Path:
+    """The file a ``python -m benchmarks.NAME`` command line runs."""
+    assert argv[1] == "-m" and argv[2].startswith("benchmarks."), argv
+    return ROOT / (argv[2].replace(".", "/") + ".py")
 
 
 def test_the_plan_runs_every_measurement_and_ddp_on_every_gpu(tmp_path):
@@ -27,12 +37,18 @@ def test_the_plan_runs_every_measurement_and_ddp_on_every_gpu(tmp_path):
     assert data in steps[4].argv and f"data.root={data}" in ddp[0].argv
     # One GPU: one DDP run, not the same one twice.
     assert [s.name for s in gpu.plan(1, tmp_path) if s.name.startswith("DDP")] == ["DDP, 1 GPU(s)"]
-    for script in ("benchmarks/throughput.py", "benchmarks/heatmaps.py", "train_ddp.py"):
-        assert (ROOT / script).is_file()  # the plan names files that exist
+    for step in steps[1:4]:  # the plan runs benchmarks that exist, as modules
+        assert module_file(step.argv).is_file()
+    assert [s.argv[2] for s in steps[1:4]] == [
+        "benchmarks.throughput",
+        "benchmarks.heatmaps",
+        "benchmarks.predict_speed",
+    ]
+    assert all((ROOT / s.argv[5]).is_file() for s in ddp)  # train_ddp.py
     # The AFIDs training step only where the real data is.
     assert not [s for s in steps if s.key == "afids"]
     afids = [s for s in gpu.plan(1, tmp_path, quick=True, real_data=tmp_path) if s.key == "afids"]
-    assert len(afids) == 1 and (ROOT / afids[0].argv[1]).is_file()
+    assert len(afids) == 1 and module_file(afids[0].argv) == ROOT / "benchmarks" / "review.py"
     assert afids[0].argv[afids[0].argv.index("--budget") + 1] == "2.5"
     assert afids[0].argv[afids[0].argv.index("--device") + 1] == "cuda"
     assert afids[0].parse("x\n+ pose pass   3.10  2.03\n") == "3.10  2.03"
@@ -62,7 +78,7 @@ def test_the_section_is_dated_and_has_a_row_per_step_and_the_failures_tails():
     ]
     text = gpu.section(outcomes, "2 x NVIDIA H100", datetime.date(2026, 11, 25))
     lines = text.splitlines()
-    assert lines[0] == "### 2026-11-25, a GPU run (`python benchmarks/gpu.py`)"
+    assert lines[0] == "### 2026-11-25, a GPU run (`python -m benchmarks.gpu`)"
     assert "Machine: 2 x NVIDIA H100." in lines
     assert "| throughput | 0 | 12.3 | ratio=3.0 / x |" in lines  # a '|' cannot break the table
     assert "| heatmap kernel | 1 | 5.0 | - |" in lines
@@ -82,7 +98,8 @@ def test_the_section_is_appended_atomically_keeping_the_file(tmp_path):
 def test_without_cuda_one_line_exit_0_and_nothing_written(tmp_path):
     results = tmp_path / "RESULTS.md"
     done = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "gpu.py"), "--results", str(results)],
+        [sys.executable, "-m", "benchmarks.gpu", "--results", str(results)],
+        cwd=ROOT,
         capture_output=True,
         text=True,
         timeout=120,
