@@ -12,7 +12,7 @@ in heatmap3d (``heatmap3d train``).
 import sys
 from pathlib import Path
 
-from heatmap3d.cli import entry
+from heatmap3d.commands.main import entry
 
 if __name__ == "__main__":
     args = sys.argv[1:]

@@ -1,18 +1,26 @@
 """heatmap3d: 3D anatomical landmark detection by Gaussian heatmap regression.
 
-The package follows the flow of the data, one subpackage per stage:
+The package reads top-down, each layer importing only those below it (a test holds it
+to that, lazy imports included):
 
-- :mod:`heatmap3d.io`: files on disk -> volumes (world RAS mm) and landmarks, and back;
-- :mod:`heatmap3d.data`: checking a dataset, preprocessing, the cache, the training Dataset;
-- :mod:`heatmap3d.planning`: a dataset's fingerprint -> a config per training stage;
-- :mod:`heatmap3d.training`: the DDP training loop, the loss, augmentation, validation;
-- :mod:`heatmap3d.inference`: a model on a scan -> landmarks (prediction and refinement);
-- :mod:`heatmap3d.evaluation`: errors in mm, reports and pictures.
+- :mod:`heatmap3d.commands`: the ``heatmap3d`` command line, a thin layer over
+- :mod:`heatmap3d.api`: the Python API (load a model and predict, predict a cohort into a
+  folder, plan, train);
+- the stages: :mod:`heatmap3d.training` (the DDP loop, loss, augmentation, validation),
+  :mod:`heatmap3d.planning` (a dataset's fingerprint -> a config per stage),
+  :mod:`heatmap3d.inference` (a model on a scan -> landmarks) and
+  :mod:`heatmap3d.evaluation` (errors in mm, reports and pictures);
+- what several stages handle: :mod:`heatmap3d.predictions` (the prediction folder, written
+  and read in one place) and :mod:`heatmap3d.review` (a model folder's calibration, shape
+  check and pose, and what every output says they rest on);
+- :mod:`heatmap3d.data` (checking a dataset, preprocessing, the cache, the Dataset) and
+  :mod:`heatmap3d.io` (files <-> volumes in world RAS mm and landmarks);
+- the core at the top level: ``config``, ``errors``, ``geometry`` (the one module that
+  converts coordinates), ``heatmaps``, ``model``, ``precision``, ``distributed`` and
+  ``checkpoint``.
 
-What every stage shares stays at the top: ``config``, ``errors``, ``geometry`` (the one
-module that converts coordinates), ``heatmaps``, ``model``, ``precision``, ``distributed``
-and ``checkpoint``. The names below are the Python entry points; they are imported on
-first use, so ``import heatmap3d`` stays light (no torch until a model is needed).
+The names below are the Python entry points; they are imported on first use, so
+``import heatmap3d`` stays light (no torch until a model is needed).
 """
 
 from __future__ import annotations
@@ -31,7 +39,14 @@ _PUBLIC = {
     "write_landmarks": "heatmap3d.io.landmarks",
     "load_config": "heatmap3d.config",
     "check_dataset": "heatmap3d.data.check",
-    "train": "heatmap3d.training.trainer",
+    "plan": "heatmap3d.api.runs",
+    "train": "heatmap3d.api.runs",
+    "load_model": "heatmap3d.api.model",
+    "Model": "heatmap3d.api.model",
+    "ScanResult": "heatmap3d.api.model",
+    "predict_files": "heatmap3d.api.predict_files",
+    "ModelSpec": "heatmap3d.api.predict_files",
+    "PredictOptions": "heatmap3d.api.predict_files",
     "Predictor": "heatmap3d.inference.predictor",
     "Cascade": "heatmap3d.inference.refine",
     "evaluate_dirs": "heatmap3d.evaluation.evaluate",
@@ -42,5 +57,4 @@ __all__ = sorted(_PUBLIC)
 def __getattr__(name: str) -> Any:
     if name not in _PUBLIC:
         raise AttributeError(f"module 'heatmap3d' has no attribute {name!r}")
-    module = importlib.import_module(_PUBLIC[name])
-    return getattr(module, "run" if name == "train" else name)
+    return getattr(importlib.import_module(_PUBLIC[name]), name)

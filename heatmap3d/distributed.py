@@ -23,6 +23,7 @@ from typing import Any, NoReturn, TypeVar
 import torch
 import torch.distributed as dist
 
+from heatmap3d import log
 from heatmap3d.errors import InputError
 
 T = TypeVar("T")
@@ -93,10 +94,13 @@ def setup(
     ``device`` is "auto" (CUDA when available, else CPU), "cuda", "cuda:N" (one process
     only) or "cpu" (:func:`check_device`; ``option`` names where it came from in its
     one-line refusals). The backend follows the device: NCCL for CUDA, gloo for CPU.
+    The global rank also decides, once, which process shows the package's messages
+    (:func:`heatmap3d.log.set_rank`: rank 0; adds no handler, the command does).
     """
     rank, world = _env_int("RANK", 0), _env_int("WORLD_SIZE", 1)
     local_rank = _env_int("LOCAL_RANK", 0)
     local_world = _env_int("LOCAL_WORLD_SIZE", world)
+    log.set_rank(rank)  # decided once: only rank 0 shows the package's messages
     use_cuda, index = check_device(device, option, world)
     if use_cuda:
         dev = torch.device("cuda", local_rank if index is None else index)

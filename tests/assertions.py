@@ -28,3 +28,12 @@ def raises_naming(path: Path, *fragments: str):
             return handled
 
     return _Check()
+
+
+def table_rows(path: Path) -> list[dict[str, str]]:
+    """The rows of a prediction CSV: its table under the ``#`` lines (the coordinate
+    system, then the notes on what the radii and the shape check rest on)."""
+    import csv
+
+    lines = Path(path).read_text().splitlines()
+    return list(csv.DictReader(line for line in lines if not line.startswith("#")))

@@ -9,8 +9,8 @@ import numpy as np
 
 from heatmap3d.geometry import Volume
 from heatmap3d.io.landmarks import Landmarks, write_landmarks
-from heatmap3d.io.predictions import write_prediction
 from heatmap3d.io.volumes import save_volume
+from heatmap3d.predictions.scan_files import write_prediction
 
 # A name a hostile file could hold: the report must show it as text, never run it.
 HOSTILE = '<script>alert("x")</script>'

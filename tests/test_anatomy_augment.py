@@ -16,7 +16,7 @@ import torch
 
 from heatmap3d.config import AugmentConfig
 from heatmap3d.errors import InputError
-from heatmap3d.inference.shape_prior import PopulationShape
+from heatmap3d.review.shape_prior import PopulationShape
 from heatmap3d.training import anatomy
 from heatmap3d.training.augment import _spatial, augment_batch
 from heatmap3d.training.tps import KERNELS, ThinPlateSpline, similarity_fit
@@ -333,7 +333,7 @@ TEMPLATES = {
 
 @pytest.fixture(scope="module")
 def afids_prior(tmp_path_factory) -> Path:
-    from heatmap3d.inference.shape_files import landmark_files, read_configurations
+    from heatmap3d.review.prior_files import landmark_files, read_configurations
 
     folders = [REAL / "afids_population" / p for p in POPULATION]
     if not all(f.is_dir() for f in folders):
@@ -392,7 +392,7 @@ def test_a_template_warped_to_real_people_lands_its_landmarks_without_folding(
 def test_training_with_anatomy_runs_through_the_train_command(
     phantoms, copy_of, tmp_path, monkeypatch
 ):
-    from heatmap3d.cli import main
+    from heatmap3d.commands.main import main
     from heatmap3d.data.synthetic import _TEMPLATE_POINTS, LANDMARK_NAMES
     from heatmap3d.io.landmarks import Landmarks, write_landmarks
 
@@ -441,7 +441,7 @@ def test_training_with_anatomy_runs_through_the_train_command(
 def test_a_bad_anatomy_prior_is_refused_before_training_writes_anything(
     phantoms, copy_of, tmp_path, capsys
 ):
-    from heatmap3d.cli import main
+    from heatmap3d.commands.main import main
 
     data = copy_of(phantoms(n_train=2, n_val=1, n_test=0, seed=3))
     missing = tmp_path / "no_such_prior.json"

@@ -8,7 +8,7 @@ import nibabel as nib
 import numpy as np
 import pytest
 
-from heatmap3d.cli import main
+from heatmap3d.commands.main import main
 
 ROOT = Path(__file__).resolve().parents[1]
 DEMO = str(ROOT / "configs" / "demo.yaml")
@@ -129,7 +129,7 @@ def test_no_traceback_from_the_launcher(tmp_path):
 
 
 def test_entry_exits_with_main_status_and_shows_crashes(capsys, tmp_path, monkeypatch):
-    from heatmap3d import cli
+    from heatmap3d.commands import main as cli
 
     missing = ["predict", "--checkpoint", str(tmp_path / "x.pt"), "s.nii.gz", "--out", "o"]
     with pytest.raises(SystemExit) as stop:

@@ -1,6 +1,6 @@
 """Issue 12, through the real command: each bad input as a user would meet it.
 
-Every row runs ``python -m heatmap3d.cli ...`` in a fresh process and asserts the exit
+Every row runs ``python -m heatmap3d.commands.main ...`` in a fresh process and asserts the exit
 status, that stderr (or the report) names the file or config key, that no traceback is
 printed, and, for the evaluate rows, that every file that existed before is
 byte-identical afterwards. Training rows must be refused before training starts, so each
@@ -42,7 +42,7 @@ class Row:
 
 def run_cli(args: list[str]) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "heatmap3d.cli", *args],
+        [sys.executable, "-m", "heatmap3d", *args],
         cwd=ROOT,
         capture_output=True,
         text=True,

@@ -9,7 +9,8 @@ import math
 import numpy as np
 import pytest
 
-from heatmap3d.evaluation.calibration import (
+from heatmap3d.evaluation.stated import coverage, presence_scores, rank_correlation
+from heatmap3d.review.calibration import (
     SIGNAL_FLOOR_MM,
     Calibration,
     conformal_scale,
@@ -17,7 +18,6 @@ from heatmap3d.evaluation.calibration import (
     presence_threshold,
     scans_needed,
 )
-from heatmap3d.evaluation.stated import coverage, presence_scores, rank_correlation
 
 NOMINAL = 0.9
 # The 0.9 quantile of the half-normal |N(0, 1)|: the 0.95 quantile of N(0, 1).

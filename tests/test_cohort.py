@@ -19,7 +19,7 @@ import torch
 from test_predict_cli import FRAMES, checkpoint, scan
 from torchrun_util import ROOT, TINY, Launcher, descendants, run, run_all
 
-from heatmap3d.cli import main
+from heatmap3d.commands.main import main
 from heatmap3d.geometry import Volume
 from heatmap3d.io.volumes import save_volume
 
@@ -120,7 +120,9 @@ def test_two_ranks_write_exactly_what_one_process_writes(model, cohort, tmp_path
     assert "10 scan(s): 10 predicted, 0 skipped (already done), 0 failed" in double.output
     assert "rank 0" in double.output and "rank 1" in double.output  # both took a share
     table = (one / "landmarks.csv").read_text().splitlines()
-    assert table[0] == "scan,landmark,x,y,z,confidence,radius_mm,status,review,written_by"
+    assert table[0] == (
+        "scan,landmark,x,y,z,confidence,radius_mm,status,review,radius_basis,shape_check,written_by"
+    )
     assert len(table) == 1 + 10 * 3
     assert not temporary(one) and not temporary(two)
 
@@ -229,7 +231,9 @@ def test_collect_over_the_shares_of_an_array_equals_one_run(model, cohort, tmp_p
         assert (shared / table).read_bytes() == (whole / table).read_bytes(), table
     assert (whole / "report.html").is_file() and f"wrote {whole / 'report.html'}" in one.output
     # A table edited by hand is the user's: refused, one line, left as it is.
-    edited = (shared / "review.csv").read_text().replace(",1,heatmap3d", ",0,heatmap3d", 1)
+    text = (shared / "review.csv").read_text()
+    edited = text.replace(",1,none: the model", ",0,none: the model", 1)
+    assert edited != text
     (shared / "review.csv").write_text(edited)
     again = run([sys.executable, "-m", "heatmap3d", "collect", str(shared)])
     assert again.returncode == 2 and "review.csv: exists and was not written" in again.output
@@ -273,7 +277,7 @@ def test_ctrl_c_while_a_record_is_written_counts_that_scan_as_done(
 ):
     # The deterministic form of the race above: Ctrl-C lands while the first scan's record
     # is written, so it takes effect once the record is whole, and that scan is counted.
-    from heatmap3d.inference import resume
+    from heatmap3d.predictions import resume
 
     write_record = resume.write_record
 
@@ -365,8 +369,8 @@ def test_a_bad_shard_or_worker_count_is_one_line(capsys, tmp_path, option, says)
 def test_a_scan_named_like_a_formula_is_text_in_the_tables(tmp_path):
     """The scan column comes from a file name, which may start with '=': neutralised as
     landmark names are, and given back by the reader."""
-    from heatmap3d.inference.tables import scan_rows
     from heatmap3d.io.landmark_fields import from_spreadsheet_safe
+    from heatmap3d.predictions.tables import scan_rows
 
     stem = "=HYPERLINK(1)"
     header = "name,x,y,z,confidence,radius_mm,status,review,written_by\n"

@@ -16,8 +16,8 @@ import pytest
 from assertions import raises_naming
 
 from heatmap3d.evaluation.evaluate import evaluate_dirs, write_report
-from heatmap3d.evaluation.records import is_evaluation_output, read_dir
 from heatmap3d.io.landmarks import Landmarks, write_landmarks
+from heatmap3d.predictions.reading import is_evaluation_output, read_dir
 
 NAMES = ["a", "b", "c"]
 TRUTH = {

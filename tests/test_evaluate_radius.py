@@ -3,7 +3,7 @@ declare landmarks absent (``status``): the coverage, rank correlation and presen
 of the report carry exactly the numbers built into the files here.
 
 Prediction CSVs are written by hand in the format of
-:func:`heatmap3d.io.predictions.write_prediction` plus the two new columns.
+:func:`heatmap3d.predictions.scan_files.write_prediction` plus the two new columns.
 """
 
 from __future__ import annotations
@@ -152,7 +152,7 @@ def test_a_bad_radius_is_one_line_naming_file_and_line(tmp_path, cell):
 def test_what_predict_writes_is_what_evaluate_reads(tmp_path):
     """The real writer: radii stated -> coverage line; a model without a calibration
     (empty column) -> no radius line."""
-    from heatmap3d.io.predictions import write_prediction
+    from heatmap3d.predictions.scan_files import write_prediction
 
     truth = tmp_path / "truth"
     truth.mkdir()

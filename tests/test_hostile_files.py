@@ -19,15 +19,16 @@ import nibabel as nib
 import numpy as np
 import pytest
 import torch
+from assertions import table_rows
 
-from heatmap3d.cli import main
+from heatmap3d.commands.main import main
 from heatmap3d.config import Config, DataConfig, ModelConfig
 from heatmap3d.distributed import DistInfo
-from heatmap3d.evaluation.calibration import Calibration
 from heatmap3d.evaluation.report_data import read_evaluation
 from heatmap3d.io.landmarks import Landmarks, read_landmarks, write_landmarks
 from heatmap3d.io.model_folder import StageEntry, write_model_folder
-from heatmap3d.io.predictions import is_ours
+from heatmap3d.predictions.scan_files import is_ours
+from heatmap3d.review.calibration import Calibration
 from heatmap3d.training.state import TrainState
 
 CPU = torch.device("cpu")
@@ -256,7 +257,7 @@ def test_a_shape_model_that_cannot_fit_is_refused_once(capsys, tmp_path, weights
 
 
 def statuses(csv_path: Path) -> list[str]:
-    return [r["status"] for r in csv.DictReader(csv_path.read_text().splitlines()[1:])]
+    return [r["status"] for r in table_rows(csv_path)]
 
 
 def test_a_landmark_without_a_stated_radius_is_never_ok(capsys, tmp_path, weights, scan):
@@ -271,6 +272,64 @@ def test_a_landmark_without_a_stated_radius_is_never_ok(capsys, tmp_path, weight
     folder2 = model_folder(tmp_path / "b", weights, calibration=_calibration([1e-3] * 5))
     assert predict(capsys, "--model", folder2, scan, "--out", tmp_path / "out2")[0] == 0
     assert "ok" in statuses(tmp_path / "out2" / "case000.csv")
+
+
+def test_a_checkpoint_alone_states_no_radius_and_no_ok(capsys, tmp_path, weights, scan):
+    """Issue 42: a single checkpoint has no calibration: no landmark is "ok", and every
+    output says there is no radius and no shape check."""
+    out = tmp_path / "out"
+    code = main(["predict", "--device", "cpu", "--checkpoint", str(weights), str(scan),
+                 "--out", str(out)])  # fmt: skip
+    printed = capsys.readouterr().out
+    assert code == 0
+    rows = table_rows(out / "case000.csv")
+    assert rows and {r["status"] for r in rows} <= {"review", "missing"}
+    assert {r["radius_basis"] for r in rows} == {"none: the model has no calibration"}
+    assert {r["shape_check"] for r in rows} == {"none: no shape model"}
+    assert "no landmark is 'ok'" in (out / "case000.csv").read_text().splitlines()[1]
+    doc = json.loads((out / "case000.mrk.json").read_text())
+    assert doc["heatmap3d"]["radius_basis"].startswith("none")
+    assert all(not cp["locked"] for cp in doc["markups"][0]["controlPoints"])
+    assert (
+        "error radii: none: the model has no calibration" in printed
+    )  # the summary line says it too
+    table = (out / "landmarks.csv").read_text().splitlines()
+    assert table[0].split(",")[-3:] == ["radius_basis", "shape_check", "written_by"]
+
+
+@pytest.mark.parametrize(("n_scans", "word"), [(1, "not calibrated: 1 held-out"), (20, "bound")])
+def test_every_output_says_what_the_radius_rests_on(capsys, tmp_path, weights, scan, n_scans, word):
+    """Issue 42: the CSV (a note and a column), the markups, the cohort table, the summary
+    line and the report say whether the radius is a calibrated bound, and on how many
+    held-out scans it rests."""
+    cal = Calibration(NAMES, 0.9, np.full(5, 1e-3), 0.0, 3 * n_scans, n_scans).to_dict()
+    folder = model_folder(tmp_path, weights, calibration=cal)
+    out = tmp_path / "out"
+    code = main(["predict", "--device", "cpu", "--model", str(folder), str(scan),
+                 "--out", str(out), "--report"])  # fmt: skip
+    printed = capsys.readouterr().out
+    assert code == 0
+    rows = table_rows(out / "case000.csv")
+    assert {r["radius_basis"] for r in rows} == {rows[0]["radius_basis"]}
+    assert word in rows[0]["radius_basis"]
+    note = (out / "case000.csv").read_text().splitlines()[1]
+    assert note.startswith("# radius_mm: ")
+    assert ("NOT CALIBRATED" in note) == (n_scans < 9)
+    assert f"{n_scans} held-out scan" in note
+    doc = json.loads((out / "case000.mrk.json").read_text())
+    described = [cp["description"] for cp in doc["markups"][0]["controlPoints"]]
+    assert all(("(not calibrated)" in d) == (n_scans < 9) for d in described if "radius=" in d)
+    assert any("radius=" in d for d in described)
+    assert word in doc["heatmap3d"]["radius_basis"]
+    cohort = list(csv.DictReader((out / "landmarks.csv").read_text().splitlines()))
+    assert {r["radius_basis"] for r in cohort} == {rows[0]["radius_basis"]}
+    assert f"error radii: {rows[0]['radius_basis']}" in printed
+    page = (out / "report.html").read_text()
+    basis = page[page.index('id="basis"') - 30 : page.index("</div>", page.index('id="basis"'))]
+    # No shape model here: the box warns whatever the radius (the check catches nothing).
+    assert 'class="basis untrusted"' in basis and "no shape model" in basis
+    assert ("largest radius (mm; not a bound)" in page) == (n_scans < 9)
+    assert page.index('id="basis"') < page.index('id="overview"')  # on the first screen
 
 
 # --------------------------------------------------------------------------------------
@@ -489,3 +548,35 @@ def test_state_radii_never_says_ok_without_a_finite_radius():
     pred.status[:] = "ok"
     state_radii(pred, None, review_radius_mm=5.0)
     assert list(pred.status) == ["review"] * 3
+
+
+def test_stating_again_with_a_calibration_is_stating_once_with_it():
+    """Held-out predictions are stated before their calibration exists (nothing ok), then
+    with it: the second statement must not keep the first one's review (issue 43, "the
+    review is applied twice")."""
+    from heatmap3d.inference.pipeline import state
+    from heatmap3d.inference.predictor import Prediction
+
+    names = ["a", "b", "c", "d"]
+    points = np.arange(12, dtype=float).reshape(4, 3)
+
+    def fresh() -> Prediction:
+        return Prediction(
+            Landmarks(names, points.copy()),
+            confidence=np.full(4, 0.9),
+            voxels=points.copy(),
+            presence=np.array([0.9, 0.9, 0.9, 0.1]),
+            status=np.array(["ok", "moved", "ok", "ok"], dtype=object),
+            signal_mm=np.array([1.0, 1.0, 100.0, 1.0]),
+        )
+
+    cal = Calibration(names, 0.9, np.ones(4), 0.5, 20, 20)
+    twice = fresh()
+    state(twice, None, review_radius_mm=5.0)
+    assert list(twice.status) == ["review", "moved", "review", "review"]
+    state(twice, cal, review_radius_mm=5.0)
+    once = fresh()
+    state(once, cal, review_radius_mm=5.0)
+    assert list(twice.status) == list(once.status) == ["ok", "moved", "review", "absent"]
+    np.testing.assert_array_equal(twice.radius_mm, once.radius_mm)
+    assert np.isnan(twice.landmarks.points[3]).all()

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from heatmap3d.cli import main
+from heatmap3d.commands.main import main
 from heatmap3d.errors import InputError
 from heatmap3d.io.json_file import load_json, read_text
 
@@ -68,7 +68,7 @@ def test_plan_labels_fifo_and_nesting_are_one_line(tmp_path, phantoms):
         [
             sys.executable,
             "-m",
-            "heatmap3d.cli",
+            "heatmap3d",
             "plan",
             str(phantoms(n_train=2, n_val=1)),
             "--labels",

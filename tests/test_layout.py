@@ -1,4 +1,5 @@
-"""The README's module table is the package's map: it names every module, in its room.
+"""The module table of docs/development.md is the package's map: it names every module, in its
+room.
 
 DESIGN.md makes the table the architecture's one description; a module added without a
 row entry (or a row naming a module that is gone) makes the map lie to the next reader.
@@ -14,9 +15,9 @@ ROW = re.compile(r"^\| (top|`(\w+)/`) \| (.*?) \|")
 
 
 def table() -> dict[str, set[str]]:
-    """``{subpackage ("" for top): module names}`` from the README's layout table."""
+    """``{subpackage ("" for top): module names}`` from docs/development.md's layout table."""
     rows: dict[str, set[str]] = {}
-    for line in (ROOT / "README.md").read_text(encoding="utf-8").splitlines():
+    for line in (ROOT / "docs" / "development.md").read_text(encoding="utf-8").splitlines():
         m = ROW.match(line)
         if m:
             rows[m.group(2) or ""] = set(re.findall(r"`(\w+)`", m.group(3)))

@@ -1,4 +1,4 @@
-"""Loader settings (worker seeding, worker count, DDP options) and predict's scan prefetching."""
+"""Loader settings (worker seeding, worker count, DDP options) and predict's scans read ahead."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from heatmap3d.data.loaders import default_workers, seed_worker, train_loader, u
 from heatmap3d.data.synthetic import generate_case
 from heatmap3d.distributed import DistInfo
 from heatmap3d.errors import InputError
+from heatmap3d.inference.reading import read_ahead
 from heatmap3d.inference.scans import output_stems, predict_files
 from heatmap3d.io.volumes import save_volume
 
@@ -77,7 +78,11 @@ def test_predict_files_prefetches_in_order_and_matches_one_by_one(tmp_path):
     predictor = echo_predictor(EchoNet(), DataConfig(spacing=[3.0, 3.0, 3.0]), ["a"])
     written = []
     results, failures = predict_files(
-        predictor, scans, lambda stem, pred, raw: written.append(stem), progress=False
+        predictor,
+        scans,
+        lambda stem, pred, raw: written.append(stem),
+        read_ahead(predictor, scans, workers=0),
+        progress=False,
     )
     assert list(results) == ["scan0", "scan1", "scan2"] == written and failures == []
     for scan in scans:
@@ -87,8 +92,13 @@ def test_predict_files_prefetches_in_order_and_matches_one_by_one(tmp_path):
     bad = tmp_path / "bad.nii.gz"
     bad.write_bytes(b"not a nifti")
     written.clear()
+    listed = [scans[0], bad, scans[1]]
     results, failures = predict_files(
-        predictor, [scans[0], bad, scans[1]], lambda s, p, r: written.append(s), progress=False
+        predictor,
+        listed,
+        lambda s, p, r: written.append(s),
+        read_ahead(predictor, listed, workers=0),
+        progress=False,
     )
     assert written == ["scan0", "scan1"] and list(results) == written
     assert [f.scan for f in failures] == [bad] and "bad.nii.gz" in failures[0].reason

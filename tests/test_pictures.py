@@ -18,7 +18,7 @@ from heatmap3d.evaluation.pictures import (
 )
 from heatmap3d.evaluation.slices import anatomical_slice
 from heatmap3d.geometry import Volume, voxel_to_world
-from heatmap3d.io.predictions import is_ours
+from heatmap3d.predictions.scan_files import is_ours
 
 S = 121  # default view size; 1 mm pixels; the centre pixel is (60, 60)
 HALF = (S - 1) / 2

@@ -10,11 +10,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from heatmap3d.cli import main
+from heatmap3d.commands.main import main
+from heatmap3d.commands.plan import add_plan_arguments, plan_command
 from heatmap3d.config import from_dict
 from heatmap3d.errors import InputError
 from heatmap3d.io.landmarks import read_landmarks
-from heatmap3d.planning.command import add_plan_arguments, plan_command
 from heatmap3d.planning.fingerprint import Fingerprint, fingerprint_dataset
 from heatmap3d.planning.pairs import find_mirror_pairs, geometric_pairs
 from heatmap3d.planning.plan import activation_gb, make_plan, region_of_interest_mm

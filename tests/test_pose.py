@@ -13,10 +13,10 @@ from scipy.spatial.transform import Rotation
 
 from heatmap3d.geometry import Volume, voxel_to_world, world_to_voxel
 from heatmap3d.inference.pipeline import Pipeline, read_extras
-from heatmap3d.inference.pose import MAX_MEDIAN_MM, Pose, fit_pose, rigid
 from heatmap3d.inference.predictor import Prediction
 from heatmap3d.io.landmarks import Landmarks
 from heatmap3d.io.model_folder import StageEntry, read_model_folder, write_model_folder
+from heatmap3d.review.pose import MAX_MEDIAN_MM, Pose, fit_pose, rigid
 
 RADII = (5.0, 6.0, 7.0, 8.0, 9.0)  # each landmark a ball of its own size: found by size
 REFERENCE = np.array(
@@ -307,7 +307,7 @@ def test_a_pose_for_other_landmarks_is_refused():
 def test_whether_a_landmark_is_there_is_the_stored_scans_question():
     """The posed grid reaches past the scan's field of view, where a cut-off landmark can
     look present: the first pass's presence decides, in both passes."""
-    from heatmap3d.evaluation.calibration import Calibration
+    from heatmap3d.review.calibration import Calibration
 
     vol = scan_of(apply(placement(), REFERENCE), LINEAR["identity"])
     first, posed = [0.2, 1, 1, 1, 1], [1.0, 1, 1, 1, 1]  # landmark 0: absent as stored

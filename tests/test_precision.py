@@ -161,7 +161,7 @@ def _fake_cuda(monkeypatch, free_gib: list[float]) -> None:
 
 
 def test_gpus_lists_by_free_memory_and_picks_the_freest(monkeypatch, capsys):
-    from heatmap3d.cli import main
+    from heatmap3d.commands.main import main
 
     _fake_cuda(monkeypatch, [10.0, 70.0, 3.0, 50.0])
     assert [g.index for g in gpus.list_gpus()] == [1, 3, 0, 2]
@@ -173,7 +173,7 @@ def test_gpus_lists_by_free_memory_and_picks_the_freest(monkeypatch, capsys):
 
 
 def test_gpus_without_a_gpu_says_so(monkeypatch, capsys):
-    from heatmap3d.cli import main
+    from heatmap3d.commands.main import main
 
     _fake_cuda(monkeypatch, [])
     assert main(["gpus"]) == 0

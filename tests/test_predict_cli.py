@@ -7,7 +7,6 @@ Identical voxels and geometry must give identical landmarks whatever the file fo
 
 from __future__ import annotations
 
-import csv
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -17,6 +16,7 @@ import nibabel as nib
 import numpy as np
 import pytest
 import torch
+from assertions import table_rows
 from nibabel.affines import from_matvec
 from scipy.spatial.transform import Rotation
 
@@ -70,7 +70,7 @@ def scan(seed: int, affine: np.ndarray) -> Volume:
 
 
 def _command(args: Sequence[str | Path]) -> list[str]:
-    return [sys.executable, "-m", "heatmap3d.cli", "predict", "--device", "cpu", *map(str, args)]
+    return [sys.executable, "-m", "heatmap3d", "predict", "--device", "cpu", *map(str, args)]
 
 
 def predict(*args: str | Path) -> subprocess.CompletedProcess:
@@ -109,7 +109,7 @@ def predict_all(*commands: Sequence[str | Path]) -> list[subprocess.CompletedPro
 
 
 def points(csv_path: Path) -> np.ndarray:
-    rows = list(csv.DictReader(csv_path.read_text().splitlines()[1:]))
+    rows = table_rows(csv_path)
     return np.array([[float(r[k] or "nan") for k in "xyz"] for r in rows])
 
 

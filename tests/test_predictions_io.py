@@ -10,7 +10,7 @@ import pytest
 from heatmap3d.errors import InputError
 from heatmap3d.geometry import voxel_to_world, world_to_voxel
 from heatmap3d.io.landmarks import Landmarks, read_landmarks, write_landmarks
-from heatmap3d.io.predictions import (
+from heatmap3d.predictions.scan_files import (
     MARKER,
     NIFTI_MARKER,
     check_overwrite,
@@ -31,7 +31,8 @@ def _write(tmp_path, **kw):
 
 
 def _csv_rows(path):
-    return list(csv.DictReader(path.read_text().splitlines()[1:]))
+    lines = path.read_text().splitlines()
+    return list(csv.DictReader(line for line in lines if not line.startswith("#")))
 
 
 def test_both_files_read_back_exactly(tmp_path):
@@ -46,7 +47,7 @@ def test_both_files_read_back_exactly(tmp_path):
 
 
 def test_csv_review_column(tmp_path):
-    rows = _csv_rows(_write(tmp_path, review_below=0.5)[0])
+    rows = _csv_rows(_write(tmp_path, review_below=0.5, status=["ok"] * 4)[0])
     # 0.83 confident; 0.31 below; missing; exactly at the threshold counts as confident
     assert [r["review"] for r in rows] == ["0", "1", "1", "0"]
     assert [r["x"] for r in rows][2] == ""
@@ -64,7 +65,7 @@ def test_csv_confidence_is_written_to_four_digits(tmp_path):
 
 
 def test_markups_flags_and_descriptions(tmp_path):
-    doc = json.loads(_write(tmp_path)[1].read_text())
+    doc = json.loads(_write(tmp_path, status=["ok"] * 4)[1].read_text())
     markup = doc["markups"][0]
     assert markup["coordinateSystem"] == "LPS"
     cps = {cp["label"]: cp for cp in markup["controlPoints"]}

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from heatmap3d.cli import main
+from heatmap3d.commands.main import main
 from heatmap3d.data.findings import CheckReport, Collector
 from heatmap3d.data.reflection import FLIP, check_orientation, fit_pair
 from heatmap3d.io.landmarks import Landmarks, read_landmarks

@@ -12,11 +12,11 @@ from assertions import raises_naming
 from PIL import Image
 from report_folders import HOSTILE, prediction_folder
 
-from heatmap3d.cli import main
+from heatmap3d.commands.main import main
 from heatmap3d.evaluation.pictures import landmark_views
 from heatmap3d.evaluation.report import write_report
 from heatmap3d.evaluation.report_html import GENERATOR
-from heatmap3d.inference.resume import write_record
+from heatmap3d.predictions.resume import write_record
 
 
 def run(capsys, *argv: str) -> tuple[int, str, str]:
@@ -220,9 +220,9 @@ def test_radius_circle_is_drawn_to_scale(radius):
 
 
 def test_prediction_table_reads_back_what_predict_wrote(tmp_path):
-    from heatmap3d.evaluation.records import read_prediction_table
     from heatmap3d.io.landmarks import Landmarks
-    from heatmap3d.io.predictions import write_prediction
+    from heatmap3d.predictions.reading import read_prediction_table
+    from heatmap3d.predictions.scan_files import write_prediction
 
     points = np.array([[1.0, 2, 3], [np.nan] * 3, [4, 5, 6], [7, 8, 9]])
     names = ["a", HOSTILE, "c", "d"]
@@ -241,14 +241,16 @@ def test_prediction_table_reads_back_what_predict_wrote(tmp_path):
 
 
 def test_prediction_table_refuses_a_bad_cell_in_one_line(tmp_path):
-    from heatmap3d.evaluation.records import read_prediction_table
     from heatmap3d.io.landmarks import Landmarks
-    from heatmap3d.io.predictions import write_prediction
+    from heatmap3d.predictions.reading import read_prediction_table
+    from heatmap3d.predictions.scan_files import write_prediction
 
     write_prediction(tmp_path, "x", Landmarks(["a"], np.zeros((1, 3))), np.array([0.9]))
     path = tmp_path / "x.csv"
     path.write_text(path.read_text().replace(",0.9,", ",high,"))
-    with raises_naming(path, "line 3", "confidence 'high'"):
+    line = 1 + next(n for n, text in enumerate(path.read_text().splitlines()) if "high" in text)
+    assert line > 2  # below the coordinate-system line, the notes and the header
+    with raises_naming(path, f"line {line}:", "confidence 'high'"):
         read_prediction_table(path)
 
 

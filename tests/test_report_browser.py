@@ -10,7 +10,7 @@ from browser import load_all_images, open_page
 from PIL import Image
 from report_folders import HOSTILE, prediction_folder
 
-from heatmap3d.cli import main
+from heatmap3d.commands.main import main
 
 
 @pytest.fixture

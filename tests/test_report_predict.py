@@ -8,7 +8,7 @@ import pytest
 from report_folders import scan_volume
 from test_predict_cli import checkpoint
 
-from heatmap3d.cli import main
+from heatmap3d.commands.main import main
 from heatmap3d.io.volumes import save_volume
 
 

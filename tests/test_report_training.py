@@ -15,7 +15,7 @@ def test_training_writes_the_report_of_its_validation_predictions(phantoms, copy
     data = copy_of(phantoms(n_train=3, n_val=2, seed=4))
     out = data.parent / "runs"
     argv = ["train", data, "train.budget_minutes=0.05", f"train.out_dir={out}", *TINY]
-    proc = run([sys.executable, "-m", "heatmap3d.cli", *map(str, argv)], timeout=600)
+    proc = run([sys.executable, "-m", "heatmap3d", *map(str, argv)], timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     model = out / "data"
     page = (model / "report.html").read_text(encoding="utf-8")

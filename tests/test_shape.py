@@ -12,7 +12,7 @@ import json
 import numpy as np
 import pytest
 
-from heatmap3d.inference.shape import ShapeModel
+from heatmap3d.review.shape import ShapeModel
 
 K = 20
 NAMES = [f"L{k}" for k in range(K)]

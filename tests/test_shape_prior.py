@@ -10,10 +10,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from heatmap3d.cli import main
-from heatmap3d.inference.shape import ShapeModel
-from heatmap3d.inference.shape_prior import PopulationShape
+from heatmap3d.commands.main import main
 from heatmap3d.io.landmarks import Landmarks, write_landmarks
+from heatmap3d.review.shape import ShapeModel
+from heatmap3d.review.shape_file import shape_from_dict
+from heatmap3d.review.shape_prior import PopulationShape
 
 REAL = Path(__file__).resolve().parents[2] / "shared" / "data" / "real" / "afids_population"
 K = 12
@@ -70,7 +71,7 @@ def test_clean_people_are_rarely_flagged_and_a_landmark_20_mm_off_is(prior):
 
 
 def test_the_prior_round_trips_through_shape_json_and_selects_landmarks(prior):
-    back = ShapeModel.from_dict(json.loads(json.dumps(prior.to_dict())))
+    back = shape_from_dict(json.loads(json.dumps(prior.to_dict())))
     assert isinstance(back, PopulationShape)
     p = _people(1, seed=3)[0]
     assert np.allclose(back.residuals(p), prior.residuals(p))
@@ -78,7 +79,7 @@ def test_the_prior_round_trips_through_shape_json_and_selects_landmarks(prior):
     assert sub.names == NAMES[::-1][:8] and sub.mean.shape == (8, 3)
     assert np.isfinite(sub.residuals(p[::-1][:8])).all()
     with pytest.raises(ValueError, match="positive definite"):
-        ShapeModel.from_dict({**prior.to_dict(), "cov": (-np.eye(3 * K)).tolist()})
+        shape_from_dict({**prior.to_dict(), "cov": (-np.eye(3 * K)).tolist()})
 
 
 def _write_people(folder: Path, people: np.ndarray, suffix: str) -> None:
@@ -161,7 +162,7 @@ SETS = {
 @pytest.mark.skipif(not REAL.is_dir(), reason=f"real AFIDs population not found at {REAL}")
 def test_on_real_people_a_set_never_seen_is_rarely_flagged_and_gross_errors_are_caught():
     """Fit on three AFIDs sets, test on the fourth (HCP): few false alarms, 20 mm caught."""
-    from heatmap3d.inference.shape_files import landmark_files, read_configurations
+    from heatmap3d.review.prior_files import landmark_files, read_configurations
 
     names = [str(k) for k in range(1, 33)]
     sets = {
@@ -192,7 +193,7 @@ TEMPLATES = [
 def test_a_model_fitted_on_the_three_templates_does_not_cry_wolf_on_real_people():
     """Without a prior, training fits the three templates (floor 3 + 150/N^2 mm): on real
     people it flags few true landmarks (the old 8 mm floor flagged 0.7 per person)."""
-    from heatmap3d.inference.shape_files import landmark_files, read_configurations
+    from heatmap3d.review.prior_files import landmark_files, read_configurations
     from heatmap3d.training.heldout import shape_floor_mm
 
     names = [str(k) for k in range(1, 33)]

@@ -21,7 +21,7 @@ TINY = ["data.num_workers=0", "model.channels=2", "model.depth=2", "data.patch_s
 
 
 def cli(*args: str | Path) -> subprocess.CompletedProcess:
-    return run([sys.executable, "-m", "heatmap3d.cli", *map(str, args)], timeout=600)
+    return run([sys.executable, "-m", "heatmap3d", *map(str, args)], timeout=600)
 
 
 def _prior(folder: Path, names: list[str]) -> Path:
@@ -87,7 +87,7 @@ def test_a_prior_without_the_datasets_landmarks_is_refused_before_training(
 
 
 def test_plan_with_a_shape_prior_writes_it_into_every_stage(phantoms, copy_of, tmp_path, capsys):
-    from heatmap3d.cli import main
+    from heatmap3d.commands.main import main
     from heatmap3d.planning.plan_file import read_plan
 
     data = copy_of(phantoms(n_train=4, n_val=2, n_test=0, seed=3))

@@ -92,7 +92,7 @@ def _check_predict_and_evaluate_cli(best: Path, dataset: Path, tmp_path: Path) -
         [
             sys.executable,
             "-m",
-            "heatmap3d.cli",
+            "heatmap3d",
             "predict",
             "--checkpoint",
             str(best),
@@ -124,7 +124,7 @@ def _check_predict_and_evaluate_cli(best: Path, dataset: Path, tmp_path: Path) -
         [
             sys.executable,
             "-m",
-            "heatmap3d.cli",
+            "heatmap3d",
             "evaluate",
             "--pred",
             str(pred_dir),

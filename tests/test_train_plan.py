@@ -32,7 +32,7 @@ stages:
 
 
 def cli(*args: str | Path) -> subprocess.CompletedProcess:
-    return run([sys.executable, "-m", "heatmap3d.cli", *map(str, args)], timeout=600)
+    return run([sys.executable, "-m", "heatmap3d", *map(str, args)], timeout=600)
 
 
 def _test_scan(data: Path) -> Path:

@@ -130,7 +130,7 @@ def test_a_dataset_of_mixed_formats_checks_clean_and_trains(phantoms, copy_of, t
         image.unlink()
     assert dicom_done
     check = subprocess.run(
-        [sys.executable, "-m", "heatmap3d.cli", "check", str(data)],
+        [sys.executable, "-m", "heatmap3d", "check", str(data)],
         capture_output=True,
         text=True,
         encoding="utf-8",

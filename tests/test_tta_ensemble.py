@@ -13,9 +13,9 @@ import torch
 from stand_ins import EchoNet, blob_scan
 
 from heatmap3d.config import Config, DataConfig, InferenceConfig, ModelConfig
-from heatmap3d.evaluation.calibration import Calibration, presence_threshold
 from heatmap3d.inference.pipeline import Pipeline
 from heatmap3d.inference.predictor import Predictor
+from heatmap3d.review.calibration import Calibration, presence_threshold
 
 SHAPE = (40, 30, 36)
 AFFINE = np.diag([1.5, 1.5, 1.5, 1.0])
@@ -151,7 +151,7 @@ def test_the_shape_model_sends_a_landmark_on_a_look_alike_back_to_the_peak_that_
     true place: the shape model of the training configurations flags the first and the
     pipeline takes the second (status moved)."""
     from heatmap3d.geometry import world_to_voxel
-    from heatmap3d.inference.shape import ShapeModel
+    from heatmap3d.review.shape import ShapeModel
 
     rng = np.random.default_rng(0)
     true = rng.uniform(-16, 16, (12, 3))

@@ -28,10 +28,13 @@ from heatmap3d.distributed import DistInfo
 from heatmap3d.errors import InputError
 from heatmap3d.io.layout import Case, dataset_split, find_cases, no_validation
 from heatmap3d.io.manifest import read_manifest
+from heatmap3d.log import get_logger
 
 _WARNINGS_SHOWN = 5  # the rest are counted; `heatmap3d check` lists every one
 
 __all__ = ["prepare_dataset", "require_validation"]
+
+log = get_logger(__name__)
 
 
 def prepare_dataset(cfg: Config, world: DistInfo) -> tuple[list[str], list[Case], list[Case]]:
@@ -71,12 +74,12 @@ def require_validation(root: Path, split_file: str) -> dict[str, list[str]]:
 
 
 def _refuse_errors(report: CheckReport, cfg: Config) -> None:
-    """Print the warnings; raise the first error (with a count of the others)."""
+    """Log the warnings; raise the first error (with a count of the others)."""
     for finding in report.warnings[:_WARNINGS_SHOWN]:
-        print(finding)
+        log.warning(str(finding))
     hidden = len(report.warnings) - _WARNINGS_SHOWN
     if hidden > 0:
-        print(f"... and {hidden} more warnings (heatmap3d check {cfg.data.root} lists them)")
+        log.warning(f"... and {hidden} more warnings (heatmap3d check {cfg.data.root} lists them)")
     if report.errors:
         # A problem in one case's file first: more telling than its consequence on the set.
         errors = sorted(report.errors, key=lambda f: not f.path.is_file())
@@ -110,7 +113,7 @@ def _cases_from_split(cfg: Config, root: Path) -> tuple[list[str], list[Case], l
     """Names (``data.landmarks``; [] = the check's most common set) and train/val cases."""
     if cfg.synthetic.generate and not (root / cfg.data.split_file).is_file():
         s = cfg.synthetic
-        print(f"generating the synthetic dataset in {root} (seed {s.seed})")
+        log.info(f"generating the synthetic dataset in {root} (seed {s.seed})")
         generate_dataset(root, n_train=s.n_train, n_val=s.n_val, n_test=s.n_test, seed=s.seed)
     split = require_validation(root, cfg.data.split_file)
     train = find_cases(root, split.get("train", []), "train")

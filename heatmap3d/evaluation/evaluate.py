@@ -5,7 +5,7 @@ Used by ``heatmap3d evaluate --pred DIR --truth DIR`` and by the end of training
 
 Outputs and inputs are kept apart: ``metrics.csv`` (per landmark) and ``errors.csv``
 (per case) go to an output folder (default ``PRED/evaluation``, which
-:func:`~heatmap3d.evaluation.records.read_dir` does not descend into). An output folder
+:func:`~heatmap3d.predictions.reading.read_dir` does not descend into). An output folder
 that *is* the prediction or truth folder is refused, since the next run would read the
 CSVs among the landmark files; CSVs that an earlier run left among the predictions are
 recognised and skipped. Both CSVs end with a
@@ -37,13 +37,14 @@ from heatmap3d.evaluation.metrics import (
     stats_to_rows,
     summarize,
 )
-from heatmap3d.evaluation.records import is_evaluation_output, landmark_files
 from heatmap3d.evaluation.stated import presence_line, radius_line, stated_radii
 from heatmap3d.io.atomic import atomic_write_bytes
 from heatmap3d.io.landmark_fields import spreadsheet_safe
 from heatmap3d.io.landmarks import Landmarks, read_landmarks
 from heatmap3d.io.layout import find_landmark_file
 from heatmap3d.io.seal import seal, seal_state
+from heatmap3d.predictions import resume
+from heatmap3d.predictions.reading import is_evaluation_output, landmark_files
 
 N_WORST = 10
 MARKER = f"heatmap3d {__version__}"
@@ -205,14 +206,22 @@ def _check_predicted_names(paths: Mapping[str, Path], pred, names: Sequence[str]
 
 
 def evaluate_dirs(
-    pred_dir: Path, truth_dir: Path, out_dir: Path | None = None, *, overwrite: bool = False
+    pred_dir: Path,
+    truth_dir: Path,
+    out_dir: Path | None = None,
+    *,
+    overwrite: bool = False,
+    mixed_models: bool = False,
 ) -> str:
     """Evaluate every case predicted in ``pred_dir`` against ``truth_dir``.
 
     The CSVs go to ``out_dir`` (default ``pred_dir/evaluation``), never into ``pred_dir``
     or ``truth_dir`` themselves. The landmarks evaluated are every name in the truth files
     (:func:`union_names`, in case order): a truth file that leaves one out has it missing.
-    ``overwrite`` lets the CSVs replace files heatmap3d did not write. Returns the report,
+    ``overwrite`` lets the CSVs replace files heatmap3d did not write. Predictions that
+    ``predict`` records as made by different models (or options) are refused, as
+    ``collect`` refuses them (:func:`_check_one_model`), unless ``mixed_models``: then
+    the report starts with a warning saying so. Returns the report,
     which ends with a line on presence (:func:`presence_line`) and, when the prediction
     CSVs state error radii (``radius_mm``), one on those before it (:func:`radius_line`).
     """
@@ -224,6 +233,7 @@ def evaluate_dirs(
     _check_apart(out, pred_dir, truth_dir)
     if not paths:
         raise InputError(f"{pred_dir}: no landmark files found")
+    warning = _check_one_model(pred_dir, paths, mixed_models)
     pred = {c: read_landmarks(p) for c, p in paths.items()}
     truth_paths = {c: find_landmark_file(truth_dir, c) for c in pred}
     _check_not_themselves(paths, truth_paths)
@@ -237,4 +247,26 @@ def evaluate_dirs(
     stated = radii is not None and bool(np.isfinite(radii).any())
     extra = [radius_line(errors, radii)] if stated else []
     extra.append(presence_line(pred, truth, names, ids))
-    return "\n".join([text, *extra])
+    return "\n".join([*warning, text, *extra])
+
+
+def _check_one_model(pred_dir: Path, paths: Mapping[str, Path], mixed: bool) -> list[str]:
+    """Refuse predictions recorded as made by different models or option sets (their
+    metrics would describe no one model), as ``heatmap3d collect`` refuses to table them;
+    with ``mixed`` (``--mixed-models``), the warning line to print instead.
+
+    What made each case's files is the record ``predict`` wrote beside them
+    (:mod:`heatmap3d.predictions.resume`, read as ``heatmap3d report`` reads it); cases
+    without one (files of another tool) are not counted.
+    """
+    records = {case: resume.read_record(pred_dir, case) for case in paths}
+    mixed_text = resume.mixed_models({c: r for c, r in records.items() if r is not None})
+    if mixed_text is None:
+        return []
+    if not mixed:
+        raise InputError(
+            f"{pred_dir}: its predictions were made by {mixed_text}; their metrics would mix "
+            "them: evaluate each model's predictions in its own folder, or pass "
+            "--mixed-models to score them together"
+        )
+    return [f"warning: {pred_dir}: predictions made by {mixed_text}, scored together"]

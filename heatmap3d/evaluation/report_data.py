@@ -1,8 +1,8 @@
 """What the HTML report shows, read from the files the tool wrote (never from the model).
 
 A prediction folder ``P`` holds, per scan, ``<scan>.csv`` and ``<scan>.mrk.json``
-(:mod:`heatmap3d.io.predictions`), maybe ``<scan>.png``, the record of what made them
-(``P/.heatmap3d/<scan>.json``, :mod:`heatmap3d.inference.resume`: the model's identity,
+(:mod:`heatmap3d.predictions.scan_files`), maybe ``<scan>.png``, the record of what made them
+(``P/.heatmap3d/<scan>.json``, :mod:`heatmap3d.predictions.resume`: the model's identity,
 the scan's path), maybe the cohort tables ``landmarks.csv``/``review.csv`` and an
 ``evaluation/`` folder (``metrics.csv``, ``errors.csv``). :func:`read_cohort` reads them
 into a :class:`Cohort`. What is odd about the folder (a scan whose two files are not both
@@ -22,15 +22,19 @@ from pathlib import Path
 import numpy as np
 
 from heatmap3d.errors import InputError, one_line
-from heatmap3d.evaluation.records import (
-    OUTPUTS,
+from heatmap3d.io.landmark_fields import from_spreadsheet_safe
+from heatmap3d.predictions.reading import (
     PredictionTable,
     is_evaluation_output,
     read_prediction_table,
 )
-from heatmap3d.inference.resume import RECORDS, read_record
-from heatmap3d.io.landmark_fields import from_spreadsheet_safe
+from heatmap3d.predictions.resume import RECORDS, read_record
 
+UNSTATED = ("not stated", "not stated")
+UNSTATED_NOTE = (
+    "these predictions do not say what their radii and shape check rest on (written by an "
+    "earlier heatmap3d): read radius_mm as uncalibrated, and an unflagged landmark as unchecked"
+)
 COHORT_TABLES = ("landmarks.csv", "review.csv")
 """The cohort tables ``heatmap3d predict`` writes beside the per-scan files."""
 
@@ -106,6 +110,17 @@ class Cohort:
     tables: list[Path] = field(default_factory=list)
     evaluation: Evaluation | None = None
 
+    @property
+    def bases(self) -> dict[tuple[str, str], tuple[str, ...]]:
+        """Each distinct (radius basis, shape check) of the scans, with the sentences that
+        explain it (:mod:`heatmap3d.review.basis`); a scan whose file states
+        none counts as ``("not stated", "not stated")``."""
+        out: dict[tuple[str, str], tuple[str, ...]] = {}
+        for s in self.scans:
+            for pair in s.table.basis or [UNSTATED]:
+                out.setdefault(pair, s.table.notes if s.table.basis else (UNSTATED_NOTE,))
+        return out
+
 
 def read_cohort(folder: Path, evaluation: Path | None = None) -> Cohort:
     """Read the prediction folder ``folder`` (see the module docstring).
@@ -139,10 +154,10 @@ def read_cohort(folder: Path, evaluation: Path | None = None) -> Cohort:
 
 def _read_scans(folder: Path, problems: list[str]) -> list[ScanRecord]:
     """Every ``<scan>.csv`` heatmap3d predicted in ``folder``; the oddities to ``problems``."""
-    skip = set(COHORT_TABLES) | set(OUTPUTS)
     scans, half = [], []
     for path in sorted(folder.glob("*.csv")):
-        if path.name in skip or is_evaluation_output(path):
+        # A scan may be named metrics or errors (predict refuses landmarks and review).
+        if path.name in COHORT_TABLES or is_evaluation_output(path):
             continue
         stem = path.name[: -len(".csv")]
         try:
@@ -180,7 +195,9 @@ def _read_scans(folder: Path, problems: list[str]) -> list[ScanRecord]:
     if stale:
         problems.append(f"temporary files of an interrupted write: {_listed(stale)}")
     unrecorded = [s.stem for s in scans if s.scan is None]
-    if unrecorded and len(unrecorded) < len(scans):
+    # Records kept for some scan, or a records folder: a scan without one was interrupted
+    # (its record goes last) or its rewrite failed part way (its record goes first).
+    if unrecorded and (len(unrecorded) < len(scans) or (folder / RECORDS).is_dir()):
         problems.append(
             f"no record of what made {_listed(unrecorded)} (in {RECORDS}/, written last: "
             "interrupted, or predicted by an older version)"

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import numpy as np
 
-from heatmap3d.evaluation.records import is_evaluation_output, read_radius_column
 from heatmap3d.io.landmarks import Landmarks, read_landmarks
+from heatmap3d.predictions.reading import is_evaluation_output, read_radius_column
 
 # A landmark's position in the file evaluated and in the CSV that states its radius count
 # as the same within this (mm): the .mrk.json holds the CSV's RAS points negated to LPS,

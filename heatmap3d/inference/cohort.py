@@ -10,12 +10,12 @@ rendezvous, as training). The ranks and the process group are
    the job's part of share I of N, the scans rank I of N ranks would take);
 2. it removes what a killed writer of its scans left (temporary files), then reads its
    scans in loader worker processes (:mod:`heatmap3d.inference.reading`), skipping those
-   whose outputs are current (:mod:`heatmap3d.inference.resume`), predicts the others
+   whose outputs are current (:mod:`heatmap3d.predictions.resume`), predicts the others
    through the one inference path (:func:`~heatmap3d.inference.scans.predict_files`)
    and writes each scan's files and then its record;
 3. every rank reports what it did (:func:`~heatmap3d.distributed.every_rank_reports`:
    reached by every rank even when its work raised), and global rank 0 writes the
-   cohort's tables (:mod:`heatmap3d.inference.tables`) and the summary, and lists every
+   cohort's tables (:mod:`heatmap3d.predictions.tables`) and the summary, and lists every
    failure of every rank (exit 2).
 
 A rank waits at the end for the slowest one, which may take hours on a big cohort; a
@@ -38,11 +38,14 @@ from heatmap3d import distributed
 from heatmap3d.distributed import DistInfo
 from heatmap3d.errors import InputError, Interrupted
 from heatmap3d.geometry import Volume
-from heatmap3d.inference import resume
 from heatmap3d.inference.predictor import Prediction
 from heatmap3d.inference.reading import read_ahead
 from heatmap3d.inference.scans import Outcome, Read, ScanPredictor, Skipped, predict_files
-from heatmap3d.inference.tables import write_tables
+from heatmap3d.log import get_logger
+from heatmap3d.predictions import resume
+from heatmap3d.predictions.tables import CohortTables, write_tables
+
+log = get_logger(__name__)
 
 WAIT = datetime.timedelta(days=7)
 
@@ -169,9 +172,9 @@ def _predict_share(
             predictor,
             share,
             write_and_record,
+            reads(),
             keep_heatmaps=job.keep_heatmaps,
             progress=world.is_main,
-            reads=reads(),
             keep_going=True,
             say=distributed.rank_prefix(),
         )
@@ -212,32 +215,46 @@ def _finish(job: Job, world: DistInfo, reports: list[RankReport]) -> None:
         return written, (job.then() if job.then is not None else None)
 
     written, then = distributed.main_then_broadcast(world, tables)
-    if world.is_main:
-        predicted = sum(len(r.predicted) for r in reports)
-        skipped = sum(len(r.skipped) for r in reports)
-        print(f"wrote {predicted} prediction(s) to {job.out}")
-        if predicted:  # the share of no work says nothing
-            waits = ", ".join(
-                f"rank {r.rank} {100 * r.waited_s / max(r.ran_s, 1e-9):.0f}% of {r.ran_s:.1f} s"
-                for r in reports
-            )
-            print(f"waiting for data: {waits}")
-        what = f"{total} scan(s): {predicted} predicted, "
-        what += f"{skipped} skipped (already done), {len(failures)} failed"
-        if written is not None:
-            tables = f"{job.out / 'landmarks.csv'}, {job.out / 'review.csv'}"
-            print(f"cohort of {what}; {written.flagged} landmark(s) flagged for review: {tables}")
-            if then:
-                print(then)
-        elif whole:
-            print(f"cohort of {what}; no tables written (no scan has predictions)")
-        else:
-            share, count = job.shard
-            print(
-                f"share {share} of {count}: {what}; once every share has run: "
-                f"heatmap3d collect {job.out}"
-            )
+    _summary(job, reports, total, len(failures), written, then)
     if failures and world.is_main:
         raise InputError(f"{len(failures)} of {total} scan(s) failed: {'; '.join(failures)}")
     if failures:
         raise InputError(f"{len(failures)} scan(s) of this job failed; rank 0 lists them")
+
+
+def _summary(
+    job: Job,
+    reports: list[RankReport],
+    total: int,
+    failed: int,
+    written: CohortTables | None,
+    then: str | None,
+) -> None:
+    """The job's summary lines: ``total`` scans, ``failed`` of them; ``written`` the
+    tables, ``then`` what the job did after them (the report). Logged (rank 0 shows them);
+    every rank knows the same numbers."""
+    predicted = sum(len(r.predicted) for r in reports)
+    skipped = sum(len(r.skipped) for r in reports)
+    log.info(f"wrote {predicted} prediction(s) to {job.out}")
+    if predicted:  # the share of no work says nothing
+        waits = ", ".join(
+            f"rank {r.rank} {100 * r.waited_s / max(r.ran_s, 1e-9):.0f}% of {r.ran_s:.1f} s"
+            for r in reports
+        )
+        log.info(f"waiting for data: {waits}")
+    what = f"{total} scan(s): {predicted} predicted, "
+    what += f"{skipped} skipped (already done), {failed} failed"
+    if written is not None:
+        tables = f"{job.out / 'landmarks.csv'}, {job.out / 'review.csv'}"
+        log.info(f"cohort of {what}; {written.flagged} landmark(s) flagged for review: {tables}")
+        log.info(written.basis)  # what "flagged" and "not flagged" rest on
+        if then:
+            log.info(then)
+    elif job.shard[1] == 1:
+        log.info(f"cohort of {what}; no tables written (no scan has predictions)")
+    else:
+        share, count = job.shard
+        log.info(
+            f"share {share} of {count}: {what}; once every share has run: "
+            f"heatmap3d collect {job.out}"
+        )

@@ -8,18 +8,18 @@ test-time mirroring, and reviews each scan's landmarks:
    below the calibration's threshold (chosen on validation cases) is reported absent, not
    placed somewhere.
 2. **Shape plausibility.** A landmark that does not fit where the others put it
-   (:class:`~heatmap3d.inference.shape.ShapeModel`, learnt from the training landmarks) is
+   (:class:`~heatmap3d.review.shape.ShapeModel`, learnt from the training landmarks) is
    looked for again near that place: the best heatmap peak that fits (the refinement model
    run around it, or the whole-scan heatmap under a prior there), else the shape model's
    reconstruction. Either way it is marked ``moved`` for review.
 3. **Error radius.** A signal in mm, ``sqrt(g^2 + d^2 + r^2) / max(c, 0.25)`` with ``g``
    the final grid's largest spacing (the decoding's resolution), ``d`` the passes' spread
    (ensemble members, mirrored pass), ``r`` the shape residual and ``c`` the peak height,
-   is turned into a radius by the calibration (:mod:`heatmap3d.evaluation.calibration`:
+   is turned into a radius by the calibration (:mod:`heatmap3d.review.calibration`:
    split conformal per landmark, nominal 90 %). A radius above ``review_radius_mm`` marks
    the landmark for review.
 
-With a pose (:mod:`heatmap3d.inference.pose`, the model folder's ``pose.json``), all of
+With a pose (:mod:`heatmap3d.review.pose`, the model folder's ``pose.json``), all of
 that runs twice: on the scan as stored, then on the scan turned into the training pose
 that the first pass's landmarks show, whose landmarks are mapped back and returned.
 """
@@ -33,15 +33,18 @@ import numpy as np
 import torch
 
 from heatmap3d.errors import InputError
-from heatmap3d.evaluation.calibration import Calibration
 from heatmap3d.geometry import voxel_to_world, world_to_voxel
+from heatmap3d.heatmaps import gaussian_heatmaps
 from heatmap3d.inference.decode import decode_heatmaps
-from heatmap3d.inference.pose import Pose
 from heatmap3d.inference.predictor import Prediction, Predictor
 from heatmap3d.inference.refine import Cascade, refine_landmarks
-from heatmap3d.inference.shape import ShapeModel
 from heatmap3d.io.json_file import load_json
 from heatmap3d.io.model_folder import ModelFolder, read_model_folder
+from heatmap3d.review.basis import ReviewBasis
+from heatmap3d.review.calibration import Calibration
+from heatmap3d.review.pose import Pose
+from heatmap3d.review.shape import ShapeModel
+from heatmap3d.review.shape_file import shape_from_dict
 
 DEFAULT_REVIEW_RADIUS_MM = 5.0
 MIN_CONFIDENCE = 0.25  # the signal's divisor never below this: a faint peak is not infinitely bad
@@ -68,6 +71,11 @@ class Pipeline:
         for part, what in parts:
             if part is not None and list(part.names) != self.names:
                 raise InputError(f"the {what} is for other landmarks than the model's")
+
+    @property
+    def basis(self) -> ReviewBasis:
+        """What this model's radii and shape check rest on (every output states it)."""
+        return ReviewBasis.of(self.calibration, self.shape)
 
     @property
     def first(self) -> Predictor:
@@ -121,7 +129,6 @@ class Pipeline:
         if presence is not None:
             pred.presence = np.array(presence, copy=True)
         pred.status = np.full(len(self.names), "ok", dtype=object)
-        declare_absent(pred, self.calibration)
         pred.shape_residual_mm = np.full(len(self.names), np.nan)
         if self.shape is not None:
             points = pred.landmarks.points
@@ -131,7 +138,7 @@ class Pipeline:
                 pred.voxels[moved] = world_to_voxel(points[moved], pred.grid_affine)
         pred.signal_mm = self.signal(pred.spread_mm, pred.shape_residual_mm, pred.confidence)
         pred.signal_mm[~np.isfinite(pred.landmarks.points).all(1)] = np.nan
-        state_radii(pred, self.calibration, self.review_radius_mm)
+        state(pred, self.calibration, self.review_radius_mm)
         if not keep_heatmaps:
             pred.heatmaps = None
         return pred
@@ -205,6 +212,21 @@ def _unposed(pred: Prediction, back: np.ndarray) -> Prediction:
     return pred
 
 
+def state(pred: Prediction, calibration: Calibration | None, review_radius_mm: float) -> None:
+    """What the model states about ``pred``'s landmarks, from the pass alone (in place):
+    absent ones (:func:`declare_absent`), the others' radii and ``ok``/``review``
+    (:func:`state_radii`); ``moved`` (the shape check placed it) stays.
+
+    The one place statuses are stated, and stating again gives what stating once with
+    that calibration gives: held-out predictions are made before their calibration exists
+    (stated without one: nothing ``ok``) and stated with it once it is fitted. A ``review``
+    comes only from here, so it is undone first.
+    """
+    pred.status = np.where(pred.status == "moved", "moved", "ok").astype(object)
+    declare_absent(pred, calibration)
+    state_radii(pred, calibration, review_radius_mm)
+
+
 def declare_absent(pred: Prediction, calibration: Calibration | None) -> None:
     """Landmarks whose whole-scan peak is below the calibration's presence threshold lose
     their position (NaN) and get status ``absent`` (in place)."""
@@ -235,11 +257,9 @@ def state_radii(pred: Prediction, calibration: Calibration | None, review_radius
 
 def _gaussian_around(shape, spacing, centre: np.ndarray, sigma_mm: float) -> torch.Tensor:
     """``shape`` weights, a Gaussian of ``sigma_mm`` around voxel ``centre`` ``(3,)``."""
-    axes = []
-    for n, sp, c in zip(shape, spacing, np.asarray(centre).reshape(3), strict=True):
-        mm = (torch.arange(n, dtype=torch.float32) - float(c)) * float(sp)
-        axes.append(torch.exp(-(mm**2) / (2 * sigma_mm**2)))
-    return axes[0][:, None, None] * axes[1][None, :, None] * axes[2][None, None, :]
+    at = torch.as_tensor(np.asarray(centre, dtype=np.float64).reshape(1, 1, 3))
+    spacing = tuple(float(sp) for sp in spacing)
+    return gaussian_heatmaps(at, tuple(shape), sigma=sigma_mm, spacing=spacing)[0, 0]
 
 
 def load_pipeline(
@@ -289,7 +309,7 @@ def read_extras(found: ModelFolder) -> tuple[ShapeModel | None, Calibration | No
     shape = calibration = None
     if found.shape is not None:
         doc = load_json(found.shape, what="shape model")
-        shape = _from_doc(ShapeModel.from_dict, doc, found.shape)
+        shape = _from_doc(shape_from_dict, doc, found.shape)
     if found.calibration is not None:
         doc = load_json(found.calibration, what="calibration")
         calibration = _from_doc(Calibration.from_dict, doc, found.calibration)

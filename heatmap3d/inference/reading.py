@@ -29,11 +29,11 @@ from torch.utils.data import DataLoader, Dataset
 
 from heatmap3d.errors import InputError, one_line
 from heatmap3d.geometry import Volume
-from heatmap3d.inference.resume import input_identity
 from heatmap3d.inference.scans import Read, ScanPredictor, Skipped
 from heatmap3d.io.volumes import load_volume
+from heatmap3d.predictions.resume import input_identity
 
-__all__ = ["ScanReads", "default_workers", "read_ahead"]
+__all__ = ["ScanReads", "check_workers", "default_workers", "read_ahead"]
 
 IsCurrent = Callable[[Path, str], bool]
 """``is_current(scan, input_sha256)``: whether the scan's outputs need no work."""
@@ -119,6 +119,22 @@ def default_workers(local_world_size: int, cpus: int, on_gpu: bool) -> int:
     return 2 if per_rank >= 8 else 1
 
 
+def check_workers(workers: int, cpus: int) -> int:
+    """``--workers`` when it is 0 to ``cpus`` (the CPUs this process may use, its affinity
+    mask, as :func:`default_workers` is given them); else InputError (one line).
+
+    Refused rather than capped: it is the user's number. Loader processes beyond the CPUs
+    only queue for them while each holds a scan in memory, and an absurd count (100000)
+    would fork until the machine gives out, long before the first scan.
+    """
+    if not 0 <= workers <= cpus:
+        raise InputError(
+            f"--workers {workers}: give 0 (read in this process) to {cpus} (the CPUs this "
+            "process may use); leave it out for the default"
+        )
+    return workers
+
+
 def read_ahead(
     predictor: ScanPredictor,
     scans: list[Path],
@@ -135,6 +151,7 @@ def read_ahead(
     """
     if not scans:
         return
+    workers = min(workers, len(scans))  # no idle processes, each a copy of the predictor
     loader = DataLoader(
         ScanReads(predictor, scans, series=series, is_current=is_current, keep_raw=keep_raw),
         batch_size=None,

@@ -2,18 +2,17 @@
 
 ``heatmap3d predict`` hands the scans here (through :mod:`heatmap3d.inference.cohort`,
 which reads them in loader worker processes, :mod:`heatmap3d.inference.reading`).
-Reading and preprocessing the next scans overlaps with inference on the current one
-(by default one background thread, :func:`prefetched`); one unreadable scan is reported
-by name and the others still complete (:class:`ScanFailure`).
+Reading and preprocessing the next scans (in those processes) overlaps with inference on
+the current one; one unreadable scan is reported by name and the others still complete
+(:class:`ScanFailure`).
 """
 
 from __future__ import annotations
 
+import os
 import time
 import traceback
-from collections import Counter
-from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -22,7 +21,8 @@ from heatmap3d.errors import InputError, one_line
 from heatmap3d.geometry import Volume
 from heatmap3d.inference.predictor import Prediction
 from heatmap3d.io.layout import scan_stem
-from heatmap3d.io.volumes import load_volume
+from heatmap3d.io.provenance import is_ours
+from heatmap3d.predictions.tables import TABLES
 
 
 class ScanPredictor(Protocol):
@@ -54,7 +54,7 @@ class Read:
 
 @dataclass(frozen=True)
 class Skipped:
-    """A scan whose outputs are already current (:mod:`heatmap3d.inference.resume`): not
+    """A scan whose outputs are already current (:mod:`heatmap3d.predictions.resume`): not
     predicted again."""
 
     seconds: float  # checking
@@ -63,57 +63,94 @@ class Skipped:
 Outcome = Read | Skipped | InputError
 
 
-def _read(predictor: ScanPredictor, scan: Path, series: str | None) -> Read:
-    start = time.perf_counter()
-    raw = load_volume(scan, series=series)
-    return Read(raw, predictor.prepare(raw), time.perf_counter() - start)
+def unique_scans(scans: list[Path]) -> tuple[list[Path], list[str]]:
+    """``scans`` with each file or folder once (its first mention kept, the order kept),
+    and one line per scan left out, naming it and why.
 
-
-def prefetched(
-    predictor: ScanPredictor, scans: list[Path], series: str | None = None
-) -> Iterator[tuple[Path, Read | InputError]]:
-    """``(scan, what was read or the InputError reading raised)``, in order, one scan
-    read ahead.
-
-    A background thread reads and preprocesses scan n+1 while the caller runs inference
-    on scan n. A thread (not a process) suffices: gzip, numpy and torch release the GIL in
-    their heavy loops, and the volume needs no pickling. One scan ahead bounds the memory
-    to two volumes. Anything but an :class:`InputError` (a bug) is raised at its turn.
+    One file can come by several paths: the same path twice, two spellings of it
+    (``a/../a/x.nii.gz``), a symbolic or hard link, a folder of scans and a file in it.
+    Predicted once each, a cohort would otherwise list its rows twice (or once per name).
+    Identity is the file system's (device and inode, links followed). The heatmaps
+    ``predict --save-heatmaps`` wrote are left out too: predicting into the scans' own
+    folder, a rerun finds them among the scans. A folder given as ``.`` or ``a/..`` is
+    given back by its absolute path, so that its outputs are named after it.
     """
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="prefetch") as pool:
+    kept: dict[object, Path] = {}
+    unique: list[Path] = []
+    repeats: list[str] = []
+    for scan in scans:
+        if scan.name in ("", ".."):  # "." or "a/..": a folder named by where it is
+            scan = Path(os.path.abspath(scan))
+        if _our_heatmaps(scan):
+            repeats.append(f"{scan}: heatmaps written by heatmap3d predict, not a scan; left out")
+            continue
+        key = _identity(scan)
+        if key in kept:
+            first = kept[key]
+            how = "the same path" if scan == first else "another path to it"
+            repeats.append(
+                f"{scan}: the same scan as {first} ({how}); taken once, as {scan_stem(first)}"
+            )
+            continue
+        kept[key] = scan
+        unique.append(scan)
+    return unique, repeats
 
-        def submit(n: int) -> Future:
-            return pool.submit(_read, predictor, scans[n], series)
 
-        pending: Future | None = submit(0) if scans else None
-        for n, scan in enumerate(scans):
-            current, pending = pending, (submit(n + 1) if n + 1 < len(scans) else None)
-            try:
-                read = current.result()
-            except InputError as err:
-                read = err
-            except BaseException:
-                if pending is not None:
-                    pending.cancel()
-                raise
-            yield scan, read
+def _our_heatmaps(scan: Path) -> bool:
+    """Whether ``scan`` is a ``<stem>_heatmaps.nii[.gz]`` that ``predict`` wrote."""
+    name = scan.name.lower()
+    return name.endswith(("_heatmaps.nii", "_heatmaps.nii.gz")) and is_ours(scan)
+
+
+def _identity(scan: Path) -> object:
+    """What names ``scan`` on the file system: device and inode (links followed); the
+    absolute path when it cannot be looked up (its reader then says why)."""
+    try:
+        found = os.stat(scan)
+    except OSError:
+        return os.path.abspath(scan)
+    return found.st_dev, found.st_ino
 
 
 def output_stems(scans: list[Path]) -> dict[Path, str]:
-    """The name each scan's outputs get; InputError when two scans would share one.
+    """The name each scan's outputs get; InputError (one line naming the scans) when two
+    scans would share one, or a scan's outputs would take a name the tool uses itself.
 
-    Two scans named alike in different folders would otherwise overwrite each other's
-    outputs and be reported twice.
+    Two scans named alike (``a/scan.nii.gz``, ``b/scan.nrrd``) would otherwise overwrite
+    each other's outputs and be reported twice. Names are compared ignoring case: the
+    folder may be read on a file system that does not tell ``Scan.csv`` from ``scan.csv``
+    (macOS, Windows, a network share). Repeats of one scan are :func:`unique_scans`' job.
     """
     stems = {scan: scan_stem(scan) for scan in scans}
-    clashes = [stem for stem, n in Counter(stems.values()).items() if n > 1]
-    if clashes:
-        same = [str(s) for s in scans if stems[s] == clashes[0]]
-        raise InputError(
-            f"{' and '.join(same)}: these scans would write the same outputs "
-            f"{clashes[0]}.*; rename them or predict them into separate --out folders"
-        )
+    for scan, stem in stems.items():
+        _check_stem(scan, stem)
+    alike: dict[str, list[Path]] = {}
+    for scan, stem in stems.items():
+        alike.setdefault(stem.casefold(), []).append(scan)
+    for same in alike.values():
+        if len(same) > 1:
+            names = sorted({stems[s] for s in same})
+            what = names[0] if len(names) == 1 else " / ".join(names) + " (alike but for case)"
+            raise InputError(
+                f"{' and '.join(map(str, same))}: these scans would write the same outputs "
+                f"{what}.*; rename them or predict them into separate --out folders"
+            )
     return stems
+
+
+def _check_stem(scan: Path, stem: str) -> None:
+    """Refuse a scan whose outputs would have no name, or the name of a cohort table."""
+    if not stem:
+        raise InputError(
+            f"{scan}: no name is left for its outputs once the suffix is removed; rename it"
+        )
+    taken = {name[: -len(".csv")].casefold(): name for name in TABLES}
+    if stem.casefold() in taken:
+        raise InputError(
+            f"{scan}: its outputs would be named {stem}.csv, like the cohort table "
+            f"{taken[stem.casefold()]} written beside them; rename the scan"
+        )
 
 
 Writer = Callable[[str, Prediction, Volume], object]
@@ -123,19 +160,18 @@ def predict_files(
     predictor: ScanPredictor,
     scans: list[Path],
     write: Writer,
+    reads: Iterable[tuple[Path, Outcome]],
     *,
-    series: str | None = None,
     keep_heatmaps: bool = False,
     progress: bool = True,
-    reads: Iterable[tuple[Path, Outcome]] | None = None,
     keep_going: bool = False,
     say: str = "",
 ) -> tuple[dict[str, Prediction], list[ScanFailure]]:
     """Predict every scan and ``write(stem, prediction, raw volume)`` its outputs.
 
-    ``series``: the DICOM SeriesInstanceUID to read from folders that hold several.
-    ``reads``: the scans as read, in order (default :func:`prefetched`); a
-    :class:`Skipped` scan is passed over. ``keep_going``: an unexpected error while
+    ``reads``: the scans as read, in order (loader processes:
+    :func:`heatmap3d.inference.reading.read_ahead`); a :class:`Skipped` scan is passed
+    over. ``keep_going``: an unexpected error while
     predicting one scan (a bug, a GPU out of memory on one huge scan) is printed with its
     traceback and listed as that scan's failure instead of ending the others. ``say``
     starts every printed line (a rank's prefix).
@@ -154,7 +190,7 @@ def predict_files(
     last = time.perf_counter()
     bar = tqdm(total=len(scans), desc="predict", unit="scan", disable=not progress)
     try:
-        for scan, read in prefetched(predictor, scans, series) if reads is None else reads:
+        for scan, read in reads:
             start = time.perf_counter()
             if isinstance(read, Skipped):
                 last = start

@@ -56,7 +56,9 @@ def _read_csv(path: Path, text: str) -> Parsed:
             f"{path}: first line must state the frame of x,y,z: add a line "
             "'# coordinate_system = RAS' (or '= LPS') above the header"
         )
-    reader = csv.DictReader(lines[1:])
+    # '#' lines between it and the header are notes (a prediction's review basis).
+    notes = next((i for i, line in enumerate(lines[1:]) if not line.startswith("#")), 0)
+    reader = csv.DictReader(lines[1 + notes :])
     header = [c.strip() for c in (reader.fieldnames or [])]
     missing = [c for c in ("name", "x", "y", "z") if c not in header]
     if missing:
@@ -64,7 +66,7 @@ def _read_csv(path: Path, text: str) -> Parsed:
     reader.fieldnames = header
     names, points = [], []
     for row in reader:
-        number = reader.line_num + 1  # +1: the coordinate_system line
+        number = reader.line_num + 1 + notes  # +1: the coordinate_system line
         if None in row.values() or None in row:
             raise InputError(f"{path}: line {number}: wrong number of columns")
         names.append(from_spreadsheet_safe(row["name"].strip()))

@@ -93,7 +93,9 @@ def _csv_is_ours(path: Path) -> bool:
     if seal_state(text) is False:  # edited since we wrote it: the user's now
         return False
     lines = text.splitlines()
-    reader = csv.DictReader(lines[1:])
+    # Past the coordinate-system line and the '#' notes under it: the table.
+    start = next((i for i, line in enumerate(lines) if not line.startswith("#")), len(lines))
+    reader = csv.DictReader(lines[start:])
     if "written_by" not in (reader.fieldnames or []):
         return False
     return all(str(row["written_by"]).startswith("heatmap3d ") for row in reader)

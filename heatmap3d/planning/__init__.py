@@ -8,5 +8,5 @@ those numbers with small documented rules (:mod:`~heatmap3d.planning.plan`: pure
 functions, testable with fake fingerprints), and writes them as ``DATA/plan.yaml`` with the
 reason for each choice in a comment (:mod:`~heatmap3d.planning.plan_file`), which
 ``heatmap3d train`` reads back (:func:`~heatmap3d.planning.plan_file.stage_configs`).
-The command itself is :mod:`~heatmap3d.planning.command`.
+The command itself is :mod:`~heatmap3d.commands.plan`.
 """

@@ -5,7 +5,7 @@ Three templates cannot show how people differ; the 122 AFIDs people can. Per sam
 probability ``augment.anatomy``), on the training device:
 
 1. one real configuration is drawn from the prior file (``heatmap3d shape fit``: the
-   fitted cases, similarity-aligned; :mod:`heatmap3d.inference.shape_prior`);
+   fitted cases, similarity-aligned; :mod:`heatmap3d.review.shape_prior`);
 2. it is aligned to the sample's own landmarks by a similarity (rotation, uniform scale,
    translation; least squares over the landmarks both have): only shape is taken from the
    person, never pose or size, which the spatial augmentation draws;
@@ -295,8 +295,8 @@ def load_population(cfg: AugmentConfig, names: Sequence[str]) -> Tensor:
 
 @functools.lru_cache(maxsize=4)
 def _read_population(path: str, stamp: tuple | None, names: tuple[str, ...]) -> Tensor:
-    from heatmap3d.inference.shape_prior import KIND, PopulationShape
     from heatmap3d.io.json_file import load_json
+    from heatmap3d.review.shape_prior import KIND, PopulationShape
 
     key = "augment.anatomy_prior"
     doc = load_json(Path(path), what=f"shape prior ({key})")

@@ -2,8 +2,8 @@
 pose, and the calibration of its error radii and of absence, from held-out predictions
 (:func:`held_out_predictions`).
 
-The shape model (:class:`~heatmap3d.inference.shape.ShapeModel`) is fitted on the training
-cases' landmarks. The calibration (:mod:`heatmap3d.evaluation.calibration`) is fitted on
+The shape model (:class:`~heatmap3d.review.shape.ShapeModel`) is fitted on the training
+cases' landmarks. The calibration (:mod:`heatmap3d.review.calibration`) is fitted on
 predictions of cases the predicting model never trained on: the validation scans (one model
 or seeds), or each fold's validation scans predicted by that fold's model (``--folds``);
 each as stored and under ``train.calibration_views`` random placements
@@ -24,23 +24,26 @@ from heatmap3d import distributed
 from heatmap3d.config import DataConfig
 from heatmap3d.data.dataset import PreprocessedCases
 from heatmap3d.distributed import DistInfo
-from heatmap3d.errors import InputError
-from heatmap3d.evaluation.calibration import Calibration, fit_calibration
 from heatmap3d.evaluation.metrics import radial_errors
 from heatmap3d.evaluation.placements import Placements, random_placement
 from heatmap3d.inference.pipeline import Pipeline
-from heatmap3d.inference.pose import Pose, fit_pose
 from heatmap3d.inference.predictor import Prediction, Predictor
 from heatmap3d.inference.refine import Cascade
-from heatmap3d.inference.shape import ShapeModel
-from heatmap3d.inference.shape_prior import PopulationShape
-from heatmap3d.io.json_file import load_json
 from heatmap3d.io.landmarks import read_landmarks
 from heatmap3d.io.layout import Case
 from heatmap3d.io.model_folder import StageEntry
 from heatmap3d.io.volumes import load_volume
+from heatmap3d.log import get_logger
+from heatmap3d.review.calibration import Calibration, fit_calibration
+from heatmap3d.review.pose import Pose, fit_pose
+from heatmap3d.review.shape import ShapeModel
+from heatmap3d.review.shape_file import read_prior
+from heatmap3d.review.shape_power import measure_power
+from heatmap3d.review.shape_prior import PopulationShape
 from heatmap3d.training.anatomy_views import person_view
 from heatmap3d.training.validation import read_on_main
+
+log = get_logger(__name__)
 
 NOMINAL = 0.9  # the stated radius covers 90 % of errors
 
@@ -67,46 +70,38 @@ def shape_floor_mm(n_cases: int) -> float:
     return 3.0 + 150.0 / max(n_cases, 1) ** 2
 
 
-def read_prior(path: str | Path, names: list[str] | None = None) -> PopulationShape:
-    """The population prior of ``train.shape_prior`` (``heatmap3d shape fit``), for
-    ``names`` when given; InputError (one line naming the file) when it is not a prior or
-    lacks one of ``names``."""
-    doc = load_json(Path(path), what="shape prior (train.shape_prior)")
-    try:
-        prior = ShapeModel.from_dict(doc)
-    except (ValueError, np.linalg.LinAlgError) as err:
-        raise InputError(f"{path}: train.shape_prior: {' '.join(str(err).split())}") from None
-    if not isinstance(prior, PopulationShape):
-        raise InputError(f"{path}: train.shape_prior: not a prior of heatmap3d shape fit")
-    missing = [n for n in names or [] if n not in prior.names]
-    if missing:
-        raise InputError(
-            f"{path}: train.shape_prior lacks the dataset's landmark(s) {missing[:4]} "
-            f"(it has {prior.names[:4]}...; refit it with --names/--map)"
-        )
-    return prior.select(names) if names else prior
-
-
 def fit_shape(
-    cases: list[Case], names: list[str], prior: str = ""
+    cases: list[Case], names: list[str], prior: str = "", *, measure: bool = True
 ) -> ShapeModel | PopulationShape | None:
     """The shape model of ``cases``' landmarks; None (said why) when they cannot make one.
     With ``prior`` (``train.shape_prior``): that population prior for ``names`` instead,
-    copied into the model folder by the caller (shape.json), so the folder stays whole."""
+    copied into the model folder by the caller (shape.json), so the folder stays whole.
+    With ``measure``, its power (what it catches) measured on the configurations it was
+    fitted on (:mod:`heatmap3d.review.shape_power`; a prior that keeps none keeps the
+    power its file states, if any)."""
     if prior:
         found = read_prior(prior, names)
-        print(f"shape model: the population prior {prior} ({found.n_cases} configurations)")
-        return found
+        log.info(f"shape model: the population prior {prior} ({found.n_cases} configurations)")
+        return _with_power(found, found.configurations) if measure else found
     shapes = np.stack(list(truth_points(cases, names).values()))
     try:
-        return ShapeModel.fit(names, shapes, floor_mm=shape_floor_mm(len(shapes)))
+        model = ShapeModel.fit(names, shapes, floor_mm=shape_floor_mm(len(shapes)))
     except ValueError as err:
-        print(f"no shape model: {err}")
+        log.info(f"no shape model: {err}")
         return None
+    return _with_power(model, shapes) if measure else model
+
+
+def _with_power(model, shapes: np.ndarray | None):
+    """``model`` with its power measured on ``shapes`` ``(N, K, 3)`` mm (said at the end
+    of training, with what the radii rest on)."""
+    if shapes is not None:
+        model = dataclasses.replace(model, power=measure_power(model, shapes))
+    return model
 
 
 def fit_training_pose(cases: list[Case], names: list[str], data: DataConfig) -> Pose | None:
-    """The training pose of ``cases`` (:func:`heatmap3d.inference.pose.fit_pose`): their
+    """The training pose of ``cases`` (:func:`heatmap3d.review.pose.fit_pose`): their
     landmarks, and their fields of view from the volumes preprocessed with ``data`` (the
     training cache: the scan's field of view, nothing read again). None (said why) when
     they cannot make one."""
@@ -119,7 +114,7 @@ def fit_training_pose(cases: list[Case], names: list[str], data: DataConfig) -> 
     try:
         return fit_pose(names, np.stack(configurations), grids)
     except ValueError as err:
-        print(f"no pose pass: {err}")
+        log.info(f"no pose pass: {err}")
         return None
 
 
@@ -230,7 +225,7 @@ def held_out_predictions(runs, members, entries, model_dir, world, extras) -> He
             fold_shape, fold_pose = distributed.main_then_broadcast(
                 world,
                 lambda run=run: (
-                    fit_shape(run[0].train_cases, names, cfg.train.shape_prior),
+                    fit_shape(run[0].train_cases, names, cfg.train.shape_prior, measure=False),
                     fit_training_pose(run[0].train_cases, names, cfg.data),
                 ),
             )
@@ -241,11 +236,11 @@ def held_out_predictions(runs, members, entries, model_dir, world, extras) -> He
     held = HeldOut({}, [], label, {}, {})
     for pipeline, trainer in parts:
         cases = trainer.validator.cases
-        if world.is_main and views:
-            print(f"calibration: {views} random placements of {len(cases)} held-out scan(s)")
+        if views:
+            log.info(f"calibration: {views} random placements of {len(cases)} held-out scan(s)")
         held.results.update(trainer.validator.predict_cases(pipeline))
         held.cases += cases
-        people = calibration_people(cfg, pipeline.shape, world)
+        people = calibration_people(cfg, pipeline.shape)
         placed, truth = placed_predictions(
             pipeline, cases, names, views, world, ranges=ranges, seed=cfg.train.seed, people=people
         )
@@ -255,22 +250,22 @@ def held_out_predictions(runs, members, entries, model_dir, world, extras) -> He
     return held
 
 
-def calibration_people(cfg, shape, world: DistInfo) -> np.ndarray | None:
+def calibration_people(cfg, shape) -> np.ndarray | None:
     """The real configurations ``(M, K, 3)`` mm the calibration views are warped to: those
     the model's shape model keeps when it is the population prior of ``train.shape_prior``
     (as :func:`fit_shape` read it), with ``train.calibration_anatomy`` on and views to warp;
-    None otherwise. Says on the main rank which it is when there is a prior."""
+    None otherwise. Says (logs) which it is when there is a prior."""
     t = cfg.train
     if not (t.calibration_anatomy and t.calibration_views and isinstance(shape, PopulationShape)):
         return None
     people = shape.configurations
-    if world.is_main and people is None:
-        print(
+    if people is None:
+        log.info(
             f"calibration: {t.shape_prior} keeps no configurations (a model folder's "
             "shape.json, or a prior written before they were kept): placements only"
         )
-    elif world.is_main:
-        print(f"calibration: each placement warped to one of {len(people)} real people")
+    else:
+        log.info(f"calibration: each placement warped to one of {len(people)} real people")
     return people
 
 

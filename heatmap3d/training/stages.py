@@ -16,18 +16,15 @@ import json
 from pathlib import Path
 
 from heatmap3d import distributed
-from heatmap3d.config import Config, load_config
+from heatmap3d.config import Config, load_config, sets_key
 from heatmap3d.data.setup import require_validation
 from heatmap3d.distributed import DistInfo
 from heatmap3d.errors import InputError
 from heatmap3d.evaluation.metrics import LandmarkStats
-from heatmap3d.inference.pipeline import (
-    DEFAULT_REVIEW_RADIUS_MM,
-    declare_absent,
-    state_radii,
-)
+from heatmap3d.inference.pipeline import DEFAULT_REVIEW_RADIUS_MM, state
 from heatmap3d.io.atomic import atomic_write_bytes
 from heatmap3d.io.model_folder import StageEntry, write_model_folder
+from heatmap3d.log import get_logger
 from heatmap3d.planning.fingerprint import fingerprint_dataset
 from heatmap3d.planning.plan import make_plan
 from heatmap3d.planning.plan_file import (
@@ -38,16 +35,19 @@ from heatmap3d.planning.plan_file import (
     write_plan,
     write_plan_copy,
 )
+from heatmap3d.review.basis import ReviewBasis
+from heatmap3d.review.shape_file import read_prior
 from heatmap3d.training.heldout import (
     calibrate,
     fit_shape,
     fit_training_pose,
     held_out_predictions,
-    read_prior,
 )
 from heatmap3d.training.members import Member, member_config, plan_members
 from heatmap3d.training.trainer import Trainer, train
 from heatmap3d.training.validation import write_results
+
+log = get_logger(__name__)
 
 DEFAULT_BUDGET_MINUTES = 60.0  # a plan's total training time when no budget is given
 
@@ -124,7 +124,7 @@ def _planned_stages(
     root = Path(data) if data is not None else Path(plan).parent
     if not (cross_validate or base.data.manifest):  # a manifest lists its own cases
         require_validation(root, base.data.split_file)
-    named = any(o.split("=")[0].strip() == "train.name" for o in overrides)
+    named = sets_key(overrides, "train.name")
     model_dir = Path(base.train.out_dir) / (base.train.name if named else root.resolve().name)
     if plan is None and (root / "plan.yaml").is_file():
         plan = root / "plan.yaml"
@@ -137,13 +137,13 @@ def _planned_stages(
         plan = record  # a resumed run goes on by the plan it started with, not a new one
     if plan is None:
         fp = fingerprint_dataset(root, split_file=base.data.split_file)
-        print(fp.summary())
+        log.info(fp.summary())
         new_plan = make_plan(fp, device=world.device.type)
         plan = record
         model_dir.mkdir(parents=True, exist_ok=True)
         write_plan(plan, new_plan, fp)
-        print(f"plan: wrote {plan}")
-    given = any(o.split("=")[0].strip() == "train.budget_minutes" for o in overrides)
+        log.info(f"plan: wrote {plan}")
+    given = sets_key(overrides, "train.budget_minutes")
     budget = base.train.budget_minutes if given else DEFAULT_BUDGET_MINUTES
     configs = stage_configs(
         read_plan(plan), data_root=root, overrides=overrides, budget_minutes=budget
@@ -196,8 +196,7 @@ def run_stages(
         trainers = []
         for name, cfg in stages:
             cfg = _in_folder(member_config(cfg, member, len(members)), model_dir, member, name)
-            if world.is_main:
-                print(f"\nstage {name!r} ({cfg.model.role}): {Path(cfg.train.out_dir) / name}")
+            log.info(f"\nstage {name!r} ({cfg.model.role}): {Path(cfg.train.out_dir) / name}")
             trainers.append(train(cfg, world, resume=resume, overwrite=overwrite))
         runs.append(trainers)
     return _finish(runs, members, model_dir, plan_file, world)
@@ -209,7 +208,7 @@ def _record_plan(plan_file: Path | None, record: Path) -> None:
     if plan_file is None or plan_file.resolve() == record.resolve():
         return
     if record.exists() and not is_our_plan(record):
-        print(f"note: {record} was edited; kept (the plan trained by is {plan_file})")
+        log.info(f"note: {record} was edited; kept (the plan trained by is {plan_file})")
         return
     write_plan_copy(record, plan_file)
 
@@ -271,8 +270,6 @@ def _finish(
         world, lambda: calibrate(every, held.truth, names, stored=set(held.results))
     )
     if world.is_main:
-        if calibration.caveat():
-            print(f"note: {calibration.caveat()}")
         _write_json(model_dir / "calibration.json", calibration.to_dict())
         write_model_folder(
             model_dir,
@@ -282,11 +279,14 @@ def _finish(
             pose="pose.json" if pose is not None else None,
         )
     for pred in held.results.values():  # as prediction will state them
-        declare_absent(pred, calibration)
-        state_radii(pred, calibration, DEFAULT_REVIEW_RADIUS_MM)
+        state(pred, calibration, DEFAULT_REVIEW_RADIUS_MM)
     out = model_dir / "out_of_fold" if members[0].split_file else model_dir
+    basis = ReviewBasis.of(calibration, shape)
+    log.info("\n".join(f"note: {line}" for line in basis.sentences()))
     stats = (
-        write_results(held.results, held.cases, names, held.label, out) if world.is_main else None
+        write_results(held.results, held.cases, names, held.label, out, basis)
+        if world.is_main
+        else None
     )
     return distributed.broadcast_object(stats)
 

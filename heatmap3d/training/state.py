@@ -20,7 +20,10 @@ from heatmap3d.checkpoint import Checkpoint
 from heatmap3d.config import Config, to_dict
 from heatmap3d.distributed import DistInfo
 from heatmap3d.errors import InputError
+from heatmap3d.log import get_logger
 from heatmap3d.model import UNet3D, build_model, set_layout
+
+log = get_logger(__name__)
 
 
 @dataclasses.dataclass
@@ -173,4 +176,4 @@ def claim_run_dir(run_dir: Path, overwrite: bool) -> None:
         )
     for path in earlier:
         path.unlink()
-    print(f"overwrite: removed {', '.join(str(p) for p in earlier)}")
+    log.info(f"overwrite: removed {', '.join(str(p) for p in earlier)}")

@@ -23,10 +23,13 @@ from heatmap3d import distributed
 from heatmap3d.config import Config
 from heatmap3d.distributed import DistInfo
 from heatmap3d.errors import NonFiniteLossError
+from heatmap3d.log import get_logger
 from heatmap3d.precision import Precision
 from heatmap3d.training import faults
 from heatmap3d.training.augment import augment_batch
 from heatmap3d.training.loss import heatmap_loss
+
+log = get_logger(__name__)
 
 
 def groups(batches: Iterable[dict], size: int) -> Iterator[list[dict]]:
@@ -125,7 +128,6 @@ class Stepper:
                 "train.nonfinite=skip to skip such steps)"
             )
         self.skipped += 1
-        if self.world.is_main:
-            print(f"warning: {where}; step skipped ({self.skipped} so far)")
+        log.warning(f"warning: {where}; step skipped ({self.skipped} so far)")
         self.opt.zero_grad(set_to_none=True)
         return None

@@ -24,6 +24,7 @@ from heatmap3d import distributed
 from heatmap3d.data.loaders import build_cache, training_loader
 from heatmap3d.data.setup import prepare_dataset
 from heatmap3d.errors import InputError, Interrupted
+from heatmap3d.log import get_logger
 from heatmap3d.training.anatomy import load_population
 from heatmap3d.training.budget import EpochPlan
 from heatmap3d.training.monitor import make_monitor
@@ -35,6 +36,8 @@ if TYPE_CHECKING:
     from heatmap3d.config import Config
     from heatmap3d.distributed import DistInfo
     from heatmap3d.evaluation.metrics import LandmarkStats
+
+log = get_logger(__name__)
 
 
 def run(
@@ -131,10 +134,10 @@ class Trainer:
         path = self.run_dir / "last.pt"
         ckpt = read_checkpoint(self.world, path)
         if ckpt is None:
-            self._say(f"resume: {path} does not exist yet; starting from scratch")
+            log.info(f"resume: {path} does not exist yet; starting from scratch")
             return False
         self.state.resume(ckpt, self.cfg, source=str(path))
-        self._say(f"resume: continuing from {path} after epoch {self.state.epoch}")
+        log.info(f"resume: continuing from {path} after epoch {self.state.epoch}")
         return True
 
     def _init_from(self, path: Path) -> None:
@@ -142,13 +145,9 @@ class Trainer:
         if ckpt is None:
             raise InputError(f"{path}: checkpoint not found (--init-from)")
         skipped = self.state.init_from(ckpt, source=str(path))
-        self._say(f"init-from: loaded the matching weights of {path}")
+        log.info(f"init-from: loaded the matching weights of {path}")
         for line in skipped:
-            self._say(f"init-from: skipped {line}")
-
-    def _say(self, message: str) -> None:
-        if self.world.is_main:
-            print(message)
+            log.info(f"init-from: skipped {line}")
 
     # -- training ---------------------------------------------------------------------------
 

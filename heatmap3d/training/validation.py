@@ -27,15 +27,20 @@ from heatmap3d.evaluation.evaluate import evaluate, write_report
 from heatmap3d.evaluation.metrics import LandmarkStats, radial_errors, summarize
 from heatmap3d.evaluation.pictures import landmark_views
 from heatmap3d.geometry import Volume
+from heatmap3d.inference.pipeline import Pipeline
 from heatmap3d.inference.predictor import Prediction, Predictor
 from heatmap3d.inference.refine import refine
 from heatmap3d.inference.scans import ScanPredictor as ScanModel
 from heatmap3d.io.landmarks import Landmarks, read_landmarks
 from heatmap3d.io.layout import Case
-from heatmap3d.io.predictions import write_prediction
 from heatmap3d.io.volumes import load_volume
+from heatmap3d.log import get_logger
+from heatmap3d.predictions.scan_files import write_prediction
+from heatmap3d.review.basis import ReviewBasis
 from heatmap3d.training.monitor import NullMonitor, error_table, worst_landmarks
 from heatmap3d.training.state import read_checkpoint
+
+log = get_logger(__name__)
 
 PICTURED_LANDMARKS = 4  # views per validation picture: the case's worst landmarks
 
@@ -136,15 +141,17 @@ class Validator:
         predictor = read_on_main(self.world, best)
         if predictor is None:
             return None
-        return self.report(predictor, label=str(best), out_dir=self.run_dir)
+        # Reviewed as prediction reviews one checkpoint: no radius, so no landmark is 'ok'.
+        return self.report(Pipeline(predictor), label=str(best), out_dir=self.run_dir)
 
     def report(self, predictor: ScanModel, *, label: str, out_dir: Path) -> list[LandmarkStats]:
         """Predict the validation scans from their files with ``predictor`` (a model, a
         cascade or a pipeline), write ``out_dir/predictions`` and ``out_dir/evaluation``
         (rank 0), print the table; the stats on every rank."""
         results = self.predict_cases(predictor)
+        basis = predictor.basis if isinstance(predictor, Pipeline) else None
         stats = (
-            write_results(results, self.cases, self.names, label, out_dir)
+            write_results(results, self.cases, self.names, label, out_dir, basis)
             if self.world.is_main
             else None
         )
@@ -167,8 +174,10 @@ def write_results(
     names: list[str],
     label: str,
     out_dir: Path,
+    basis: ReviewBasis | None = None,
 ) -> list[LandmarkStats]:
-    """Rank 0: write predictions and evaluation under ``out_dir``, print the table."""
+    """Rank 0: write predictions and evaluation under ``out_dir``, log the table.
+    ``basis``: what the predictions' radii and shape check rest on (None: neither)."""
     for case_id, pred in results.items():
         write_prediction(
             out_dir / "predictions",
@@ -177,12 +186,13 @@ def write_results(
             pred.confidence,
             radius_mm=pred.radius_mm,
             status=pred.status,
+            basis=basis,
         )
     truth = {c.case_id: read_landmarks(c.landmarks) for c in cases if c.case_id in results}
     points = {c: p.landmarks for c, p in results.items()}
     stats, errors, ids = evaluate(points, truth, names)
-    print(f"\nvalidation scans predicted with {label}:\n")
-    print(write_report(out_dir / "evaluation", stats, errors, ids, names))
+    log.info(f"\nvalidation scans predicted with {label}:\n")
+    log.info(write_report(out_dir / "evaluation", stats, errors, ids, names))
     _write_page(results, cases, label, out_dir)
     return stats
 
@@ -207,6 +217,6 @@ def _write_page(
             model=label,
         )
     except InputError as err:
-        print(f"note: no report written: {err}")
+        log.info(f"note: no report written: {err}")
         return
-    print(f"report of these predictions: {path}")
+    log.info(f"report of these predictions: {path}")

@@ -1,6 +1,6 @@
 """Whether a landmark is in the scan: the confidence threshold chosen on validation.
 
-Used by :func:`heatmap3d.evaluation.calibration.fit_calibration`, which stores it with the
+Used by :func:`heatmap3d.review.calibration.fit_calibration`, which stores it with the
 error radii. Pure numpy.
 """
 

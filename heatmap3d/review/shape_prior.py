@@ -11,7 +11,7 @@ covariance. Each landmark is judged from the others alone:
    Gaussian: its own anisotropic 3x3 covariance), and its Mahalanobis distance d^2 from that
    prediction is compared with a threshold calibrated on configurations held out of the fit.
 
-Same interface as :class:`~heatmap3d.inference.shape.ShapeModel` (``reconstruct``,
+Same interface as :class:`~heatmap3d.review.shape.ShapeModel` (``reconstruct``,
 ``residuals``, ``thresholds``, ``outliers``, ``correct``), so a model folder's ``shape.json``
 may hold either; ``kind: "population"`` tells them apart.
 
@@ -29,8 +29,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from heatmap3d.inference.shape import ShapeReview
-from heatmap3d.inference.shape_align import procrustes, similarities
+from heatmap3d.review.shape import ShapeReview
+from heatmap3d.review.shape_align import procrustes, similarities
+from heatmap3d.review.shape_power import ShapePower
 
 KIND = "population"
 MIN_CASES = 10  # fewer cannot calibrate a threshold on held-out configurations
@@ -88,7 +89,8 @@ class PopulationShape(ShapeReview):
     divisor: how much heavier its held-out tail is than a Gaussian's (real annotations of
     some landmarks, AFIDs 29/30, stray far more than the others); ``configurations``
     (N, K, 3) mm, the fitted cases similarity-aligned to ``mean`` (NaN: absent), or None
-    (a prior read from a file that does not keep them)."""
+    (a prior read from a file that does not keep them); ``power`` what it was measured to
+    catch (:mod:`heatmap3d.review.shape_power`), None when unmeasured."""
 
     names: list[str]
     mean: np.ndarray
@@ -98,6 +100,7 @@ class PopulationShape(ShapeReview):
     shrink: float
     scale: np.ndarray
     configurations: np.ndarray | None = None
+    power: ShapePower | None = None
 
     @classmethod
     def fit(
@@ -136,6 +139,14 @@ class PopulationShape(ShapeReview):
         scale = np.ones(len(names)) if scale is None else scale
         cov = _covariance(dev, shrink)
         return cls(names, mean, cov, float(limit), len(shapes), shrink, scale, aligned)
+
+    def refit(self, shapes: np.ndarray) -> PopulationShape:
+        """The same check (its limit and scales) fitted on other configurations ``shapes``
+        (N, K, 3) mm: what :func:`~heatmap3d.review.shape_power.measure_power` holds
+        cases out of."""
+        return self._build(
+            self.names, np.asarray(shapes, float), self.shrink, self.d2_limit, self.scale
+        )
 
     # -- the test ------------------------------------------------------------------------
 
@@ -235,7 +246,8 @@ class PopulationShape(ShapeReview):
         mean = self.mean[idx] - centre
         cases = None if self.configurations is None else self.configurations[:, idx] - centre
         limit, n, shrink = self.d2_limit, self.n_cases, self.shrink
-        return PopulationShape(list(names), mean, cov, limit, n, shrink, scale, cases)
+        power = self.power if list(names) == self.names else None  # measured on these only
+        return PopulationShape(list(names), mean, cov, limit, n, shrink, scale, cases, power)
 
     def to_dict(self, *, configurations: bool = False) -> dict:
         """JSON-safe, with ``kind: "population"``; with ``configurations`` (the prior file of
@@ -255,6 +267,7 @@ class PopulationShape(ShapeReview):
             "shrink": float(self.shrink),
             "scale": self.scale.tolist(),
             **{key: value.tolist() for key, value in extra.items()},
+            **({} if self.power is None else {"power": self.power.to_dict()}),
         }
 
     @classmethod
@@ -280,7 +293,8 @@ class PopulationShape(ShapeReview):
             raise ValueError("malformed shape prior: 'cov' is not symmetric positive definite")
         if np.abs(mean).max() > 1e6 or np.abs(cov).max() > 1e12:
             raise ValueError("malformed shape prior: a position or variance beyond 1 km")
-        return cls(names, mean, cov, limit, n, shrink, scale, _configurations(d, k))
+        power = None if d.get("power") is None else ShapePower.from_dict(d["power"])
+        return cls(names, mean, cov, limit, n, shrink, scale, _configurations(d, k), power)
 
 
 def _configurations(d: dict, k: int) -> np.ndarray | None:

@@ -1,4 +1,4 @@
-"""The ``heatmap3d`` command: runs what :mod:`heatmap3d.cli_parser` parses.
+"""The ``heatmap3d`` command: runs what :mod:`heatmap3d.commands.parser` parses.
 
 Mistakes in the user's input (:class:`~heatmap3d.errors.InputError`) are printed as one
 line, ``error: <file>: <problem>``, with exit status 2, never as a traceback. A training
@@ -13,8 +13,11 @@ import traceback
 from pathlib import Path
 from typing import NoReturn
 
-from heatmap3d.cli_parser import READ_SCANS, parse
+from heatmap3d import log as logs
+from heatmap3d.commands.parser import READ_SCANS, parse
 from heatmap3d.errors import InputError, Interrupted, NonFiniteLossError
+
+log = logs.get_logger(__name__)
 
 
 def _run(args: argparse.Namespace) -> None:
@@ -23,17 +26,24 @@ def _run(args: argparse.Namespace) -> None:
     elif args.command == "train":
         _train(args)
     elif args.command == "predict":
-        from heatmap3d.inference.command import predict_command
+        from heatmap3d.commands.predict import predict_command
 
         predict_command(args)
     elif args.command == "collect":
-        from heatmap3d.inference.tables import collect
+        from heatmap3d.predictions.tables import collect
 
-        print(collect(args.out, overwrite=args.overwrite))
+        log.info(collect(args.out, overwrite=args.overwrite))
     elif args.command == "evaluate":
         from heatmap3d.evaluation.evaluate import evaluate_dirs
 
-        print(evaluate_dirs(args.pred, args.truth, args.out, overwrite=args.overwrite))
+        text = evaluate_dirs(
+            args.pred,
+            args.truth,
+            args.out,
+            overwrite=args.overwrite,
+            mixed_models=args.mixed_models,
+        )
+        print(text)
         if args.report:
             _report(args, args.out if args.out is not None else args.pred / "evaluation")
     elif args.command == "report":
@@ -47,13 +57,17 @@ def _run(args: argparse.Namespace) -> None:
         if status:  # 1: the data has problems (main's 2 stays for mistakes in the command)
             raise SystemExit(status)
     elif args.command == "plan":
-        from heatmap3d.planning.command import plan_command
+        from heatmap3d.commands.plan import plan_command
 
         plan_command(args)
     elif args.command == "shape":
-        from heatmap3d.inference.shape_command import shape_command
+        from heatmap3d.commands.shape import shape_command
 
         shape_command(args)
+    elif args.command == "config":
+        from heatmap3d.config_keys import keys_text
+
+        print(keys_text(args.section))
     elif args.command == "gpus":
         from heatmap3d.training.gpus import report
 
@@ -71,7 +85,7 @@ def _report(args: argparse.Namespace, evaluation: Path | None) -> None:
         truth=args.truth,
         overwrite=args.overwrite,
     )
-    print(f"wrote {path}")
+    log.info(f"wrote {path}")
 
 
 def _synth(args: argparse.Namespace) -> None:
@@ -80,7 +94,7 @@ def _synth(args: argparse.Namespace) -> None:
     else:
         from heatmap3d.data.synthetic import generate_dataset as generate
     generate(args.out, n_train=args.n_train, n_val=args.n_val, n_test=args.n_test, seed=args.seed)
-    print(f"wrote {args.out}")
+    log.info(f"wrote {args.out}")
 
 
 def _train(args: argparse.Namespace) -> None:
@@ -93,55 +107,38 @@ def _train(args: argparse.Namespace) -> None:
                 f"one dataset folder, got {positional + ([str(data)] if data else [])}"
             )
         data = Path(positional[0])
-    if data is None and args.plan is None:
-        from heatmap3d.config import load_config
-        from heatmap3d.training.trainer import run
+    from heatmap3d.api.runs import train
 
-        if args.members != 1 or args.folds:
-            raise InputError("--members and --folds train a dataset: give DATA (or --plan)")
-        cfg = load_config(args.config, overrides)
-        run(cfg, resume=args.resume, init_from=args.init_from, overwrite=args.overwrite)
-        return
-    if args.config is not None or args.init_from is not None:
-        raise InputError(
-            "--config and --init-from go with a single run; a dataset trains by its plan "
-            "(change a value with section.key=value, or edit the plan file)"
-        )
-    from heatmap3d.training.stages import train_dataset
-
-    train_dataset(
+    train(
         data,
-        args.plan,
-        overrides,
-        resume=args.resume,
-        overwrite=args.overwrite,
+        overrides=overrides,
+        plan_file=args.plan,
+        config=args.config,
         members=args.members,
         folds=args.folds,
+        resume=args.resume,
+        init_from=args.init_from,
+        overwrite=args.overwrite,
     )
 
 
 def main(argv: list[str] | None = None) -> int:
+    logs.configure()  # the package's messages on stdout, errors on stderr, from rank 0
     args = parse(argv)
     if args.command in READ_SCANS:  # every scan this command reads, in any process
         from heatmap3d.io.nifti import trust_frame
 
         trust_frame(args.nifti_frame)
-    prefix = ""
-    if args.command in ("train", "predict"):  # what runs under torchrun (and loads torch anyway)
-        from heatmap3d.distributed import rank_prefix
-
-        prefix = rank_prefix()
     try:
         _run(args)
-    except InputError as err:
-        print(f"{prefix}error: {err}", file=sys.stderr)
+    except InputError as err:  # every rank says why it stops ("[rank R] error: ..." on R > 0)
+        log.error(f"error: {err}", extra=logs.EVERY_RANK)
         return 2
     except NonFiniteLossError as err:  # every rank stops together with the same message
-        print(f"{prefix}error: {err}", file=sys.stderr)
+        log.error(f"error: {err}", extra=logs.EVERY_RANK)
         return 1
     except (Interrupted, KeyboardInterrupt) as err:  # Ctrl-C: one line, from rank 0 only
-        if not prefix:
-            print(f"error: {str(err) or 'interrupted'}", file=sys.stderr)
+        log.error(f"error: {str(err) or 'interrupted'}")
         return 130
     return 0
 

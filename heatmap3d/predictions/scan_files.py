@@ -5,8 +5,12 @@ Per scan, :func:`write_prediction` writes two landmark files and :func:`write_he
 
 ``<stem>.csv`` (world RAS mm)
     The project's CSV (see :mod:`heatmap3d.io.landmarks`) with columns
-    ``name,x,y,z,confidence,radius_mm,status,review,written_by``. ``radius_mm`` is the
-    calibrated expected error radius (empty when the model has no calibration);
+    ``name,x,y,z,confidence,radius_mm,status,review,radius_basis,shape_check,written_by``,
+    and below the coordinate-system line one ``#`` line each on what ``radius_mm`` and the
+    shape check rest on (:class:`~heatmap3d.review.basis.ReviewBasis`; the two
+    columns hold its short labels). ``radius_mm`` is the expected error radius from the
+    model's calibration (empty when the model has no calibration; a bound only when
+    ``radius_basis`` says so);
     ``status`` is ``ok``, ``review`` (radius above the review limit, or a model folder
     whose calibration states none), ``moved`` (placed by the shape model), ``absent``
     (declared not in the scan) or ``missing`` (no peak found). ``review`` is 1 when the
@@ -15,7 +19,9 @@ Per scan, :func:`write_prediction` writes two landmark files and :func:`write_he
     the provenance marker, sealed (see below).
 ``<stem>.mrk.json`` (3D Slicer markups, LPS, as Slicer >= 5 writes them)
     One point list. Every control point's ``description`` holds its confidence and radius
-    (``confidence=0.83 radius=2.4mm``); the ones to review read ``REVIEW confidence=0.31
+    (``confidence=0.83 radius=2.4mm``, with ``(not calibrated)`` after a radius that is not
+    a calibrated bound); the file's ``heatmap3d`` section holds the review basis
+    (:meth:`ReviewBasis.to_dict`). The ones to review read ``REVIEW confidence=0.31
     ...`` (missing: ``REVIEW not found`` or ``REVIEW absent from the scan``). How Slicer
     shows the difference, using only schema fields (``markups-schema-v1.0.3``) that Slicer
     reads back:
@@ -64,8 +70,10 @@ from heatmap3d.io.landmark_fields import LPS_FLIP
 from heatmap3d.io.landmark_formats import WRITERS
 from heatmap3d.io.landmarks import Landmarks
 from heatmap3d.io.provenance import MARKER, NIFTI_MARKER, check_overwrite, is_ours, write_sealed
+from heatmap3d.review.basis import ReviewBasis
 
 __all__ = [
+    "BASIS_COLUMNS",
     "MARKER",
     "NIFTI_MARKER",
     "check_overwrite",
@@ -75,6 +83,8 @@ __all__ = [
     "write_prediction",
 ]
 
+BASIS_COLUMNS = ("radius_basis", "shape_check")
+"""The CSV's columns on what ``radius_mm`` and the shape check rest on (short labels)."""
 CONFIDENT_COLOUR = [0.2, 0.9, 0.2]  # Slicer selectedColor: confident points, green
 REVIEW_COLOUR = [1.0, 0.55, 0.0]  # Slicer color: points to review (unselected), orange
 
@@ -111,15 +121,18 @@ def write_prediction(
     radius_mm: np.ndarray | None = None,
     status: Sequence[str] | None = None,
     review_below: float = 0.5,
+    basis: ReviewBasis | None = None,
     overwrite: bool = False,
 ) -> list[Path]:
     """Write ``<stem>.csv`` (RAS) and ``<stem>.mrk.json`` (Slicer, LPS) into ``out_dir``.
 
     ``landmarks``: world RAS mm, NaN rows missing; ``confidence`` ``(N,)`` in [0, 1];
-    ``radius_mm`` ``(N,)`` the calibrated expected error radius (NaN: none stated);
+    ``radius_mm`` ``(N,)`` the expected error radius (NaN: none stated);
     ``status`` ``(N,)`` from :class:`heatmap3d.inference.pipeline.Pipeline` (``ok``,
-    ``review``, ``moved``, ``absent``); a row without a position that is not ``absent``
-    is ``missing`` (the model found no peak).
+    ``review``, ``moved``, ``absent``); without it every landmark is ``review`` (nothing
+    reviewed it: no status can claim more). A row without a position that is not
+    ``absent`` is ``missing`` (the model found no peak). ``basis``: what the radius and the
+    shape check rest on (None: neither exists).
     Landmarks missing, below ``review_below`` or not ``ok`` are flagged for review (see the
     module docstring for how). Both targets are checked before either is written, so a
     refusal (:class:`InputError`, a foreign file in the way) leaves nothing half done.
@@ -134,7 +147,8 @@ def write_prediction(
     radius = np.full(n, np.nan) if radius_mm is None else np.asarray(radius_mm, float).reshape(n)
     missing = ~np.isfinite(landmarks.points).all(axis=1)
     if status is None:
-        status = ["ok"] * n
+        status = ["review"] * n
+    basis = basis if basis is not None else ReviewBasis.of(None, None)
     # A row without a position is "absent" when declared so, else "missing" (no peak).
     status = [
         ("absent" if st == "absent" else "missing") if m else str(st)
@@ -145,8 +159,8 @@ def write_prediction(
     review = review_flags(landmarks, conf, review_below, status)
     # Both texts are made before either file is written: a failure leaves neither half done.
     texts = [
-        _csv_text(landmarks, conf, radius, status, review),
-        _markups_text(landmarks, conf, radius, status, review, review_below),
+        _csv_text(landmarks, conf, radius, status, review, basis),
+        _markups_text(landmarks, conf, radius, status, review, review_below, basis),
     ]
     out_dir.mkdir(parents=True, exist_ok=True)
     for path, text in zip(paths, texts, strict=True):
@@ -160,16 +174,22 @@ def _csv_text(
     radius: np.ndarray,
     status: list[str],
     review: np.ndarray,
+    basis: ReviewBasis,
 ) -> str:
-    """The project's CSV (one implementation: io.landmark_formats) plus four columns."""
+    """The project's CSV (one implementation: io.landmark_formats) plus six columns, and
+    the basis's sentences as ``#`` lines under the coordinate-system line."""
     base = WRITERS[".csv"](landmarks.names, landmarks.points, "RAS", conf).splitlines()
     rows = list(csv.reader(base[1:]))
     out = io.StringIO()
     out.write(base[0] + "\n")  # "# coordinate_system = RAS" stays the first line
+    for note in basis.sentences():
+        out.write(f"# {' '.join(note.split())}\n")
     writer = csv.writer(out, lineterminator="\n")
-    writer.writerow([*rows[0], "radius_mm", "status", "review", "written_by"])
+    writer.writerow([*rows[0], "radius_mm", "status", "review", *BASIS_COLUMNS, "written_by"])
+    labels = [basis.radius_label(), basis.shape_label()]
     for row, r, st, flag in zip(rows[1:], radius, status, review, strict=True):
-        writer.writerow([*row, f"{r:.4g}" if np.isfinite(r) else "", st, int(flag), MARKER])
+        cell = f"{r:.4g}" if np.isfinite(r) else ""
+        writer.writerow([*row, cell, st, int(flag), *labels, MARKER])
     return out.getvalue()
 
 
@@ -180,27 +200,33 @@ def _markups_text(
     status: list[str],
     review: np.ndarray,
     review_below: float,
+    basis: ReviewBasis,
 ) -> str:
     """Slicer markups (one implementation: io.landmark_formats) with the review flags."""
     lps = landmarks.points * LPS_FLIP
     doc: dict[str, Any] = json.loads(WRITERS[".mrk.json"](landmarks.names, lps, "LPS", conf))
     markup = doc["markups"][0]
+    bound = basis.radius == "calibrated"
     for cp, flag, c, r, st in zip(
         markup["controlPoints"], review, conf, radius, status, strict=True
     ):
-        _flag_control_point(cp, bool(flag), float(c), float(r), st)
+        _flag_control_point(cp, bool(flag), float(c), float(r), st, bound)
     markup["display"] = {"color": REVIEW_COLOUR, "selectedColor": CONFIDENT_COLOUR}
-    doc["heatmap3d"] = {"written_by": MARKER, "review_below": float(review_below)}
+    doc["heatmap3d"] = {
+        "written_by": MARKER,
+        "review_below": float(review_below),
+        **basis.to_dict(),
+    }
     return json.dumps(doc, indent=4, allow_nan=False) + "\n"
 
 
 def _flag_control_point(
-    cp: dict[str, Any], review: bool, confidence: float, radius: float, status: str
+    cp: dict[str, Any], review: bool, confidence: float, radius: float, status: str, bound: bool
 ) -> None:
     defined = cp.get("positionStatus") == "defined"
     text = f"confidence={confidence:.6g}" if np.isfinite(confidence) else ""
     if np.isfinite(radius):
-        text += f" radius={radius:.3g}mm"
+        text += f" radius={radius:.3g}mm" + ("" if bound else " (not calibrated)")
         cp["radius_mm"] = radius  # extra key, as confidence (the schema allows them)
     if status == "moved":  # the shape model put it where the other landmarks say
         text = f"moved by shape model {text}"

@@ -1,6 +1,6 @@
 """The ``heatmap3d`` command line: each command's arguments, and their parsing.
 
-:mod:`heatmap3d.cli` runs what is parsed here.
+:mod:`heatmap3d.commands.main` runs what is parsed here.
 """
 
 from __future__ import annotations
@@ -51,14 +51,48 @@ def _add_synth(sub: argparse._SubParsersAction) -> None:
         default="phantom",
         help="phantom: the demo's MR-like phantoms; ct: CT-like torsos in Hounsfield units",
     )
-    p.add_argument("--n-train", type=int, default=40)
-    p.add_argument("--n-val", type=int, default=8)
-    p.add_argument("--n-test", type=int, default=4)
-    p.add_argument("--seed", type=int, default=0)
+    # Counts are checked by heatmap3d.data.synthetic.check_counts (at most 10,000 cases in
+    # all, and the disk and memory they need), for the command and the Python API alike.
+    p.add_argument("--n-train", type=int, default=40, metavar="N", help="training cases")
+    p.add_argument("--n-val", type=int, default=8, metavar="N", help="validation cases")
+    p.add_argument("--n-test", type=int, default=4, metavar="N", help="test cases")
+    p.add_argument("--seed", type=int, default=0, help="0 <= seed < 2**31")
+
+
+MAX_MEMBERS = 100
+"""Most models in one ensemble (--members N, --folds K): each trains in turn, with 1/N of
+the budget; more is a typo that would run for days before anything fails."""
+
+
+def _members(text: str) -> int:
+    """argparse type of ``train --members``: a whole number from 1 to MAX_MEMBERS."""
+    return _whole(text, 1, "an ensemble size")
+
+
+def _folds(text: str) -> int:
+    """argparse type of ``train --folds``: 0 (no cross-validation), or 2 to MAX_MEMBERS."""
+    value = _whole(text, 0, "a number of folds")
+    if value == 1:
+        raise argparse.ArgumentTypeError("1 fold is no cross-validation: give 0, or 2 or more")
+    return value
+
+
+def _whole(text: str, low: int, what: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text[:40]!r} is not a whole number") from None
+    if not low <= value <= MAX_MEMBERS:
+        raise argparse.ArgumentTypeError(f"{text[:40]!r} is not {what} from {low} to {MAX_MEMBERS}")
+    return value
 
 
 def _add_train(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("train", help="train (run under torchrun for several processes)")
+    p = sub.add_parser(
+        "train",
+        help="train (run under torchrun for several processes)",
+        epilog="Every section.key with its default and meaning: heatmap3d config [SECTION].",
+    )
     p.add_argument(
         "--data",
         type=Path,
@@ -75,7 +109,7 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--members",
-        type=int,
+        type=_members,
         default=1,
         metavar="N",
         help="with a dataset: train an ensemble of N models with different seeds (the budget "
@@ -83,7 +117,7 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--folds",
-        type=int,
+        type=_folds,
         default=0,
         metavar="K",
         help="with a dataset: K-fold cross-validation over the train and val cases; reports "
@@ -132,8 +166,9 @@ def _add_predict(sub: argparse._SubParsersAction) -> None:
         "--workers",
         type=int,
         metavar="N",
-        help="loader processes per rank reading scans ahead (default: on a GPU the rank's "
-        "CPUs but one, at most 8; on a CPU 1); 0 reads in the main process",
+        help="loader processes per rank reading scans ahead, 0 to the CPUs this process may "
+        "use (default: on a GPU the rank's CPUs but one, at most 8; on a CPU 1); 0 reads in "
+        "the main process",
     )
     p.add_argument(
         "--refine",
@@ -212,6 +247,12 @@ def _add_evaluate(sub: argparse._SubParsersAction) -> None:
         action="store_true",
         help="replace metrics.csv/errors.csv in --out even if heatmap3d did not write them",
     )
+    p.add_argument(
+        "--mixed-models",
+        action="store_true",
+        help="score predictions that heatmap3d predict recorded as made by different models "
+        "(or options) together, with a warning; without it they are refused",
+    )
 
 
 def _add_report(sub: argparse._SubParsersAction) -> None:
@@ -250,7 +291,7 @@ def _add_check(sub: argparse._SubParsersAction) -> None:
 
 
 def _add_plan(sub: argparse._SubParsersAction) -> None:
-    from heatmap3d.planning.command import add_plan_arguments
+    from heatmap3d.commands.plan import add_plan_arguments
 
     add_plan_arguments(
         sub.add_parser("plan", help="fingerprint a dataset and write DATA/plan.yaml (editable)")
@@ -274,8 +315,20 @@ def _add_gpus(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--n", type=int, default=1, help="how many GPUs to pick (default 1)")
 
 
+def _add_config(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "config", help="list every config key (section.key=value) with its default and meaning"
+    )
+    p.add_argument(
+        "section",
+        nargs="?",
+        choices=("data", "synthetic", "augment", "inference", "model", "heatmap", "train"),
+        help="only this section",
+    )
+
+
 def _add_shape(sub: argparse._SubParsersAction) -> None:
-    from heatmap3d.inference.shape_command import add_shape_arguments
+    from heatmap3d.commands.shape import add_shape_arguments
 
     add_shape_arguments(sub.add_parser("shape", help="a population shape prior from landmarks"))
 
@@ -286,7 +339,7 @@ def build_parser() -> argparse.ArgumentParser:
     adders = (_add_synth, _add_check, _add_plan, _add_train, _add_predict, _add_evaluate, _add_gpus)
     adders += (_add_report,)
     adders += (_add_collect,)
-    adders += (_add_shape,)
+    adders += (_add_shape, _add_config)
     for add in adders:
         add(sub)
     for name in READ_SCANS:

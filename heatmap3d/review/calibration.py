@@ -11,7 +11,7 @@ Both are fitted on validation cases, never on the training cases:
   radius with probability at least ``nominal`` (marginally over cases, per landmark).
 * **Presence**. A landmark whose heatmap confidence is below ``presence_threshold`` is
   reported absent from the scan; the threshold maximises Youden's J on validation
-  (:mod:`heatmap3d.evaluation.presence`).
+  (:mod:`heatmap3d.review.presence`).
 
 The figures that check them on a test set are in :mod:`heatmap3d.evaluation.stated`.
 Pure numpy; imports no torch.
@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from heatmap3d.evaluation.presence import presence_threshold
+from heatmap3d.review.presence import presence_threshold
 
 __all__ = [
     "SIGNAL_FLOOR_MM",
@@ -109,15 +109,15 @@ class Calibration:
         if self.n_scans is None:
             return (
                 "the error radii's calibration does not say how many held-out scans it saw "
-                "(written by an earlier heatmap3d): read radius_mm as a ranking, not a bound"
+                "(written by an earlier heatmap3d): radius_mm is not a bound"
             )
         if self.n_scans >= needed:
             return None
         return (
             f"error radii calibrated on {self.n_scans} held-out scan(s): a "
             f"{self.nominal:.0%} bound for a new patient's scan needs at least {needed} "
-            "(more validation scans, or --folds over more cases); read radius_mm as a "
-            "ranking, not a bound"
+            "(more validation scans, or --folds over more cases); radius_mm is not a bound "
+            "and has not been shown to rank errors"
         )
 
     def radii(self, signals: np.ndarray) -> np.ndarray:

@@ -9,7 +9,8 @@ SHA-256 of every output file written. A scan is *current* (:func:`is_current`) w
 record says the same input and model and every output it lists is there with those
 bytes: a rerun skips it. Anything else is recomputed: a scan whose job died before the
 record was written (in flight), a scan whose input or model changed, an output deleted
-or edited since.
+or edited since. A scan's old record is removed (:func:`forget_record`) before any of its
+outputs is replaced, so a write that fails part way leaves nothing vouching for the scan.
 
 A process killed in the middle of an atomic write leaves ``.<name>.<random>.tmp`` beside
 the target (:mod:`heatmap3d.io.atomic`); :func:`remove_stale` removes those of a scan's
@@ -33,8 +34,11 @@ from heatmap3d.io.provenance import MARKER
 
 __all__ = [
     "RECORDS",
+    "complete_records",
+    "forget_record",
     "input_identity",
     "is_current",
+    "mixed_models",
     "model_identity",
     "output_names",
     "read_record",
@@ -151,6 +155,46 @@ def write_record(
         atomic.atomic_write_bytes(path, (json.dumps(doc, indent=2) + "\n").encode())
     except OSError as err:
         raise InputError(f"{path}: cannot write ({one_line(err)})") from None
+
+
+def forget_record(out: Path, stem: str) -> None:
+    """Remove ``stem``'s record (only one of ours) before its outputs are replaced.
+
+    The record vouches for the files it hashed; while they are being replaced, and after
+    a write that failed part way (a full disk), nothing should: the scan then reads as
+    unrecorded (``report``), is left out of ``collect`` and is predicted again by a rerun.
+    """
+    path = record_path(out, stem)
+    if read_record(out, stem) is None:
+        return  # none, or not ours: write_record decides about a foreign file
+    try:
+        path.unlink()
+    except FileNotFoundError:
+        pass
+    except OSError as err:
+        raise InputError(f"{path}: cannot remove ({one_line(err)})") from None
+
+
+def mixed_models(records: Mapping[str, Mapping[str, Any]]) -> str | None:
+    """None when the records (stem -> record) name one model, or none; else what they
+    name, one line: ``2 different models or option sets (3 by 1a2b3c4d5e6f: s0, s1, s2;
+    1 by 9f8e7d6c5b4a: s3)`` (identities cut to 12 hex digits, 3 stems each at most).
+
+    The one test of "were these scans predicted alike" (``collect`` refuses such a
+    folder, ``evaluate`` refuses to score it unless told to).
+    """
+    by_model: dict[str, list[str]] = {}
+    for stem, record in sorted(records.items()):
+        model = record.get("model")
+        if isinstance(model, str) and model:
+            by_model.setdefault(model, []).append(stem)
+    if len(by_model) < 2:
+        return None
+    parts = []
+    for model, stems in sorted(by_model.items(), key=lambda item: (-len(item[1]), item[0])):
+        more = f" and {len(stems) - 3} more" if len(stems) > 3 else ""
+        parts.append(f"{len(stems)} by {model[:12]}: {', '.join(stems[:3])}{more}")
+    return f"{len(by_model)} different models or option sets ({'; '.join(parts)})"
 
 
 def remove_stale(out: Path, stem: str, names: list[str]) -> None:

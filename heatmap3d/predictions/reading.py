@@ -6,7 +6,7 @@
   (:func:`is_evaluation_output`);
 * the columns heatmap3d's prediction CSV adds to the landmark table (``confidence``,
   ``radius_mm``, ``status``, ``review``, ``written_by``; written by
-  :func:`heatmap3d.io.predictions.write_prediction`): :func:`read_prediction_table` and
+  :func:`heatmap3d.predictions.scan_files.write_prediction`): :func:`read_prediction_table` and
   the stated radii alone, :func:`read_radius_column`.
 
 Imports nothing from the other evaluation modules, so the stage reads top-down:
@@ -24,11 +24,12 @@ from pathlib import Path
 import numpy as np
 
 from heatmap3d.errors import InputError, one_line
-from heatmap3d.inference.tables import has_table_header
 from heatmap3d.io.landmark_fields import from_spreadsheet_safe
 from heatmap3d.io.landmarks import Landmarks, read_landmarks
 from heatmap3d.io.layout import landmark_candidates, landmark_case_id
 from heatmap3d.io.seal import without_seal
+from heatmap3d.predictions.scan_files import BASIS_COLUMNS
+from heatmap3d.predictions.tables import has_table_header
 
 OUTPUTS = ("metrics.csv", "errors.csv")
 """The files ``heatmap3d evaluate`` writes into its output folder."""
@@ -36,7 +37,7 @@ RADIUS_COLUMN = "radius_mm"
 """The column of heatmap3d's prediction CSV with each landmark's expected error radius, mm
 (coverage as calibrated for the model; empty where no radius is stated)."""
 STATUSES = ("ok", "review", "moved", "absent", "missing")
-"""The ``status`` values of a prediction CSV (see :mod:`heatmap3d.io.predictions`)."""
+"""The ``status`` values of a prediction CSV (see :mod:`heatmap3d.predictions.scan_files`)."""
 # Leading columns of metrics.csv as written before the written_by column existed.
 _METRICS_HEAD = ["landmark", "n", "missed", "mre_mm", "median_mm"]
 
@@ -128,6 +129,10 @@ class PredictionTable:
         status: ``N`` of :data:`STATUSES`.
         review: ``(N,)`` bool, the file's ``review`` flags.
         written_by: the ``written_by`` cells, once each (``heatmap3d <version>``).
+        basis: the ``radius_basis`` and ``shape_check`` cells, once each
+            (:mod:`heatmap3d.review.basis`); ``()`` in a file without them.
+        notes: the file's ``#`` lines under the coordinate-system line (what the radius
+            and the shape check rest on, in sentences).
     """
 
     landmarks: Landmarks
@@ -136,15 +141,14 @@ class PredictionTable:
     status: list[str]
     review: np.ndarray
     written_by: list[str]
+    basis: tuple[tuple[str, str], ...] = ()
+    notes: tuple[str, ...] = ()
 
 
 def _table_rows(path: Path) -> tuple[list[str], list[dict[str, str]], int]:
     """Header, rows and the line number of the header of the CSV table after the ``#``
     lines (the CSV writer puts ``# coordinate_system = RAS`` first)."""
-    try:
-        lines = path.read_text(encoding="utf-8-sig").splitlines()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InputError(f"{path}: cannot read ({one_line(exc)})") from exc
+    lines = _lines(path)
     start = next((i for i, line in enumerate(lines) if not line.lstrip().startswith("#")), 0)
     reader = csv.DictReader(lines[start:])
     header = [c.strip() for c in (reader.fieldnames or [])]
@@ -154,6 +158,23 @@ def _table_rows(path: Path) -> tuple[list[str], list[dict[str, str]], int]:
     except csv.Error as exc:
         raise InputError(f"{path}: not a readable CSV ({one_line(exc)})") from exc
     return header, rows, start
+
+
+def _lines(path: Path) -> list[str]:
+    try:
+        return path.read_text(encoding="utf-8-sig").splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InputError(f"{path}: cannot read ({one_line(exc)})") from exc
+
+
+def _notes(path: Path) -> tuple[str, ...]:
+    """The ``#`` lines after the first (the coordinate-system line), without the ``#``."""
+    notes = []
+    for line in _lines(path)[1:]:
+        if not line.lstrip().startswith("#"):
+            break
+        notes.append(line.lstrip()[1:].strip())
+    return tuple(notes)
 
 
 def _radius(path: Path, line: int, cell: str) -> float:
@@ -221,4 +242,12 @@ def read_prediction_table(path: Path) -> PredictionTable:
         flag = (row.get("review") or "").strip()
         review[i] = flag == "1" if flag else st != "ok"
     marks = list(dict.fromkeys(without_seal((row.get("written_by") or "").strip()) for row in rows))
-    return PredictionTable(landmarks, conf, radius, status, review, [m for m in marks if m])
+    basis = tuple(
+        dict.fromkeys(
+            (row[BASIS_COLUMNS[0]].strip(), row[BASIS_COLUMNS[1]].strip())
+            for row in rows
+            if row.get(BASIS_COLUMNS[0]) is not None and row.get(BASIS_COLUMNS[1]) is not None
+        )
+    )
+    written_by = [m for m in marks if m]
+    return PredictionTable(landmarks, conf, radius, status, review, written_by, basis, _notes(path))

@@ -4,13 +4,17 @@
 model's order. ``P/review.csv``: the rows flagged for review, worst first. Both have the
 columns
 
-    scan, landmark, x, y, z, confidence, radius_mm, status, review, written_by
+    scan, landmark, x, y, z, confidence, radius_mm, status, review, radius_basis,
+    shape_check, written_by
 
 ``scan`` is the name the scan's outputs carry (``case001`` for ``case001.nii.gz``: the
 ``<scan>.csv`` and ``<scan>.mrk.json`` beside the tables); ``x, y, z`` are world RAS mm
 (empty for a landmark without a position); ``confidence`` is the heatmap peak (0 to 1);
-``radius_mm`` the calibrated 90 % error radius (empty without a calibration); ``status``
-``ok``, ``review``, ``moved``, ``absent`` or ``missing``; ``review`` 1 or 0; ``written_by``
+``radius_mm`` the error radius (empty without a calibration); ``status``
+``ok``, ``review``, ``moved``, ``absent`` or ``missing``; ``review`` 1 or 0;
+``radius_basis`` and ``shape_check`` what the radius and the shape check rest on
+(:mod:`heatmap3d.review.basis`; ``not stated`` for a scan predicted by a
+heatmap3d that did not write them); ``written_by``
 the provenance marker of every file heatmap3d writes, sealed with a hash of the table
 (:mod:`heatmap3d.io.seal`: a table edited by hand is no longer replaced without
 ``--overwrite``).
@@ -41,6 +45,8 @@ from heatmap3d.io.atomic import atomic_write_bytes, remove_stale
 from heatmap3d.io.landmark_fields import spreadsheet_safe
 from heatmap3d.io.provenance import MARKER, check_overwrite
 from heatmap3d.io.seal import seal, seal_state
+from heatmap3d.predictions.resume import RECORDS, complete_records, mixed_models
+from heatmap3d.predictions.scan_files import BASIS_COLUMNS
 
 __all__ = [
     "COLUMNS",
@@ -53,10 +59,13 @@ __all__ = [
     "write_tables",
 ]
 
-COLUMNS = ("scan", "landmark", "x", "y", "z", "confidence", "radius_mm", "status", "review")
+_HEAD = ("scan", "landmark", "x", "y", "z", "confidence", "radius_mm", "status", "review")
+COLUMNS = (*_HEAD, *BASIS_COLUMNS)
 TABLES = ("landmarks.csv", "review.csv")
-# The per-scan CSV's column for each table column but the first two.
+# The per-scan CSV's column for each table column but the first two; the basis columns
+# may be missing (a scan predicted before they were written).
 _FROM = {"landmark": "name", **{c: c for c in COLUMNS[2:]}}
+_UNSTATED = "not stated"
 _SEVERITY = {"missing": 0, "moved": 1, "review": 2, "absent": 3}
 
 
@@ -67,6 +76,7 @@ class CohortTables:
     scans: int
     rows: int
     flagged: int
+    basis: str = ""  # what the radii and shape check rest on (:func:`bases`)
 
 
 def is_cohort_table(path: Path) -> bool:
@@ -81,7 +91,7 @@ def is_cohort_table(path: Path) -> bool:
         return False
     return (
         bool(rows)
-        and rows[0] == [*COLUMNS, "written_by"]
+        and rows[0] in ([*COLUMNS, "written_by"], [*_HEAD, "written_by"])  # or an older one
         and all(row and row[-1].startswith("heatmap3d ") for row in rows[1:])
         and seal_state(text) is not False
     )
@@ -98,7 +108,7 @@ def has_table_header(path: Path) -> bool:
             head = next(csv.reader(f), [])
     except (OSError, UnicodeDecodeError, csv.Error):
         return False
-    return head[: len(COLUMNS)] == list(COLUMNS)
+    return head[: len(_HEAD)] == list(_HEAD)  # the basis columns came later
 
 
 def scan_rows(out: Path, stem: str) -> list[dict[str, str]]:
@@ -110,12 +120,21 @@ def scan_rows(out: Path, stem: str) -> list[dict[str, str]]:
         raise InputError(f"{path}: cannot read ({one_line(err)})") from None
     body = [line for line in lines if not line.startswith("#")]
     reader = csv.DictReader(body)
-    missing = [c for c in _FROM.values() if c not in (reader.fieldnames or [])]
+    have = reader.fieldnames or []
+    missing = [c for c in _FROM.values() if c not in have and c not in BASIS_COLUMNS]
     if missing:
         raise InputError(f"{path}: not a heatmap3d prediction (no {', '.join(missing)} column)")
     # The scan's name is text from a file name: neutralised as the landmark names are.
     scan = spreadsheet_safe(stem)
-    return [{"scan": scan, **{c: row[src] for c, src in _FROM.items()}} for row in reader]
+    return [
+        {"scan": scan, **{c: row.get(src, _UNSTATED) for c, src in _FROM.items()}} for row in reader
+    ]
+
+
+def bases(rows: list[dict[str, str]]) -> str:
+    """The rows' review bases, each distinct pair once: what a summary line says."""
+    pairs = dict.fromkeys((row["radius_basis"], row["shape_check"]) for row in rows)
+    return "; ".join(f"error radii: {r}; shape check: {c}" for r, c in pairs)
 
 
 def _number(cell: str, missing: float) -> float:
@@ -166,7 +185,7 @@ def write_tables(out: Path, stems: list[str], *, overwrite: bool = False) -> Coh
     either is written, unless ``overwrite``."""
     out = Path(out)
     paths = check_tables(out, overwrite)
-    rows = [row for stem in sorted(stems) for row in scan_rows(out, stem)]
+    rows = [row for stem in sorted(set(stems)) for row in scan_rows(out, stem)]
     flagged = worst_first(rows)
     for path, table in zip(paths, (rows, flagged), strict=True):
         remove_stale(path)  # one writer: the job's global rank 0, or collect
@@ -174,7 +193,7 @@ def write_tables(out: Path, stems: list[str], *, overwrite: bool = False) -> Coh
             atomic_write_bytes(path, _csv_text(table))
         except OSError as err:
             raise InputError(f"{path}: cannot write ({one_line(err)})") from None
-    return CohortTables(len(stems), len(rows), len(flagged))
+    return CohortTables(len(stems), len(rows), len(flagged), bases(rows))
 
 
 def collect(out: Path, *, overwrite: bool = False) -> str:
@@ -184,8 +203,6 @@ def collect(out: Path, *, overwrite: bool = False) -> str:
     InputError when ``P`` holds no predicted scan, or scans predicted by different
     models (or options): one table would mix them.
     """
-    from heatmap3d.inference.resume import RECORDS, complete_records
-
     out = Path(out)
     if not out.is_dir():
         raise InputError(f"{out}: not a folder")
@@ -195,17 +212,15 @@ def collect(out: Path, *, overwrite: bool = False) -> str:
             f"{out}: no predicted scans to collect (no current records in {out / RECORDS}; "
             "run heatmap3d predict --out there first)"
         )
-    models = sorted({r["model"] for r in records.values()})
-    if len(models) > 1:
-        counts = ", ".join(
-            f"{sum(r['model'] == m for r in records.values())} by {m[:12]}" for m in models
-        )
+    mixed = mixed_models(records)
+    if mixed:
         raise InputError(
-            f"{out}: its scans were predicted by {len(models)} different models or option "
-            f"sets ({counts}); predict them again with one, or into separate folders"
+            f"{out}: its scans were predicted by {mixed}; predict them again with one, or "
+            "into separate folders"
         )
     written = write_tables(out, list(records), overwrite=overwrite)
     return (
         f"collected {written.scans} scan(s), {written.rows} landmark row(s); "
-        f"{written.flagged} flagged for review: {out / TABLES[0]}, {out / TABLES[1]}"
+        f"{written.flagged} flagged for review: {out / TABLES[0]}, {out / TABLES[1]}\n"
+        f"{written.basis}"
     )

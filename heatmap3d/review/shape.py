@@ -15,7 +15,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from heatmap3d.inference.shape_align import procrustes, similarities, similarity
+from heatmap3d.review.shape_align import procrustes, similarities, similarity
+from heatmap3d.review.shape_power import ShapePower
 
 _PRIOR_SHAPES = 5.0  # pseudo-cases of the pooled RMS in scale_mm (shrinkage for small N)
 _FIT_ITERATIONS = 5  # alternating transform / mode-coefficient fits in reconstruct
@@ -107,7 +108,8 @@ class ShapeModel(ShapeReview):
     ``modes`` (M, K*3) orthonormal; ``variances`` (M,) mm^2 along each mode; ``scale_mm`` (K,)
     typical leave-one-out reconstruction error per landmark, mm; ``floor_mm`` the smallest
     threshold, mm; ``noise_mm2`` the per-coordinate variance the modes do not explain, mm^2
-    (weights the modes' Gaussian prior in :meth:`reconstruct`).
+    (weights the modes' Gaussian prior in :meth:`reconstruct`); ``power`` what it was
+    measured to catch (:mod:`heatmap3d.review.shape_power`), None when unmeasured.
     """
 
     names: list[str]
@@ -117,6 +119,7 @@ class ShapeModel(ShapeReview):
     scale_mm: np.ndarray
     floor_mm: float = 3.0
     noise_mm2: float = 1.0
+    power: ShapePower | None = None
 
     @classmethod
     def fit(
@@ -144,6 +147,11 @@ class ShapeModel(ShapeReview):
         model = cls._fit_modes(names, shapes, min(max_modes, len(shapes) - 2), floor_mm)
         m = model
         return cls(names, m.mean, m.modes, m.variances, m._loo_scale(shapes), floor_mm, m.noise_mm2)
+
+    def refit(self, shapes: np.ndarray) -> ShapeModel:
+        """The same check (its floor) fitted on other configurations ``shapes`` (N, K, 3)
+        mm: what :func:`~heatmap3d.review.shape_power.measure_power` holds cases out of."""
+        return ShapeModel.fit(self.names, shapes, floor_mm=self.floor_mm)
 
     def _loo_scale(self, shapes: np.ndarray) -> np.ndarray:
         """(K,) mm: leave-one-case-out reconstruction error per landmark, shrunk (see fit).
@@ -284,20 +292,19 @@ class ShapeModel(ShapeReview):
         """JSON-safe: names, arrays as nested lists of floats."""
         arrays = {f: getattr(self, f).tolist() for f in ("mean", "modes", "variances", "scale_mm")}
         floats = {"floor_mm": float(self.floor_mm), "noise_mm2": float(self.noise_mm2)}
-        return {"names": list(self.names), **arrays, **floats}
+        power = {} if self.power is None else {"power": self.power.to_dict()}
+        return {"names": list(self.names), **arrays, **floats, **power}
 
     @classmethod
-    def from_dict(cls, d: dict) -> ShapeModel | ShapeReview:
+    def from_dict(cls, d: dict) -> ShapeModel:
         """Inverse of :meth:`to_dict`; ValueError on missing keys, wrong shapes, bad values,
         and for a model that cannot reconstruct its own mean shape (what prediction asks
         of it for every scan: better refused once, naming the file, than failing each scan
         with a numpy error)."""
         if not isinstance(d, dict):
             raise ValueError(f"malformed shape model: an object expected, got {type(d).__name__}")
-        if d.get("kind") == "population":  # a population prior (heatmap3d shape fit)
-            from heatmap3d.inference.shape_prior import PopulationShape
-
-            return PopulationShape.from_dict(d)
+        if d.get("kind") is not None:  # a population prior: review.shape_file reads both
+            raise ValueError(f"malformed shape model: kind {d.get('kind')!r}")
         names = d.get("names")
         if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
             raise ValueError("malformed shape model: 'names' must be a list of strings")
@@ -320,7 +327,8 @@ class ShapeModel(ShapeReview):
             raise ValueError(f"malformed shape model: a position or scale beyond {_MAX_MM:g} mm")
         if not _MIN_MM2 <= noise <= _MAX_MM**2 or (variances > _MAX_MM**2).any():
             raise ValueError("malformed shape model: 'variances' or 'noise_mm2' out of range")
-        model = cls(names, mean, modes, variances, scale, floor, noise)
+        power = None if d.get("power") is None else ShapePower.from_dict(d["power"])
+        model = cls(names, mean, modes, variances, scale, floor, noise, power)
         model._check_fit()
         return model
 

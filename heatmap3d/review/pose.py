@@ -30,7 +30,7 @@ from nibabel.affines import apply_affine
 from scipy.spatial.transform import Rotation
 
 from heatmap3d.geometry import Volume, grid_corners, resample_to_grid
-from heatmap3d.inference.shape_align import similarity
+from heatmap3d.review.shape_align import similarity
 
 __all__ = ["KIND", "Pose", "fit_pose", "rigid"]
 

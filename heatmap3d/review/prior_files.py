@@ -5,11 +5,15 @@ Files or folders (searched recursively) of any landmark format the project reads
 Landmarks are identified by name: AFIDs ``.fcsv`` files (the population sets and the
 template files alike) are named by their ``label`` column, ``"1"`` .. ``"32"``; a dataset
 that names them otherwise gives a map ``{"name in the files": "dataset name"}``. Every
-problem is one :class:`~heatmap3d.errors.InputError` line naming the file.
+problem is one :class:`~heatmap3d.errors.InputError` line naming the file. A file that is
+not of the landmark set (names the set lacks, a mistyped label among them, or under half
+the set's landmarks) is refused, or, when the caller asks (``shape fit
+--skip-other-sets``), passed over and listed with the reason: never silently.
 """
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -79,14 +83,20 @@ def read_map(path: Path | None) -> dict[str, str]:
 
 
 def read_configurations(
-    files: Sequence[Path], *, names: Sequence[str] | None = None, rename: dict | None = None
+    files: Sequence[Path],
+    *,
+    names: Sequence[str] | None = None,
+    rename: dict | None = None,
+    skipped: list[tuple[Path, str]] | None = None,
 ) -> tuple[list[str], np.ndarray]:
     """(names K, shapes (N, K, 3) world mm, NaN where a file lacks a landmark).
 
     ``rename`` maps a file's names to the dataset's; ``names`` (the dataset's landmarks, in
-    order) keeps those only and refuses a file with others. Without ``names``: those in at
-    least half the files, in the order first seen. A file holding under half the landmarks (another
-    landmark set), fewer than 5, or all on a line or at one point is refused by name.
+    order) keeps those only. Without ``names``: those in at least half the files, in the
+    order first seen. A file not of that set (a name the set lacks, or under half its
+    landmarks, or fewer than 5) is refused by name; with ``skipped`` (a list) it is left
+    out instead and ``(path, reason)`` appended there, so ``N`` counts the files kept. A
+    file whose landmarks lie on a line or at one point is refused either way.
     """
     rename = rename or {}
     read = []
@@ -103,35 +113,48 @@ def read_configurations(
                 count[n] = count.get(n, 0) + 1
         names = [n for n, c in count.items() if c >= MIN_SHARE * len(read)]
     names = [str(n) for n in names]
-    shapes = np.full((len(read), len(names), 3), np.nan)
-    for i, (path, found) in enumerate(read):
-        unknown = [n for n in found if n not in names]
-        if unknown:
-            _refuse_unknown(path, unknown, names)
-        for k, name in enumerate(names):
-            if name in found:
-                shapes[i, k] = found[name]
-        _check_configuration(path, shapes[i], len(names))
-    return names, shapes
+    kept = []
+    for path, found in read:
+        problem = _other_set(found, names)
+        if problem is not None and skipped is not None:
+            skipped.append((path, problem))
+            continue
+        if problem is not None:
+            raise InputError(f"{path}: {problem}; or leave such files out (--skip-other-sets)")
+        points = np.array([found.get(name, [np.nan] * 3) for name in names], dtype=np.float64)
+        _check_configuration(path, points.reshape(len(names), 3))
+        kept.append(points.reshape(len(names), 3))
+    return names, np.array(kept).reshape(len(kept), len(names), 3)
 
 
-def _refuse_unknown(path: Path, unknown: list[str], names: list[str]) -> None:
-    raise InputError(
-        f"{path}: landmark(s) {unknown[:4]}{' ...' if len(unknown) > 4 else ''} are not among "
-        f"{names[:4]}{' ...' if len(names) > 4 else ''} (another landmark set: give --map "
-        "a JSON {'name in the files': 'dataset name'})"
-    )
+def _other_set(found: dict[str, np.ndarray], names: list[str]) -> str | None:
+    """Why the landmarks ``found`` (name -> point) are not of the set ``names`` (None if
+    they are): names it lacks (a mistyped label, or another set), or too few of its own."""
+    unknown = [n for n in found if n not in names]
+    listed = f"{unknown[:4]}{' ...' if len(unknown) > 4 else ''}"
+    among = f"{names[:4]}{' ...' if len(names) > 4 else ''}"
+    if unknown and len(unknown) <= max(1, len(found) // 4):  # the rest is of the set
+        like = {n: difflib.get_close_matches(n, names, n=1, cutoff=0.5) for n in unknown[:4]}
+        guess = ", ".join(f"{n!r} looks like {m[0]!r}" for n, m in like.items() if m)
+        rest = len(found) - len(unknown)
+        return (
+            f"landmark(s) {listed} are not among {among}, though its other {rest} are: a "
+            f"mistyped label{f' ({guess})' if guess else ''}? fix the file"
+        )
+    if unknown:
+        return (
+            f"landmark(s) {listed} are not among {among} (another landmark set: give --map "
+            "a JSON {'name in the files': 'dataset name'})"
+        )
+    n = int(sum(np.all(np.isfinite(found[name])) for name in names if name in found))
+    if n < max(MIN_LANDMARKS, int(np.ceil(MIN_SHARE * len(names)))):
+        return f"holds {n} of the {len(names)} landmarks (another landmark set? give --map)"
+    return None
 
 
-def _check_configuration(path: Path, points: np.ndarray, k: int) -> None:
+def _check_configuration(path: Path, points: np.ndarray) -> None:
     """InputError naming ``path`` unless ``points`` (K, 3) mm can be aligned."""
     present = np.isfinite(points).all(-1)
-    n = int(present.sum())
-    if n < max(MIN_LANDMARKS, int(np.ceil(MIN_SHARE * k))):
-        raise InputError(
-            f"{path}: holds {n} of the {k} landmarks (another landmark set? give --map, "
-            "or leave the file out)"
-        )
     centred = points[present] - points[present].mean(0)
     sv = np.linalg.svd(centred, compute_uv=False)
     if sv[0] < 1e-6 or sv[1] < _FLAT * sv[0]:

@@ -1,0 +1,153 @@
+"""A trained model for a notebook or a script: load it once, predict scans, read the
+reviewed results.
+
+    import heatmap3d
+    model = heatmap3d.load_model("runs/my_dataset")      # a model folder, or a best.pt
+    result = model.predict("scan.nii.gz")                 # or a Volume
+    result.points_mm, result.radius_mm, result.status     # world RAS mm, as predict writes
+    results = model.predict_many(paths, shard=(0, 4))     # share 0 of 4 of a list
+
+Each :class:`ScanResult` is what ``heatmap3d predict`` writes for that scan, reviewed by the
+model folder (absence, shape check, error radius) and frozen: its arrays are read-only, and
+its ``basis`` says what the radius and the shape check rest on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from heatmap3d.api.predict_files import ModelSpec
+from heatmap3d.api.predict_files import load_model as load_pipeline_of
+from heatmap3d.geometry import Volume
+from heatmap3d.inference.pipeline import DEFAULT_REVIEW_RADIUS_MM, Pipeline
+from heatmap3d.inference.predictor import Prediction
+from heatmap3d.io.landmarks import Landmarks
+from heatmap3d.io.volumes import load_volume
+from heatmap3d.predictions.scan_files import review_flags
+from heatmap3d.review.basis import ReviewBasis
+
+
+def _frozen(values: np.ndarray, dtype=np.float64) -> np.ndarray:
+    out = np.array(values, dtype=dtype, copy=True)
+    out.flags.writeable = False
+    return out
+
+
+@dataclass(frozen=True, eq=False)  # eq=False: == on ndarray fields is not a bool
+class ScanResult:
+    """One scan's reviewed landmarks (read-only).
+
+    Attributes:
+        scan: the path it was read from (``""`` for a volume given directly).
+        names: ``K`` landmark names, in the model's order.
+        points_mm: ``(K, 3)`` world RAS mm; NaN rows: not found, or declared absent.
+        confidence: ``(K,)`` heatmap peak heights in [0, 1].
+        radius_mm: ``(K,)`` the stated error radius, mm (NaN: none stated); read it as
+            ``basis`` says (a bound only when calibrated).
+        status: ``K`` of ``ok``, ``review``, ``moved``, ``absent``, ``missing``.
+        review: ``(K,)`` bool, flagged for a person to check (as the CSV's ``review``).
+        basis: what the radii and the shape check rest on.
+    """
+
+    scan: str
+    names: tuple[str, ...]
+    points_mm: np.ndarray
+    confidence: np.ndarray
+    radius_mm: np.ndarray
+    status: tuple[str, ...]
+    review: np.ndarray
+    basis: ReviewBasis
+
+    @classmethod
+    def of(
+        cls, pred: Prediction, basis: ReviewBasis, review_below: float, scan: str = ""
+    ) -> ScanResult:
+        """The result of a reviewed ``pred`` (statuses as the files write them)."""
+        points = pred.landmarks.points
+        found = np.isfinite(points).all(axis=1)
+        status = tuple(
+            str(st) if ok else ("absent" if st == "absent" else "missing")
+            for st, ok in zip(pred.status, found, strict=True)
+        )
+        flags = review_flags(pred.landmarks, pred.confidence, review_below, status)
+        return cls(
+            scan,
+            tuple(pred.landmarks.names),
+            _frozen(points),
+            _frozen(pred.confidence),
+            _frozen(pred.radius_mm),
+            status,
+            _frozen(flags, bool),
+            basis,
+        )
+
+    def landmarks(self) -> Landmarks:
+        """The positions as :class:`~heatmap3d.io.landmarks.Landmarks` (a writable copy),
+        for :func:`heatmap3d.write_landmarks`."""
+        return Landmarks(list(self.names), self.points_mm.copy())
+
+
+class Model:
+    """A model folder (or a checkpoint) loaded once, predicting as ``heatmap3d predict``
+    does (see the module docstring)."""
+
+    def __init__(self, pipeline: Pipeline, review_below: float = 0.5) -> None:
+        self.pipeline, self.review_below = pipeline, float(review_below)
+
+    @property
+    def names(self) -> list[str]:
+        return list(self.pipeline.names)
+
+    @property
+    def basis(self) -> ReviewBasis:
+        """What this model's radii and shape check rest on."""
+        return self.pipeline.basis
+
+    def predict(self, scan: str | Path | Volume) -> ScanResult:
+        """The reviewed landmarks of one scan: a file or DICOM folder, or a volume."""
+        vol = scan if isinstance(scan, Volume) else load_volume(Path(scan))
+        pred = self.pipeline.predict_volume(vol)
+        where = "" if isinstance(scan, Volume) else str(scan)
+        return ScanResult.of(pred, self.basis, self.review_below, where)
+
+    def predict_many(
+        self, scans: Sequence[str | Path | Volume], *, shard: tuple[int, int] = (0, 1)
+    ) -> list[ScanResult]:
+        """Share ``shard = (i, n)`` of ``scans``: items ``i, i + n, ...`` (what ``predict
+        --shard i/n`` takes), each predicted in turn."""
+        index, count = shard
+        if not 0 <= index < count:
+            raise ValueError(f"shard must be (i, n) with 0 <= i < n, got {shard}")
+        return [self.predict(scan) for scan in list(scans)[index::count]]
+
+
+def load_model(
+    path: str | Path,
+    device: str | torch.device = "cpu",
+    *,
+    refine: str | Path | None = None,
+    mirror: bool = True,
+    pose: bool = True,
+    review_radius_mm: float = DEFAULT_REVIEW_RADIUS_MM,
+    review_below: float = 0.5,
+) -> Model:
+    """A model folder, or a checkpoint file (``refine``: a refinement checkpoint for a
+    cascade), on ``device`` (``"auto"``: CUDA when available). Options as ``predict``'s."""
+    path = Path(path)
+    is_folder = path.is_dir()
+    spec = ModelSpec(
+        model=path if is_folder else None,
+        checkpoint=None if is_folder else path,
+        refine=None if refine is None else Path(refine),
+        mirror=mirror,
+        pose=pose,
+        review_radius_mm=review_radius_mm,
+    )
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    return Model(load_pipeline_of(spec, torch.device(device)), review_below)

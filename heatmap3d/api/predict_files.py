@@ -1,0 +1,283 @@
+"""Predicting files into a prediction folder: what ``heatmap3d predict`` runs, as a function.
+
+:func:`predict_files` loads the model (:class:`ModelSpec`: a model folder, or a checkpoint
+with an optional refinement checkpoint), expands folders into scans (each file once
+however often it is named, said so; two scans whose outputs would share a name are
+refused, :mod:`heatmap3d.inference.scans`) and runs them as a cohort
+(:mod:`heatmap3d.inference.cohort`: one process, or each rank of a torchrun job its share;
+``shard=(i, n)`` takes share ``i`` of ``n``, as a SLURM array task does), writing, per
+scan, ``<scan>.csv`` and ``<scan>.mrk.json`` (:mod:`heatmap3d.predictions.scan_files`),
+optionally its heatmaps on the scan's own grid and a PNG for review (the landmark files
+last, then the scan's record), then the cohort's ``landmarks.csv`` and ``review.csv``. A
+rerun skips the scans whose outputs are current (:mod:`heatmap3d.predictions.resume`).
+Nothing the tool did not write is replaced (unless ``overwrite``), and one failing scan
+does not stop the others: the failures are listed at the end (:class:`InputError`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from heatmap3d import distributed
+from heatmap3d.data.loaders import usable_cpus
+from heatmap3d.errors import InputError
+from heatmap3d.evaluation.pictures import snapshot
+from heatmap3d.evaluation.report import write_report
+from heatmap3d.geometry import Volume
+from heatmap3d.inference.cohort import WAIT, Job, run_cohort
+from heatmap3d.inference.pipeline import DEFAULT_REVIEW_RADIUS_MM, Pipeline, load_pipeline
+from heatmap3d.inference.predictor import Prediction, Predictor
+from heatmap3d.inference.reading import check_workers, default_workers
+from heatmap3d.inference.refine import Cascade
+from heatmap3d.inference.scans import output_stems, unique_scans
+from heatmap3d.io.layout import expand_scans
+from heatmap3d.io.model_folder import read_model_folder
+from heatmap3d.io.png import write_png
+from heatmap3d.io.provenance import check_overwrite
+from heatmap3d.log import get_logger
+from heatmap3d.predictions import resume
+from heatmap3d.predictions.scan_files import review_flags, write_heatmaps, write_prediction
+from heatmap3d.predictions.tables import check_tables
+from heatmap3d.review.basis import ReviewBasis
+
+log = get_logger(__name__)
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """Which model predicts, and how.
+
+    Attributes:
+        model: a model folder (its stages, shape model, calibration and pose); or
+        checkpoint: one whole-scan checkpoint (``.pt``), with ``refine`` a refinement
+            checkpoint for a coarse-to-fine cascade.
+        mirror: test-time mirroring (off: ``--no-mirror``).
+        pose: the pose pass of a model folder that has one (off: ``--no-pose``).
+        review_radius_mm: a landmark whose stated radius is above this is flagged, mm.
+    """
+
+    model: Path | None = None
+    checkpoint: Path | None = None
+    refine: Path | None = None
+    mirror: bool = True
+    pose: bool = True
+    review_radius_mm: float = DEFAULT_REVIEW_RADIUS_MM
+
+    def __post_init__(self) -> None:
+        if (self.model is None) == (self.checkpoint is None):
+            raise InputError("give one model: a model folder or a checkpoint")
+        if self.model is not None and self.refine is not None:
+            raise InputError("--refine goes with --checkpoint; a --model folder has its stages")
+
+    @property
+    def source(self) -> Path:
+        """The folder or checkpoint it names."""
+        return self.model if self.model is not None else self.checkpoint  # type: ignore[return-value]
+
+
+@dataclass(frozen=True)
+class PredictOptions:
+    """How :func:`predict_files` writes (the options of ``heatmap3d predict``).
+
+    Attributes:
+        out: the prediction folder.
+        device: ``auto`` (CUDA if available), ``cuda`` (under torchrun: the local rank's
+            GPU), ``cuda:N`` or ``cpu``.
+        shard: ``(i, n)``: share ``i`` of ``n`` of the scans (a SLURM array task).
+        workers: loader processes reading scans ahead (None: one per free CPU, at most 4).
+        series: the DICOM series to read where a folder holds several.
+        review_below: a landmark whose confidence is below this is flagged for review.
+        save_heatmaps: also write each scan's heatmaps (NIfTI on the scan's grid).
+        snapshots: also write a PNG of each scan's landmarks.
+        report: write ``out/report.html`` at the end.
+        overwrite: replace files heatmap3d did not write.
+    """
+
+    out: Path
+    device: str = "auto"
+    shard: tuple[int, int] = (0, 1)
+    workers: int | None = None
+    series: str | None = None
+    review_below: float = 0.5
+    save_heatmaps: bool = False
+    snapshots: bool = False
+    report: bool = False
+    overwrite: bool = False
+
+
+def load_model(spec: ModelSpec, device: torch.device) -> Pipeline:
+    """The model ``spec`` names, reviewed as a pipeline: a checkpoint alone has no
+    calibration, so none of its landmarks is ``ok``."""
+    if spec.model is not None:
+        return load_pipeline(
+            spec.model,
+            device,
+            review_radius_mm=spec.review_radius_mm,
+            mirror=spec.mirror,
+            pose=spec.pose,
+        )
+    predictor = _mirrored(Predictor.from_checkpoint(spec.checkpoint, device), spec.mirror)
+    if spec.refine is not None:
+        fine = _mirrored(Predictor.from_checkpoint(spec.refine, device), spec.mirror)
+        return Pipeline(Cascade(predictor, fine), review_radius_mm=spec.review_radius_mm)
+    if predictor.settings.role != "whole_scan":
+        raise InputError(
+            f"{spec.checkpoint}: is a refinement model (model.role=refiner); give a whole-scan "
+            "model as --checkpoint and this one as --refine"
+        )
+    return Pipeline(predictor, review_radius_mm=spec.review_radius_mm)
+
+
+def _mirrored(predictor: Predictor, mirror: bool) -> Predictor:
+    if not mirror:
+        predictor.settings = dataclasses.replace(predictor.settings, mirror_axis=-1)
+    return predictor
+
+
+def predict_files(spec: ModelSpec, scans: Sequence[Path], options: PredictOptions) -> None:
+    """Predict ``scans`` (files or folders of them) into ``options.out`` (module docstring);
+    InputError (one line) for bad input, or listing the scans that failed."""
+    if options.workers is not None:  # refused now, not after forking them
+        check_workers(options.workers, usable_cpus())
+    world = distributed.setup(options.device, timeout=WAIT, option="--device")
+    try:
+        pipeline = load_model(spec, world.device)
+        # What every radius and status written below rests on.
+        log.info("\n".join(f"note: {line}" for line in pipeline.basis.sentences()))
+        # Every rank lists the same scans: sorted folders, the arguments' order.
+        found = _scans(scans)
+        stems = output_stems(found)  # two scans named alike: refused before anything is written
+        _check_out_dir(options.out)
+        if options.shard[1] == 1:  # refused now, not after the whole cohort was predicted
+            check_tables(options.out, options.overwrite)
+        model = distributed.main_then_broadcast(world, lambda: _model_identity(spec, options))
+        workers = options.workers
+        if workers is None:
+            workers = default_workers(
+                world.local_world_size, usable_cpus(), world.device.type == "cuda"
+            )
+        job = Job(
+            scans=found,
+            stems=stems,
+            out=options.out,
+            model=model,
+            names=functools.partial(
+                resume.output_names, heatmaps=options.save_heatmaps, snapshots=options.snapshots
+            ),
+            workers=workers,
+            series=options.series,
+            keep_heatmaps=options.save_heatmaps,
+            keep_raw=options.snapshots,
+            overwrite=options.overwrite,
+            shard=options.shard,
+            then=functools.partial(_report, spec, scans, options) if options.report else None,
+        )
+        write = functools.partial(_write, options, pipeline.basis)
+        run_cohort(job, world, pipeline, write)
+    finally:
+        distributed.teardown()
+
+
+def _report(spec: ModelSpec, scans: Sequence[Path], options: PredictOptions) -> str:
+    """``report``: OUT/report.html from the files just written (the cohort's, every scan
+    predicted now or before; :mod:`heatmap3d.evaluation.report`)."""
+    path = write_report(
+        options.out, scans=list(scans), model=str(spec.source), overwrite=options.overwrite
+    )
+    return f"wrote {path}"
+
+
+def _scans(paths: Sequence[Path]) -> list[Path]:
+    """The scans ``paths`` name (folders expanded), each file once; a note is logged for
+    each one left out (a repeat, or heatmaps the tool wrote)."""
+    found, left_out = unique_scans(expand_scans(list(paths)))
+    for line in left_out:
+        log.info(f"note: {line}")
+    if not found:
+        raise InputError(f"{paths[0]}: no scans to predict ({left_out[0]})")
+    return found
+
+
+def _model_identity(spec: ModelSpec, options: PredictOptions) -> str:
+    """:func:`heatmap3d.predictions.resume.model_identity` of the model and the options
+    that change its outputs."""
+    if spec.model is not None:
+        found = read_model_folder(spec.model)
+        files = [p for _, paths in found.stages for p in paths]
+        files += [p for p in (found.shape, found.calibration, found.pose) if p is not None]
+    else:
+        files = [spec.checkpoint] + ([spec.refine] if spec.refine is not None else [])
+    said = {
+        "review_below": options.review_below,
+        "review_radius": spec.review_radius_mm,
+        "mirror": spec.mirror,
+        "pose": spec.pose,
+        "series": options.series,
+    }
+    try:
+        return resume.model_identity(files, said)
+    except OSError as err:
+        raise InputError(f"cannot read the model's files ({err})") from None
+
+
+def _check_out_dir(out: Path) -> None:
+    """Refuse an output folder that cannot be one (one line naming it)."""
+    for parent in [out, *out.parents]:
+        if parent.exists():
+            if not parent.is_dir():
+                raise InputError(f"{out}: cannot write here: {parent} is a file, not a folder")
+            if not os.access(parent, os.W_OK | os.X_OK):
+                raise InputError(f"{out}: cannot write here: {parent} is not writable")
+            break
+    out.mkdir(parents=True, exist_ok=True)
+
+
+def _write(
+    options: PredictOptions, basis: ReviewBasis, stem: str, pred: Prediction, raw: Volume
+) -> None:
+    """A scan's outputs: the heatmaps and picture when asked for, then the landmark files
+    (stating what their radii and statuses rest on, ``basis``).
+
+    Every target is checked before any is written, so a foreign file in the way leaves
+    the scan as it was. The scan's old record goes first and the landmark files (what
+    ``report`` and the tables read) come last: a write that fails part way (a full disk)
+    leaves no new ``<scan>.csv`` and no record, so nothing reads the scan as done and a
+    rerun predicts it again. The caller writes the new record after all of them.
+    """
+    out, overwrite = options.out, options.overwrite
+    names = resume.output_names(stem, heatmaps=options.save_heatmaps, snapshots=options.snapshots)
+    for name in names:
+        check_overwrite(out / name, overwrite)
+    resume.forget_record(out, stem)
+    if options.save_heatmaps and pred.heatmaps is not None:
+        write_heatmaps(
+            out / f"{stem}_heatmaps.nii.gz",
+            pred.heatmaps,
+            pred.grid_affine,
+            raw.affine,
+            raw.shape,
+            overwrite=overwrite,
+        )
+    if options.snapshots:
+        lm = pred.landmarks
+        flagged = review_flags(lm, pred.confidence, options.review_below, pred.status)
+        picture = snapshot(raw, lm.points, lm.names, pred.confidence, flagged)
+        write_png(out / f"{stem}.png", picture, overwrite=overwrite)
+    write_prediction(
+        out,
+        stem,
+        pred.landmarks,
+        pred.confidence,
+        radius_mm=pred.radius_mm,
+        status=pred.status,
+        review_below=options.review_below,
+        basis=basis,
+        overwrite=overwrite,
+    )

@@ -1,0 +1,138 @@
+"""Planning and training a dataset, as functions: what ``heatmap3d plan`` and ``heatmap3d
+train`` run.
+
+    import heatmap3d
+    heatmap3d.plan("my_dataset")                             # writes my_dataset/plan.yaml
+    heatmap3d.train("my_dataset", budget_minutes=60)          # the model folder's statistics
+
+``budget_minutes`` is always the time for everything :func:`train` trains: every stage of
+the plan, every member or fold (the plan splits it); for a single run from a config, that
+run's time. Under ``torchrun`` every rank calls :func:`train` alike.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+
+from heatmap3d.config import load_config
+from heatmap3d.errors import InputError
+from heatmap3d.evaluation.metrics import LandmarkStats
+from heatmap3d.io.json_file import load_json
+from heatmap3d.log import get_logger
+from heatmap3d.planning.fingerprint import fingerprint_dataset
+from heatmap3d.planning.plan import Plan, make_plan
+from heatmap3d.planning.plan_file import check_plan_out, plan_text, write_plan
+from heatmap3d.review.shape_file import read_prior
+from heatmap3d.training.stages import train_dataset
+from heatmap3d.training.trainer import run
+
+__all__ = ["plan", "train"]
+
+log = get_logger(__name__)
+
+
+def plan(
+    dataset: str | Path,
+    *,
+    out: str | Path | None = None,
+    device: str = "auto",
+    budget_minutes: float = 60.0,
+    labels: str | Path | None = None,
+    shape_prior: str | Path | None = None,
+    split_file: str = "split.json",
+    overwrite: bool = False,
+) -> Plan:
+    """Fingerprint ``dataset`` and write its plan to ``out`` (default ``DATASET/plan.yaml``),
+    printing both; the plan.
+
+    ``device``: what the plan is sized for (``auto``: CUDA when visible); ``labels``: a
+    JSON ``{name: description}`` for numbered landmarks (to find left/right pairs);
+    ``shape_prior``: a population prior (``heatmap3d shape fit``) for every stage. The plan
+    never replaces a file without ``overwrite``, and the refusal says what is there
+    (:func:`heatmap3d.planning.plan_file.check_plan_out`).
+    """
+    data = Path(dataset)
+    if not data.is_dir():
+        raise InputError(f"{data}: dataset folder not found")
+    target = Path(out) if out is not None else data / "plan.yaml"
+    replacing = check_plan_out(target, overwrite=overwrite)
+    descriptions = _read_labels(None if labels is None else Path(labels))
+    fp = fingerprint_dataset(data, split_file=split_file)
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    made = make_plan(fp, device=device, budget_minutes=budget_minutes, descriptions=descriptions)
+    if shape_prior is not None:
+        _use_prior(made, Path(shape_prior), list(fp.names))
+    print(plan_text(made, fp), end="")
+    if replacing is not None:
+        log.info(f"note: --overwrite: replacing {target}, {replacing}")
+    write_plan(target, made, fp)
+    log.info(f"wrote {target}")
+    return made
+
+
+def train(
+    dataset: str | Path | None = None,
+    *,
+    budget_minutes: float | None = None,
+    overrides: Sequence[str] = (),
+    plan_file: str | Path | None = None,
+    config: str | Path | None = None,
+    members: int = 1,
+    folds: int = 0,
+    resume: bool = False,
+    init_from: str | Path | None = None,
+    overwrite: bool = False,
+) -> list[LandmarkStats] | None:
+    """Train ``dataset`` by its plan (made now, or ``plan_file``), or one run from a
+    ``config`` file when no dataset is given; the held-out statistics (every rank).
+
+    ``overrides``: ``section.key=value`` for every stage; ``budget_minutes`` the time for
+    all of it (module docstring); ``members`` seeds or ``folds`` cross-validation folds
+    make an ensemble. ``init_from`` (a single run only) starts from a checkpoint's weights.
+    """
+    extra = list(overrides)
+    if budget_minutes is not None:
+        extra.append(f"train.budget_minutes={float(budget_minutes)!r}")
+    if dataset is None and plan_file is None:
+        if members != 1 or folds:
+            raise InputError("--members and --folds train a dataset: give DATA (or --plan)")
+        cfg = load_config(config, extra)
+        init = None if init_from is None else Path(init_from)
+        return run(cfg, resume=resume, init_from=init, overwrite=overwrite)
+    if config is not None or init_from is not None:
+        raise InputError(
+            "--config and --init-from go with a single run; a dataset trains by its plan "
+            "(change a value with section.key=value, or edit the plan file)"
+        )
+    return train_dataset(
+        None if dataset is None else Path(dataset),
+        None if plan_file is None else Path(plan_file),
+        extra,
+        resume=resume,
+        overwrite=overwrite,
+        members=members,
+        folds=folds,
+    )
+
+
+def _read_labels(path: Path | None) -> dict[str, str] | None:
+    if path is None:
+        return None
+    labels = load_json(path, what="labels file")  # any failure: one line naming it
+    if not isinstance(labels, dict) or not all(isinstance(v, str) for v in labels.values()):
+        raise InputError(f'{path}: expected {{"name": "description", ...}}')
+    return {str(k): v for k, v in labels.items()}
+
+
+def _use_prior(made: Plan, path: Path, names: list[str]) -> None:
+    """Every stage gets ``train.shape_prior`` (absolute: the plan may be run elsewhere),
+    after the prior is read and found to hold the dataset's landmarks (InputError if not)."""
+    prior = read_prior(path, names)
+    why = f"a population prior of {prior.n_cases} configurations (heatmap3d shape fit)"
+    for stage in made.stages:
+        stage.config.setdefault("train", {})["shape_prior"] = str(path.resolve())
+        stage.reasons["train.shape_prior"] = why

@@ -1,0 +1,150 @@
+"""The Python API under the commands (issue 43): a model loaded once predicts what
+``heatmap3d predict`` writes, as frozen results; the cohort, plan and train functions take
+typed options; no ``argparse.Namespace`` goes below the command line."""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import json
+import logging
+from pathlib import Path
+
+import nibabel as nib
+import numpy as np
+import pytest
+import torch
+from assertions import table_rows
+
+import heatmap3d
+from heatmap3d.commands.main import main
+from heatmap3d.config import Config, DataConfig, ModelConfig
+from heatmap3d.distributed import DistInfo
+from heatmap3d.errors import InputError
+from heatmap3d.io.model_folder import StageEntry, write_model_folder
+from heatmap3d.review.calibration import Calibration
+from heatmap3d.training.state import TrainState
+
+NAMES = ["a", "b", "c", "d", "e"]
+CPU = torch.device("cpu")
+PACKAGE = Path(heatmap3d.__file__).parent
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory) -> Path:
+    """A model folder: an untrained checkpoint with raised output bias, and a calibration."""
+    root = tmp_path_factory.mktemp("model")
+    data = DataConfig(landmarks=NAMES, spacing=[3.0] * 3, patch_size=[16] * 3)
+    cfg = Config(data=data, model=ModelConfig(channels=2, depth=2))
+    state = TrainState.build(cfg, CPU)
+    with torch.no_grad():
+        state.model.head.bias += 0.5
+    (root / "coarse").mkdir()
+    world = DistInfo(rank=0, local_rank=0, world_size=1, local_world_size=1, device=CPU)
+    state.save(root / "coarse" / "best.pt", cfg, world)
+    cal = Calibration(NAMES, 0.9, np.full(5, 1e-3), 0.0, 6, 2)
+    (root / "calibration.json").write_text(json.dumps(cal.to_dict()))
+    write_model_folder(
+        root,
+        [StageEntry("coarse", "whole_scan", ("coarse/best.pt",))],
+        calibration="calibration.json",
+    )
+    return root
+
+
+@pytest.fixture(scope="module")
+def scans(tmp_path_factory) -> list[Path]:
+    from scipy.ndimage import gaussian_filter
+
+    folder = tmp_path_factory.mktemp("scans")
+    out = []
+    for i in range(3):
+        noise = np.random.default_rng(i).normal(size=(22, 20, 18))
+        path = folder / f"case{i}.nii.gz"
+        affine = np.diag([1.0, -1.2, 1.1, 1.0]) if i == 1 else np.eye(4)  # one flipped
+        nib.save(nib.Nifti1Image(gaussian_filter(noise, 2.0).astype(np.float32), affine), path)
+        out.append(path)
+    return out
+
+
+def test_a_loaded_model_predicts_what_predict_writes(capsys, tmp_path, folder, scans):
+    model = heatmap3d.load_model(folder)
+    assert model.names == NAMES and model.basis.radius == "not calibrated"
+    results = [model.predict(scan) for scan in scans]
+    out = tmp_path / "out"
+    assert main(["predict", "--device", "cpu", "--model", str(folder), *map(str, scans),
+                 "--out", str(out)]) == 0  # fmt: skip
+    capsys.readouterr()
+    for scan, result in zip(scans, results, strict=True):
+        rows = table_rows(out / f"{scan.name[: -len('.nii.gz')]}.csv")
+        written = np.array([[float(r[k] or "nan") for k in "xyz"] for r in rows])
+        # The CSV writes 6 decimals (um); the result keeps every digit.
+        np.testing.assert_allclose(result.points_mm, written, atol=1e-5)
+        assert list(result.status) == [r["status"] for r in rows]
+        assert [int(f) for f in result.review] == [int(r["review"]) for r in rows]
+        assert result.scan == str(scan)
+
+
+def test_results_are_frozen(folder, scans):
+    result = heatmap3d.load_model(folder).predict(scans[0])
+    with pytest.raises(ValueError, match="read-only"):
+        result.points_mm[0, 0] = 1.0
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        result.status = ()  # type: ignore[misc]
+    lm = result.landmarks()
+    lm.points[0, 0] = 123.0  # a copy: the result is unchanged
+    assert result.points_mm[0, 0] != 123.0
+
+
+def test_a_volume_predicts_as_its_file(folder, scans):
+    model = heatmap3d.load_model(folder)
+    vol = heatmap3d.load_volume(scans[1])
+    np.testing.assert_array_equal(model.predict(vol).points_mm, model.predict(scans[1]).points_mm)
+    assert model.predict(vol).scan == ""
+
+
+def test_shards_take_what_predict_shard_takes(folder, scans):
+    model = heatmap3d.load_model(folder)
+    shares = [model.predict_many(scans, shard=(i, 2)) for i in range(2)]
+    assert [r.scan for r in shares[0]] == [str(scans[0]), str(scans[2])]
+    assert [r.scan for r in shares[1]] == [str(scans[1])]
+    with pytest.raises(ValueError, match="shard"):
+        model.predict_many(scans, shard=(2, 2))
+
+
+def test_a_checkpoint_alone_is_never_ok(folder, scans):
+    model = heatmap3d.load_model(folder / "coarse" / "best.pt")
+    result = model.predict(scans[0])
+    assert set(result.status) <= {"review", "missing"}
+    assert result.basis.radius == "none"
+
+
+def test_predict_files_is_the_command(caplog, tmp_path, folder, scans):
+    out = tmp_path / "p"
+    spec = heatmap3d.ModelSpec(model=folder)
+    caplog.set_level(logging.INFO, logger="heatmap3d")  # a library logs; the command shows
+    heatmap3d.predict_files(spec, scans, heatmap3d.PredictOptions(out=out, device="cpu"))
+    assert sorted(p.name for p in out.glob("*.csv")) == [
+        "case0.csv", "case1.csv", "case2.csv", "landmarks.csv", "review.csv"
+    ]  # fmt: skip
+    assert "error radii: not calibrated: 2 held-out scan(s)" in caplog.text
+    with pytest.raises(InputError, match="give one model"):
+        heatmap3d.ModelSpec()
+
+
+def test_no_namespace_below_the_command_line():
+    """The command line parses; everything below takes typed arguments."""
+    below = [
+        p
+        for p in PACKAGE.rglob("*.py")
+        if "commands" not in p.relative_to(PACKAGE).parts and p.name != "__main__.py"
+    ]
+    users = []
+    for path in below:
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import | ast.ImportFrom):
+                names = [a.name for a in node.names] + [getattr(node, "module", None) or ""]
+                if "argparse" in names:
+                    users.append(str(path.relative_to(PACKAGE)))
+    assert not users, f"argparse below heatmap3d/commands: {sorted(set(users))}"
