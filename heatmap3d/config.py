@@ -56,6 +56,9 @@ class DataConfig:
     disk_cache: bool = True
     cache_dir: str = ""  # where disk_cache writes; "" = <root>/.cache
     prefetch_factor: int = 4  # batches each loader worker prepares ahead
+    # For NIfTI scans whose sform and qform disagree: the frame to trust ("sform" or
+    # "qform"; `heatmap3d train --nifti-frame` sets it); "" refuses such scans.
+    nifti_frame: str = ""
 
 
 @dataclass

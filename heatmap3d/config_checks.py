@@ -79,6 +79,10 @@ def validate(cfg: Config) -> None:
             f"data.patch_size: each must be a multiple of 2**model.depth = {2**cfg.model.depth}",
         ),
         (cfg.data.normalization in ("mr", "ct", "none"), "data.normalization: mr, ct or none"),
+        (
+            cfg.data.nifti_frame in ("", "sform", "qform"),
+            "data.nifti_frame: sform, qform or empty (refuse disagreeing frames)",
+        ),
         (0 <= cfg.data.landmark_crops <= 1, "data.landmark_crops: between 0 and 1"),
         (cfg.data.crop_jitter_mm >= 0, "data.crop_jitter_mm: >= 0 (mm)"),
         (len(set(cfg.data.landmarks)) == len(cfg.data.landmarks), "data.landmarks: duplicated"),

@@ -21,6 +21,7 @@ from heatmap3d.data.dataset import LandmarkDataset, PreprocessedCases
 from heatmap3d.data.loaders import build_cache, train_loader
 from heatmap3d.data.preprocess import preprocess
 from heatmap3d.distributed import DistInfo
+from heatmap3d.errors import InputError
 from heatmap3d.geometry import Volume
 from heatmap3d.io.landmarks import read_landmarks
 from heatmap3d.io.layout import find_cases, read_split
@@ -46,7 +47,7 @@ def cases_of(root: Path):
 
 
 def reference(image: Path, cfg: DataConfig) -> Volume:
-    return preprocess(load_volume(image), cfg)
+    return preprocess(load_volume(image, nifti_frame=cfg.nifti_frame or None), cfg)
 
 
 def assert_same_volume(a: Volume, b: Volume) -> None:
@@ -311,11 +312,11 @@ def test_cache_entries_get_the_umask_mode_not_0600(root):
 
 
 def test_the_trusted_nifti_frame_is_part_of_the_key(root, tmp_path):
-    """--nifti-frame sform then qform on a file whose frames disagree: two volumes, two
+    """data.nifti_frame sform then qform on a file whose frames disagree: two volumes, two
     entries; the second run must not reuse the first choice's volume."""
-    import nibabel as nib
+    import dataclasses
 
-    from heatmap3d.io.nifti import trust_frame
+    import nibabel as nib
 
     image = tmp_path / "mirrored.nii.gz"
     data = np.random.default_rng(0).random((12, 10, 8)).astype(np.float32)
@@ -324,12 +325,10 @@ def test_the_trusted_nifti_frame_is_part_of_the_key(root, tmp_path):
     img.set_qform(np.diag([-1.5, 1.5, 1.5, 1.0]), code=1)  # left-right mirror
     nib.save(img, image)
     cfg = config(root)
-    try:
-        trust_frame("sform")
-        by_sform = cache.cached_volume(image, cfg)
-        trust_frame("qform")
-        by_qform = cache.cached_volume(image, cfg)
-        assert_same_volume(by_qform, reference(image, cfg))
-    finally:
-        trust_frame(None)
+    by_sform = cache.cached_volume(image, dataclasses.replace(cfg, nifti_frame="sform"))
+    qform = dataclasses.replace(cfg, nifti_frame="qform")
+    by_qform = cache.cached_volume(image, qform)
+    assert_same_volume(by_qform, reference(image, qform))
+    with pytest.raises(InputError, match="disagree"):  # no choice: refused, not guessed
+        cache.cached_volume(image, cfg)
     assert not np.allclose(by_sform.data, by_qform.data)  # mirrored, not the same volume

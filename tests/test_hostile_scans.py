@@ -28,17 +28,6 @@ RNG = np.random.default_rng(25)
 SCAN = RNG.normal(size=(12, 11, 10)).astype(np.float32)  # ITK (k, j, i) order when written
 
 
-@pytest.fixture(autouse=True)
-def no_frame_chosen():
-    """Each test starts, and leaves, with no NIfTI frame chosen (``--nifti-frame`` sets
-    it for the process)."""
-    from heatmap3d.io import nifti
-
-    nifti.trust_frame(None)
-    yield
-    nifti.trust_frame(None)
-
-
 @pytest.fixture(scope="module")
 def model(tmp_path_factory) -> Path:
     """An untrained one-landmark model at 3 mm (tests/test_bad_input_table.py)."""
@@ -361,7 +350,6 @@ def test_check_and_train_take_nifti_frame(phantoms, copy_of, capsys) -> None:
 
 
 def test_a_corrupt_qform_beside_an_sform_is_refused_unless_told(tmp_path: Path) -> None:
-    from heatmap3d.io import nifti
 
     img = nib.Nifti1Image(SCAN, AFFINE)
     img.set_sform(AFFINE, code=1)
@@ -370,8 +358,8 @@ def test_a_corrupt_qform_beside_an_sform_is_refused_unless_told(tmp_path: Path) 
     img.to_filename(tmp_path / "badq.nii")
     with raises_naming(tmp_path / "badq.nii", "qform is corrupt", "--nifti-frame sform"):
         load_volume(tmp_path / "badq.nii")
-    nifti.trust_frame("sform")
-    np.testing.assert_allclose(load_volume(tmp_path / "badq.nii").affine, AFFINE)
+    badq = load_volume(tmp_path / "badq.nii", nifti_frame="sform")
+    np.testing.assert_allclose(badq.affine, AFFINE)
 
 
 def test_a_sheared_affine_is_neither_written_nor_read(tmp_path: Path) -> None:

@@ -28,7 +28,6 @@ from scipy.spatial.transform import Rotation
 
 from heatmap3d.errors import InputError
 from heatmap3d.geometry import Volume
-from heatmap3d.io import nifti
 from heatmap3d.io.itk_io import preserved_locale
 from heatmap3d.io.volume_checks import (
     SHEAR_TOLERANCE,
@@ -42,14 +41,6 @@ SCAN = np.random.default_rng(31).normal(size=(5, 6, 7)).astype(np.float32)  # (I
 RAW = SCAN.transpose().tobytes()  # ITK order: i fastest
 SECRET = (SCAN + 1000).transpose().tobytes()  # what a file outside the folder holds
 SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
-
-
-@pytest.fixture(autouse=True)
-def no_frame_chosen():
-    """--nifti-frame is process-wide: each test starts (and leaves) with none chosen."""
-    nifti.trust_frame(None)
-    yield
-    nifti.trust_frame(None)
 
 
 NRRD_FIELDS = {
@@ -336,9 +327,8 @@ def test_unknown_frame_codes_are_refused(tmp_path: Path, sform: int, qform: int)
     name, code = ("sform_code", sform) if sform not in range(6) else ("qform_code", qform)
     with raises_naming(path, f"{name} = {code}", "not a NIfTI frame code"):
         load_volume(path)
-    nifti.trust_frame("sform")  # the frame choice is for valid frames that disagree
-    with raises_naming(path, f"{name} = {code}"):
-        load_volume(path)
+    with raises_naming(path, f"{name} = {code}"):  # the choice is for valid frames only
+        load_volume(path, nifti_frame="sform")
 
 
 def test_unknown_codes_read_with_the_fallback_only_when_asked(tmp_path: Path) -> None:

@@ -27,6 +27,7 @@ from heatmap3d.geometry import Volume
 from heatmap3d.inference.pipeline import DEFAULT_REVIEW_RADIUS_MM, Pipeline
 from heatmap3d.inference.predictor import Prediction
 from heatmap3d.io.landmarks import Landmarks
+from heatmap3d.io.nifti import check_frame_choice
 from heatmap3d.io.volumes import load_volume
 from heatmap3d.predictions.scan_files import review_flags
 from heatmap3d.review.basis import ReviewBasis
@@ -96,8 +97,11 @@ class Model:
     """A model folder (or a checkpoint) loaded once, predicting as ``heatmap3d predict``
     does (see the module docstring)."""
 
-    def __init__(self, pipeline: Pipeline, review_below: float = 0.5) -> None:
+    def __init__(
+        self, pipeline: Pipeline, review_below: float = 0.5, nifti_frame: str | None = None
+    ) -> None:
         self.pipeline, self.review_below = pipeline, float(review_below)
+        self.nifti_frame = nifti_frame
 
     @property
     def names(self) -> list[str]:
@@ -110,7 +114,10 @@ class Model:
 
     def predict(self, scan: str | Path | Volume) -> ScanResult:
         """The reviewed landmarks of one scan: a file or DICOM folder, or a volume."""
-        vol = scan if isinstance(scan, Volume) else load_volume(Path(scan))
+        if isinstance(scan, Volume):
+            vol = scan
+        else:
+            vol = load_volume(Path(scan), nifti_frame=self.nifti_frame)
         pred = self.pipeline.predict_volume(vol)
         where = "" if isinstance(scan, Volume) else str(scan)
         return ScanResult.of(pred, self.basis, self.review_below, where)
@@ -135,9 +142,11 @@ def load_model(
     pose: bool = True,
     review_radius_mm: float = DEFAULT_REVIEW_RADIUS_MM,
     review_below: float = 0.5,
+    nifti_frame: str | None = None,
 ) -> Model:
     """A model folder, or a checkpoint file (``refine``: a refinement checkpoint for a
-    cascade), on ``device`` (``"auto"``: CUDA when available). Options as ``predict``'s."""
+    cascade), on ``device`` (``"auto"``: CUDA when available). Options as ``predict``'s;
+    ``nifti_frame`` the frame to trust in a NIfTI whose sform and qform disagree."""
     path = Path(path)
     is_folder = path.is_dir()
     spec = ModelSpec(
@@ -150,4 +159,5 @@ def load_model(
     )
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
-    return Model(load_pipeline_of(spec, torch.device(device)), review_below)
+    pipeline = load_pipeline_of(spec, torch.device(device))
+    return Model(pipeline, review_below, check_frame_choice(nifti_frame))

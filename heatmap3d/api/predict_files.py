@@ -93,6 +93,8 @@ class PredictOptions:
         shard: ``(i, n)``: share ``i`` of ``n`` of the scans (a SLURM array task).
         workers: loader processes reading scans ahead (None: one per free CPU, at most 4).
         series: the DICOM series to read where a folder holds several.
+        nifti_frame: for a NIfTI whose sform and qform disagree, the frame to trust
+            (``"sform"`` or ``"qform"``); None refuses such a scan.
         review_below: a landmark whose confidence is below this is flagged for review.
         save_heatmaps: also write each scan's heatmaps (NIfTI on the scan's grid).
         snapshots: also write a PNG of each scan's landmarks.
@@ -105,6 +107,7 @@ class PredictOptions:
     shard: tuple[int, int] = (0, 1)
     workers: int | None = None
     series: str | None = None
+    nifti_frame: str | None = None
     review_below: float = 0.5
     save_heatmaps: bool = False
     snapshots: bool = False
@@ -177,6 +180,7 @@ def predict_files(spec: ModelSpec, scans: Sequence[Path], options: PredictOption
             keep_raw=options.snapshots,
             overwrite=options.overwrite,
             shard=options.shard,
+            nifti_frame=options.nifti_frame,
             then=functools.partial(_report, spec, scans, options) if options.report else None,
         )
         write = functools.partial(_write, options, pipeline.basis)
@@ -189,7 +193,11 @@ def _report(spec: ModelSpec, scans: Sequence[Path], options: PredictOptions) -> 
     """``report``: OUT/report.html from the files just written (the cohort's, every scan
     predicted now or before; :mod:`heatmap3d.evaluation.report`)."""
     path = write_report(
-        options.out, scans=list(scans), model=str(spec.source), overwrite=options.overwrite
+        options.out,
+        scans=list(scans),
+        model=str(spec.source),
+        overwrite=options.overwrite,
+        nifti_frame=options.nifti_frame,
     )
     return f"wrote {path}"
 
@@ -221,6 +229,8 @@ def _model_identity(spec: ModelSpec, options: PredictOptions) -> str:
         "pose": spec.pose,
         "series": options.series,
     }
+    if options.nifti_frame is not None:  # only when given: earlier outputs stay current
+        said["nifti_frame"] = options.nifti_frame
     try:
         return resume.model_identity(files, said)
     except OSError as err:

@@ -44,6 +44,7 @@ def plan(
     shape_prior: str | Path | None = None,
     split_file: str = "split.json",
     overwrite: bool = False,
+    nifti_frame: str | None = None,
 ) -> Plan:
     """Fingerprint ``dataset`` and write its plan to ``out`` (default ``DATASET/plan.yaml``),
     printing both; the plan.
@@ -52,7 +53,8 @@ def plan(
     JSON ``{name: description}`` for numbered landmarks (to find left/right pairs);
     ``shape_prior``: a population prior (``heatmap3d shape fit``) for every stage. The plan
     never replaces a file without ``overwrite``, and the refusal says what is there
-    (:func:`heatmap3d.planning.plan_file.check_plan_out`).
+    (:func:`heatmap3d.planning.plan_file.check_plan_out`). ``nifti_frame``: the frame to
+    trust in a NIfTI whose sform and qform disagree (training: ``data.nifti_frame``).
     """
     data = Path(dataset)
     if not data.is_dir():
@@ -60,7 +62,7 @@ def plan(
     target = Path(out) if out is not None else data / "plan.yaml"
     replacing = check_plan_out(target, overwrite=overwrite)
     descriptions = _read_labels(None if labels is None else Path(labels))
-    fp = fingerprint_dataset(data, split_file=split_file)
+    fp = fingerprint_dataset(data, split_file=split_file, nifti_frame=nifti_frame)
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
     made = make_plan(fp, device=device, budget_minutes=budget_minutes, descriptions=descriptions)

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from heatmap3d import log as logs
-from heatmap3d.commands.parser import READ_SCANS, parse
+from heatmap3d.commands.parser import parse
 from heatmap3d.errors import InputError, Interrupted, NonFiniteLossError
 
 log = logs.get_logger(__name__)
@@ -52,7 +52,12 @@ def _run(args: argparse.Namespace) -> None:
         from heatmap3d.data.check import run_check
 
         status = run_check(
-            args.data, args.split_file, args.landmarks, args.manifest, overwrite=args.overwrite
+            args.data,
+            args.split_file,
+            args.landmarks,
+            args.manifest,
+            overwrite=args.overwrite,
+            nifti_frame=args.nifti_frame,
         )
         if status:  # 1: the data has problems (main's 2 stays for mistakes in the command)
             raise SystemExit(status)
@@ -84,6 +89,7 @@ def _report(args: argparse.Namespace, evaluation: Path | None) -> None:
         evaluation=evaluation,
         truth=args.truth,
         overwrite=args.overwrite,
+        nifti_frame=args.nifti_frame,
     )
     log.info(f"wrote {path}")
 
@@ -107,6 +113,8 @@ def _train(args: argparse.Namespace) -> None:
                 f"one dataset folder, got {positional + ([str(data)] if data else [])}"
             )
         data = Path(positional[0])
+    if args.nifti_frame is not None:  # every stage reads the scans so (data.nifti_frame)
+        overrides.append(f"data.nifti_frame={args.nifti_frame}")
     from heatmap3d.api.runs import train
 
     train(
@@ -125,10 +133,6 @@ def _train(args: argparse.Namespace) -> None:
 def main(argv: list[str] | None = None) -> int:
     logs.configure()  # the package's messages on stdout, errors on stderr, from rank 0
     args = parse(argv)
-    if args.command in READ_SCANS:  # every scan this command reads, in any process
-        from heatmap3d.io.nifti import trust_frame
-
-        trust_frame(args.nifti_frame)
     try:
         _run(args)
     except InputError as err:  # every rank says why it stops ("[rank R] error: ..." on R > 0)

@@ -31,6 +31,7 @@ def predict_command(args: argparse.Namespace) -> None:
         snapshots=args.snapshots,
         report=args.report,
         overwrite=args.overwrite,
+        nifti_frame=args.nifti_frame,
     )
     predict_files(spec, list(args.scans), options)
 

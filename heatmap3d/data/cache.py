@@ -50,12 +50,16 @@ from heatmap3d.geometry import Volume
 from heatmap3d.io.atomic import atomic_write
 from heatmap3d.io.json_file import load_json
 from heatmap3d.io.layout import image_files
-from heatmap3d.io.nifti import trusted_frame
 from heatmap3d.io.volumes import load_volume
 
 # Part of every key: bump when preprocess() changes its output for the same settings.
 FORMAT_VERSION = 1
 _HASH_BLOCK = 1 << 22  # 4 MiB reads when hashing a file
+
+
+def read_scan(image: Path, cfg: DataConfig) -> Volume:
+    """``image`` as read for a dataset configured by ``cfg`` (its ``nifti_frame``)."""
+    return load_volume(image, nifti_frame=cfg.nifti_frame or None)
 
 
 def cache_dir_of(cfg: DataConfig) -> Path:
@@ -72,11 +76,11 @@ def settings_of(cfg: DataConfig) -> dict[str, Any]:
         "percentiles": [float(p) for p in cfg.percentiles],
         "ct_window": [float(w) for w in cfg.ct_window],
     }
-    # --nifti-frame picks the world frame of a NIfTI whose sform and qform disagree, so a
-    # volume read under one choice is not the volume under the other. Only in the key when
-    # set, so that the caches of every ordinary run stay valid.
-    if trusted_frame() is not None:
-        settings["nifti_frame"] = trusted_frame()
+    # data.nifti_frame picks the world frame of a NIfTI whose sform and qform disagree, so
+    # a volume read under one choice is not the volume under the other. Only in the key
+    # when set, so that the caches of every ordinary run stay valid.
+    if cfg.nifti_frame:
+        settings["nifti_frame"] = cfg.nifti_frame
     return settings
 
 
@@ -191,7 +195,7 @@ def cached_volume(image: Path, cfg: DataConfig) -> Volume:
     vol = read_entry(entry)
     if vol is not None:
         return vol
-    write_entry(entry, preprocess(load_volume(image), cfg), image, cfg)
+    write_entry(entry, preprocess(read_scan(image, cfg), cfg), image, cfg)
     vol = read_entry(entry)
     if vol is None:  # only if the disk lies to us (or a concurrent writer is racing a crash)
         raise OSError(f"{entry.npy}: cache entry unreadable right after writing it")
@@ -207,6 +211,6 @@ def build_entries(images: list[Path], cfg: DataConfig, rank: int = 0, ranks: int
     for image in images[rank::ranks]:
         entry = Entry.of(image, cfg)
         if read_entry(entry) is None:
-            write_entry(entry, preprocess(load_volume(image), cfg), image, cfg)
+            write_entry(entry, preprocess(read_scan(image, cfg), cfg), image, cfg)
             built += 1
     return built

@@ -104,14 +104,19 @@ class _CaseData:
 
 
 def check_dataset(
-    root: str | Path, *, split_file: str = "split.json", landmarks: list[str] | None = None
+    root: str | Path,
+    *,
+    split_file: str = "split.json",
+    landmarks: list[str] | None = None,
+    nifti_frame: str | None = None,
 ) -> CheckReport:
     """Read every case of ``root/split_file`` (no ``split.json``: every case found, as
     training) and report every problem (see module doc).
 
     ``landmarks`` are the expected names (in channel order); None or [] means the most
-    common name set in the dataset. Never raises :class:`InputError` for a bad file: each
-    one becomes a :class:`Finding`.
+    common name set in the dataset; ``nifti_frame`` the frame to trust in a NIfTI whose
+    sform and qform disagree (None: such a file is an error). Never raises
+    :class:`InputError` for a bad file: each one becomes a :class:`Finding`.
     """
     root = Path(root)
     found = Collector(CheckReport(root))
@@ -122,7 +127,13 @@ def check_dataset(
         name: [located[c] for c in members if located[c] is not None]
         for name, members in split.items()
     }
-    check_cases(cases, landmarks=landmarks, split_path=root / split_file, found=found)
+    check_cases(
+        cases,
+        landmarks=landmarks,
+        split_path=root / split_file,
+        found=found,
+        nifti_frame=nifti_frame,
+    )
     found.result.n_cases = len(ids)
     return found.result
 
@@ -133,6 +144,7 @@ def check_cases(
     landmarks: list[str] | None,
     split_path: Path,
     found: Collector | None = None,
+    nifti_frame: str | None = None,
 ) -> CheckReport:
     """The case-level checks of ``heatmap3d check``, on cases already located.
 
@@ -144,7 +156,7 @@ def check_cases(
     found = found or Collector(CheckReport(split_path.parent))
     _check_split_members(split_path, {n: [c.case_id for c in cs] for n, cs in cases.items()}, found)
     unique = list({c.case_id: c for cs in cases.values() for c in cs}.values())
-    data = [_read_case(case, found) for case in unique]
+    data = [_read_case(case, found, nifti_frame) for case in unique]
     names, source = reference_names([d.landmarks for d in data], landmarks)
     grids = [
         (d.shape, d.affine) if d.shape is not None and d.affine is not None else None for d in data
@@ -174,6 +186,7 @@ def run_check(
     manifest: Path | None,
     *,
     overwrite: bool = False,
+    nifti_frame: str | None = None,
 ) -> int:
     """``heatmap3d check``: print the report; exit status 1 if any error, else 0.
 
@@ -190,7 +203,7 @@ def run_check(
     names = [n.strip() for n in landmarks.split(",") if n.strip()]
     if len(set(names)) != len(names):
         raise InputError(f"--landmarks: duplicated names in {landmarks!r}")
-    report = check_dataset(data, split_file=split_file, landmarks=names)
+    report = check_dataset(data, split_file=split_file, landmarks=names, nifti_frame=nifti_frame)
     print(report.text())
     if report.errors:
         if manifest is not None:
@@ -263,14 +276,14 @@ def _check_split_members(path: Path, split: dict[str, list[str]], report: Collec
 # --------------------------------------------------------------------------------------
 
 
-def _read_case(case: Case, report: Collector) -> _CaseData:
+def _read_case(case: Case, report: Collector, nifti_frame: str | None = None) -> _CaseData:
     """Read one case's files (what could be read; problems become findings).
 
     The checks that need the voxels run here, so that only the grid is kept: one image
     is in memory at a time, however large the dataset.
     """
     data = _CaseData(case)
-    vol = _read_image(case.image, report)
+    vol = _read_image(case.image, report, nifti_frame)
     data.landmarks = _read_landmark_file(case.landmarks, report)
     if vol is not None:
         data.shape, data.affine = vol.shape, vol.affine
@@ -311,9 +324,9 @@ def _named_path(err: InputError) -> Path:
     return Path(str(err).split(": ", 1)[0])
 
 
-def _read_image(path: Path, report: Collector) -> Volume | None:
+def _read_image(path: Path, report: Collector, nifti_frame: str | None) -> Volume | None:
     try:
-        return load_volume(path)
+        return load_volume(path, nifti_frame=nifti_frame)
     except InputError as err:  # unreadable, truncated, not 3D, NaN/Inf, bad affine
         report.input_error(path, err)
         return None

@@ -16,22 +16,22 @@ import torch
 from torch.utils.data import Dataset
 
 from heatmap3d.config import DataConfig
-from heatmap3d.data.cache import cached_volume
+from heatmap3d.data.cache import cached_volume, read_scan
 from heatmap3d.data.preprocess import outside_value, preprocess
 from heatmap3d.geometry import Volume, crop_or_pad, window_start, world_to_voxel
 from heatmap3d.io.landmarks import Landmarks, read_landmarks
 from heatmap3d.io.layout import Case
-from heatmap3d.io.volumes import load_volume
 
 
-def load_case(case: Case, names: list[str]) -> tuple[Volume, Landmarks]:
-    """Read a case's image and its landmarks in the order of ``names`` (world RAS mm).
+def load_case(case: Case, names: list[str], cfg: DataConfig) -> tuple[Volume, Landmarks]:
+    """Read a case's image (as ``cfg`` reads scans) and its landmarks in the order of
+    ``names`` (world RAS mm).
 
     The case-level checks (landmarks inside the image, names) ran on every case before
     training, in :func:`heatmap3d.data.check.check_cases`.
     """
     lm = read_landmarks(case.landmarks).select(names, source=str(case.landmarks))
-    return load_volume(case.image), lm
+    return read_scan(case.image, cfg), lm
 
 
 class PreprocessedCases:
@@ -72,7 +72,7 @@ class PreprocessedCases:
     def _load(self, index: int) -> tuple[Volume, np.ndarray]:
         case = self.cases[index]
         if not self.cfg.disk_cache:
-            vol, lm = load_case(case, self.names)
+            vol, lm = load_case(case, self.names, self.cfg)
             return preprocess(vol, self.cfg), lm.points
         # Landmark files are small: read as is. Their voxel coordinates come from the
         # cached (preprocessed) affine when they are used.

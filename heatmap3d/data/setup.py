@@ -49,7 +49,12 @@ def _prepare_on_main(cfg: Config) -> tuple[list[str], list[Case], list[Case]]:
     else:
         source = Path(cfg.data.root) / cfg.data.split_file
         names, train, val = _cases_from_split(cfg, Path(cfg.data.root))
-    report = check_cases({"train": train, "val": val}, landmarks=names, split_path=source)
+    report = check_cases(
+        {"train": train, "val": val},
+        landmarks=names,
+        split_path=source,
+        nifti_frame=cfg.data.nifti_frame or None,
+    )
     _refuse_errors(report, cfg)
     check_mirror_pairs(cfg.augment, report.names)
     return report.names, train, val

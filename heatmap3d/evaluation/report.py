@@ -56,6 +56,7 @@ def write_report(
     out: Path | None = None,
     model: str | None = None,
     overwrite: bool = False,
+    nifti_frame: str | None = None,
 ) -> Path:
     """Write the report of the prediction folder ``folder``; return its path.
 
@@ -72,6 +73,8 @@ def write_report(
         model: what to call the model in the header when the prediction files do not
             name it (e.g. the ``--model`` folder).
         overwrite: replace a ``report.html`` (or picture) heatmap3d did not write.
+        nifti_frame: the frame to trust in a scan whose NIfTI sform and qform disagree
+            (``"sform"``, ``"qform"``; None: such a scan is not drawn, and the page says why).
 
     InputError (one line) for a folder without predictions, a target that is not ours.
     """
@@ -93,7 +96,7 @@ def write_report(
         files.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise InputError(f"{files}: cannot create the pictures' folder ({one_line(exc)})") from exc
-    written = _draw(page, found, files, truth, overwrite)
+    written = _draw(page, found, files, truth, overwrite, nifti_frame)
     if not found:
         recorded = sorted({str(Path(s.scan).parent) for s in cohort.scans if s.scan})
         where = f" (predicted from {', '.join(recorded[:3])})" if recorded else ""
@@ -158,6 +161,7 @@ def _draw(
     files: Path,
     truth: Path | Mapping[str, Path] | None,
     overwrite: bool,
+    nifti_frame: str | None = None,
 ) -> set[Path]:
     """Thumbnails, tiles and plots into ``files``, their links into ``page``."""
     cohort, written = page.cohort, set()
@@ -183,7 +187,8 @@ def _draw(
             for stem, name, _ in page.worst
             if stem == scan.stem and name in scan.names
         ]
-        thumb, tiles = _scan_pictures(cohort, scan, found.get(scan.stem), truth, which)
+        path = found.get(scan.stem)
+        thumb, tiles = _scan_pictures(cohort, scan, path, truth, which, nifti_frame)
         if thumb is not None:
             page.thumbs[scan.stem] = save(f"s{n}.png", thumb)
         for i, rgb in tiles.items():
@@ -197,13 +202,14 @@ def _scan_pictures(
     path: Path | None,
     truth: Path | Mapping[str, Path] | None,
     which: list[int],
+    nifti_frame: str | None = None,
 ) -> tuple[np.ndarray | None, dict[int, np.ndarray]]:
     """A scan's thumbnail and tiles; from its snapshot (no tiles) without the scan."""
     if path is None:
         thumb = None if scan.snapshot is None else pictures.snapshot_thumbnail(scan.snapshot)
         return thumb, {}
     try:
-        vol = load_volume(path)
+        vol = load_volume(path, nifti_frame=nifti_frame)
     except InputError as err:
         cohort.problems.append(f"scan {scan.stem}: not drawn ({err})")
         return None, {}

@@ -66,6 +66,7 @@ class Job:
     overwrite: bool
     shard: tuple[int, int] = (0, 1)
     then: Callable[[], str] | None = None  # rank 0, after the tables (the HTML report)
+    nifti_frame: str | None = None  # the frame to trust where a NIfTI's two disagree
 
 
 @dataclass
@@ -141,6 +142,7 @@ def _predict_share(
             share,
             workers=job.workers,
             series=job.series,
+            nifti_frame=job.nifti_frame,
             is_current=is_current,
             keep_raw=job.keep_raw,
         )

@@ -298,8 +298,9 @@ class Predictor:
         """Landmarks of a raw volume (any orientation and spacing), in its world mm."""
         return self.predict_preprocessed(self.prepare(vol), keep_heatmaps=keep_heatmaps)
 
-    def predict_file(self, path: str | Path) -> Prediction:
-        return self.predict_volume(load_volume(path))
+    def predict_file(self, path: str | Path, *, nifti_frame: str | None = None) -> Prediction:
+        """Landmarks of the scan at ``path`` (``nifti_frame``: as :func:`load_volume`)."""
+        return self.predict_volume(load_volume(path, nifti_frame=nifti_frame))
 
 
 def _recipe(p: Predictor) -> tuple:

@@ -80,8 +80,10 @@ class ScanReads(Dataset):
         series: str | None,
         is_current: IsCurrent | None,
         keep_raw: bool,
+        nifti_frame: str | None = None,
     ) -> None:
         self.predictor, self.scans, self.series = predictor, list(scans), series
+        self.nifti_frame = nifti_frame
         self.is_current, self.keep_raw = is_current, keep_raw
 
     def __len__(self) -> int:
@@ -93,7 +95,7 @@ class ScanReads(Dataset):
             sha = input_identity(scan)
             if self.is_current is not None and self.is_current(scan, sha):
                 return n, Skipped(time.perf_counter() - start)
-            raw = load_volume(scan, series=self.series)
+            raw = load_volume(scan, series=self.series, nifti_frame=self.nifti_frame)
             prepared = self.predictor.prepare(raw)
             read = Read(_pack(raw, self.keep_raw), _pack(prepared), 0.0, sha)
             read.seconds = time.perf_counter() - start
@@ -141,6 +143,7 @@ def read_ahead(
     *,
     workers: int,
     series: str | None = None,
+    nifti_frame: str | None = None,
     is_current: IsCurrent | None = None,
     keep_raw: bool = False,
 ) -> Iterator[tuple[Path, Read | Skipped | InputError]]:
@@ -153,7 +156,14 @@ def read_ahead(
         return
     workers = min(workers, len(scans))  # no idle processes, each a copy of the predictor
     loader = DataLoader(
-        ScanReads(predictor, scans, series=series, is_current=is_current, keep_raw=keep_raw),
+        ScanReads(
+            predictor,
+            scans,
+            series=series,
+            is_current=is_current,
+            keep_raw=keep_raw,
+            nifti_frame=nifti_frame,
+        ),
         batch_size=None,
         shuffle=False,
         num_workers=workers,

@@ -5,8 +5,8 @@ the qform): voxel ``(i, j, k)`` -> world RAS mm, the project's frame (see
 :mod:`heatmap3d.geometry`), converted to mm when ``xyzt_units`` says metres or micrometres.
 When both sform and qform are set they must agree: nibabel takes the sform, ITK (and so
 3D Slicer) the qform, and landmarks found in one frame land elsewhere in the other; a
-file whose two frames disagree is refused unless the user said which to trust
-(:func:`trust_frame`, ``--nifti-frame``). Callers use
+file whose two frames disagree is refused unless the caller says which to trust
+(``frame``: the commands' ``--nifti-frame``, training's ``data.nifti_frame``). Callers use
 :func:`heatmap3d.io.volumes.load_volume`, which adds the checks every format shares.
 """
 
@@ -34,8 +34,8 @@ __all__ = [
     "FRAMES",
     "NIFTI_SUFFIXES",
     "NIFTI_XFORM_CODE",
+    "check_frame_choice",
     "read_nifti",
-    "trust_frame",
     "write_nifti",
 ]
 
@@ -62,27 +62,15 @@ _XFORM_CODES = frozenset(int(code) for code in nib.nifti1.xform_codes.value_set(
 # mm, as every tool does), 1 metre, 2 mm, 3 micrometre; ITK converts the same way.
 _MM_PER_UNIT = {0: 1.0, 1: 1000.0, 2: 1.0, 3: 0.001}
 
-# Which frame to trust when sform and qform disagree; set once per command by the CLI.
-_trusted_frame: str | None = None
 
-
-def trust_frame(frame: str | None) -> None:
-    """Trust ``frame`` (``"sform"`` or ``"qform"``) of a NIfTI whose two frames disagree,
-    for every file this process reads from now on; None refuses such files (the default).
-
-    Set by the commands' ``--nifti-frame`` option: the choice belongs to the user's files,
-    not to a model or a config, and the readers are reached from too many places (training
-    workers, the prediction read-ahead) to pass it down each path.
-    """
-    if frame not in (None, *FRAMES):
+def check_frame_choice(frame: str | None) -> str | None:
+    """``frame`` (``"sform"``, ``"qform"``, or None/"": refuse disagreeing frames) as the
+    readers take it; InputError for anything else."""
+    if frame in (None, ""):
+        return None
+    if frame not in FRAMES:
         raise InputError(f"--nifti-frame: expected one of {', '.join(FRAMES)}, got {frame!r}")
-    global _trusted_frame
-    _trusted_frame = frame
-
-
-def trusted_frame() -> str | None:
-    """The frame chosen by :func:`trust_frame` (None: disagreeing frames are refused)."""
-    return _trusted_frame
+    return frame
 
 
 # What nibabel raises on unreadable, corrupt or truncated files (gzip/zlib errors included).
@@ -97,7 +85,9 @@ _NIBABEL_READ_ERRORS = (
 )
 
 
-def read_nifti(path: Path, *, allow_no_world_frame: bool = False) -> tuple[np.ndarray, np.ndarray]:
+def read_nifti(
+    path: Path, *, allow_no_world_frame: bool = False, frame: str | None = None
+) -> tuple[np.ndarray, np.ndarray]:
     """``(data, affine)``: the stored array as float32 (``scl_slope``/``scl_inter`` applied)
     and its ``(4, 4)`` voxel -> world RAS mm affine.
 
@@ -105,7 +95,8 @@ def read_nifti(path: Path, *, allow_no_world_frame: bool = False) -> tuple[np.nd
     header without a world frame (``sform_code = qform_code = 0``), with a frame code NIfTI
     does not define, a qform whose ``qfac`` (``pixdim[0]``) is not -1, 0 or 1, or voxel
     sizes (``pixdim[1:4]``) of 0 or below, unless ``allow_no_world_frame``; sform and
-    qform that disagree (unless :func:`trust_frame` chose one); voxels that are not real
+    qform that disagree (unless ``frame``, ``"sform"`` or ``"qform"``, says which to
+    trust); voxels that are not real
     numbers (complex, RGB, bool); spatial units other than mm, m or micrometres; a header claiming
     more voxels than memory holds (all checked before reading the voxels); voxels float32
     cannot hold (:func:`~heatmap3d.io.volume_checks.check_float32_copy`).
@@ -117,7 +108,7 @@ def read_nifti(path: Path, *, allow_no_world_frame: bool = False) -> tuple[np.nd
     stored = _header_as_stored(path, img)
     _check_codes(path, stored, allow_no_world_frame)
     _check_world_frame(path, stored, allow_no_world_frame)
-    affine = _chosen_affine(path, stored, img.affine)
+    affine = _chosen_affine(path, stored, img.affine, check_frame_choice(frame))
     _check_dtype(path, img.get_data_dtype())
     check_claimed_size(path, img.shape, img.get_data_dtype().itemsize)
     try:
@@ -138,9 +129,9 @@ def _check_dtype(path: Path, dtype: np.dtype) -> None:
         )
 
 
-def _chosen_affine(path: Path, header, affine: np.ndarray) -> np.ndarray:
+def _chosen_affine(path: Path, header, affine: np.ndarray, trusted: str | None) -> np.ndarray:
     """nibabel's affine, unless sform and qform are both set and disagree: then the frame
-    the user trusts (:func:`trust_frame`), else InputError naming both."""
+    the user ``trusted``, else InputError naming both."""
     if int(header["sform_code"]) == 0 or int(header["qform_code"]) == 0:
         return np.asarray(affine, dtype=np.float64)
     if header["pixdim"][0] == 0:  # qfac 0 means 1 (the NIfTI standard; nibabel sets it too)
@@ -150,7 +141,7 @@ def _chosen_affine(path: Path, header, affine: np.ndarray) -> np.ndarray:
     try:
         qform = header.get_qform()
     except (ValueError, HeaderDataError) as exc:  # |(b, c, d)| > 1, or qfac not +-1
-        if _trusted_frame == "sform":
+        if trusted == "sform":
             return np.asarray(sform, dtype=np.float64)
         raise InputError(
             f"{path}: the qform is corrupt ({one_line(exc)}); nibabel uses the sform, ITK "
@@ -166,8 +157,8 @@ def _chosen_affine(path: Path, header, affine: np.ndarray) -> np.ndarray:
     gap = float(np.linalg.norm((sform - qform)[:3] @ corners, axis=0).max())
     if gap <= _FRAME_TOLERANCE_MM:
         return np.asarray(affine, dtype=np.float64)
-    if _trusted_frame is not None:
-        return np.asarray(sform if _trusted_frame == "sform" else qform, dtype=np.float64)
+    if trusted is not None:
+        return np.asarray(sform if trusted == "sform" else qform, dtype=np.float64)
     raise InputError(
         f"{path}: sform ({_describe(sform)}) and qform ({_describe(qform)}) disagree by up "
         f"to {gap:.3g} mm; nibabel uses the sform, ITK and 3D Slicer the qform: fix the "

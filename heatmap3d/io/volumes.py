@@ -44,7 +44,11 @@ _KNOWN = ", ".join(VOLUME_SUFFIXES) + " or a folder holding a DICOM series"
 
 
 def load_volume(
-    path: str | Path, *, series: str | None = None, allow_no_world_frame: bool = False
+    path: str | Path,
+    *,
+    series: str | None = None,
+    allow_no_world_frame: bool = False,
+    nifti_frame: str | None = None,
 ) -> Volume:
     """Read a 3D scan as a float32 :class:`Volume` (voxel -> world RAS mm affine).
 
@@ -55,6 +59,8 @@ def load_volume(
         allow_no_world_frame: accept a NIfTI header without a world frame (sform and qform
             codes 0) or with voxel sizes <= 0, taking nibabel's fallback affine; only for
             files known to need it (the landmarks must then be in that made-up frame).
+        nifti_frame: for a NIfTI whose sform and qform disagree, the frame to trust
+            (``"sform"`` or ``"qform"``); None refuses such a file.
     """
     path = Path(path)
     if path.is_dir():
@@ -65,7 +71,9 @@ def load_volume(
     elif not path.is_file():  # a FIFO or a device would block or never end
         raise InputError(f"{path}: not a regular file (a FIFO, device or socket?)")
     elif _has_suffix(path, nifti.NIFTI_SUFFIXES):
-        data, affine = nifti.read_nifti(path, allow_no_world_frame=allow_no_world_frame)
+        data, affine = nifti.read_nifti(
+            path, allow_no_world_frame=allow_no_world_frame, frame=nifti_frame
+        )
     elif _has_suffix(path, itk_io.ITK_SUFFIXES):
         with itk_io.preserved_locale():
             data, affine = itk_io.read_itk_file(path)

@@ -111,13 +111,20 @@ class Fingerprint:
 
 
 def fingerprint_dataset(
-    root: str | Path, *, split_file: str = "split.json", landmarks: list[str] | None = None
+    root: str | Path,
+    *,
+    split_file: str = "split.json",
+    landmarks: list[str] | None = None,
+    nifti_frame: str | None = None,
 ) -> Fingerprint:
-    """Check, then read the train and val cases of ``root`` into a :class:`Fingerprint`.
+    """Check, then read the train and val cases of ``root`` into a :class:`Fingerprint`
+    (``nifti_frame``: the frame to trust where a NIfTI's sform and qform disagree).
 
     Raises :class:`InputError` (one line) when ``heatmap3d check`` would report an error.
     """
-    report = check_dataset(root, split_file=split_file, landmarks=landmarks)
+    report = check_dataset(
+        root, split_file=split_file, landmarks=landmarks, nifti_frame=nifti_frame
+    )
     if report.errors:
         first = report.errors[0]  # "<path>: <problem>", without the "error: " of check's list
         raise InputError(
@@ -130,7 +137,7 @@ def fingerprint_dataset(
     )
     stats, points = [], []
     for case in cases:
-        stats.append(case_stats(load_volume(case.image)))
+        stats.append(case_stats(load_volume(case.image, nifti_frame=nifti_frame)))
         lm = read_landmarks(case.landmarks).select(names, source=str(case.landmarks))
         points.append(lm.points)
     return _combine(str(root), names, len(report.splits.get("train", [])), stats, points)

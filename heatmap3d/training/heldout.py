@@ -128,13 +128,15 @@ def placed_predictions(
     ranges: Placements | None = None,
     seed: int = 0,
     people: np.ndarray | None = None,
+    nifti_frame: str = "",
 ) -> tuple[dict[str, Prediction], dict[str, np.ndarray]]:
     """``views`` random placements of each of ``cases`` predicted by ``model`` (a pipeline):
     predictions (uncalibrated) and their true landmarks ``(K, 3)`` world mm, both keyed
     ``"<case>@<view>"``; on every rank, each rank predicting its share. A placement depends
     only on ``seed``, the case's index and the view's, not on the number of processes.
 
-    ``people`` ``(M, K, 3)`` mm (NaN: absent): real configurations in ``names``' order;
+    ``nifti_frame``: as ``data.nifti_frame``. ``people`` ``(M, K, 3)`` mm (NaN: absent):
+    real configurations in ``names``' order;
     each view is then first warped to one of them, drawn at random
     (:func:`~heatmap3d.training.anatomy_views.person_view`; a view that cannot be warped
     is placed as stored)."""
@@ -145,7 +147,7 @@ def placed_predictions(
         c, v = items[index]
         case = cases[c]
         if loaded[0] != c:
-            loaded = (c, load_volume(case.image))
+            loaded = (c, load_volume(case.image, nifti_frame=nifti_frame or None))
         rng = np.random.default_rng([seed, c, v])
         vol, moved = loaded[1], truth[case.case_id]
         if people is not None:
@@ -242,7 +244,15 @@ def held_out_predictions(runs, members, entries, model_dir, world, extras) -> He
         held.cases += cases
         people = calibration_people(cfg, pipeline.shape)
         placed, truth = placed_predictions(
-            pipeline, cases, names, views, world, ranges=ranges, seed=cfg.train.seed, people=people
+            pipeline,
+            cases,
+            names,
+            views,
+            world,
+            ranges=ranges,
+            seed=cfg.train.seed,
+            people=people,
+            nifti_frame=cfg.data.nifti_frame,
         )
         held.placed.update(placed)
         held.truth.update(truth)

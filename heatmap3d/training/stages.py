@@ -136,7 +136,9 @@ def _planned_stages(
     if plan is None and resume and record.is_file():
         plan = record  # a resumed run goes on by the plan it started with, not a new one
     if plan is None:
-        fp = fingerprint_dataset(root, split_file=base.data.split_file)
+        fp = fingerprint_dataset(
+            root, split_file=base.data.split_file, nifti_frame=base.data.nifti_frame or None
+        )
         log.info(fp.summary())
         new_plan = make_plan(fp, device=world.device.type)
         plan = record

@@ -163,7 +163,8 @@ class Validator:
         mine = {}
         for index in distributed.my_share(len(self.cases), self.world):
             case = self.cases[index]
-            prepared = predictor.prepare(load_volume(case.image))
+            vol = load_volume(case.image, nifti_frame=self.cfg.data.nifti_frame or None)
+            prepared = predictor.prepare(vol)
             mine[case.case_id] = predictor.predict_preprocessed(prepared)
         return distributed.gather_by_key(mine)
 
