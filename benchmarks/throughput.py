@@ -67,7 +67,7 @@ from benchmarks import hardware_use
 from heatmap3d.config import Config, DataConfig, ModelConfig, TrainConfig
 from heatmap3d.data.cache import build_entries
 from heatmap3d.data.dataset import LandmarkDataset
-from heatmap3d.data.loaders import default_workers, train_loader
+from heatmap3d.data.loaders import train_loader, training_workers
 from heatmap3d.data.preprocess import preprocess
 from heatmap3d.distributed import DistInfo
 from heatmap3d.geometry import Volume, world_to_voxel
@@ -337,7 +337,7 @@ def main() -> None:
     print(f"torch {torch.__version__}, numpy {np.__version__}, device {device}, "
           f"torch threads {torch.get_num_threads()}, CPUs {os.cpu_count()}")  # fmt: skip
     print(f"load average at start: {os.getloadavg()}")
-    print(f"settings: {s}; default_workers here = {default_workers(world)}")
+    print(f"settings: {s}; training_workers here = {training_workers(world)}")
 
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)

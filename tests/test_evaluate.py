@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from assertions import raises_naming
 
-from heatmap3d.evaluation.evaluate import evaluate_dirs, write_report
+from heatmap3d.evaluation.evaluate import evaluate_dirs, write_evaluation
 from heatmap3d.io.landmarks import Landmarks, write_landmarks
 from heatmap3d.predictions.reading import is_evaluation_output, read_dir
 
@@ -199,11 +199,13 @@ def test_write_report_refuses_a_folder_in_place_of_a_csv(tmp_path):
 
 
 def test_write_report_keeps_its_signature_for_training(tmp_path):
-    """Training's validation calls write_report(out, stats, errors, ids, names)."""
+    """Training's validation calls write_evaluation(out, stats, errors, ids, names)."""
     from heatmap3d.evaluation.metrics import summarize
 
     errors = np.array([[1.0, np.nan], [np.inf, 2.0]])
-    text = write_report(tmp_path / "ev", summarize(errors, ["a", "b"]), errors, ["x", "y"], "ab")
+    text = write_evaluation(
+        tmp_path / "ev", summarize(errors, ["a", "b"]), errors, ["x", "y"], "ab"
+    )
     assert "worst cases" in text and is_evaluation_output(tmp_path / "ev" / "errors.csv")
 
 

@@ -10,7 +10,7 @@ import torch
 from stand_ins import EchoNet, echo_predictor
 
 from heatmap3d.config import DataConfig
-from heatmap3d.data.loaders import default_workers, seed_worker, train_loader, usable_cpus
+from heatmap3d.data.loaders import seed_worker, train_loader, training_workers, usable_cpus
 from heatmap3d.data.synthetic import generate_case
 from heatmap3d.distributed import DistInfo
 from heatmap3d.errors import InputError
@@ -61,12 +61,12 @@ def test_main_process_loader_has_no_worker_options():
     assert len(list(loader)) == 4
 
 
-def test_default_workers_share_the_usable_cpus_among_local_ranks():
+def test_training_workers_share_the_usable_cpus_among_local_ranks():
     cpus = usable_cpus()
     assert 1 <= cpus <= (os.cpu_count() or 1)
-    assert default_workers(world(1)) == max(0, min(4, cpus - 1))
-    assert default_workers(world(cpus)) == 0  # one rank per core: load in the main process
-    assert all(0 <= default_workers(world(n)) <= 4 for n in (1, 2, 8, 64))
+    assert training_workers(world(1)) == max(0, min(4, cpus - 1))
+    assert training_workers(world(cpus)) == 0  # one rank per core: load in the main process
+    assert all(0 <= training_workers(world(n)) <= 4 for n in (1, 2, 8, 64))
 
 
 def test_predict_files_prefetches_in_order_and_matches_one_by_one(tmp_path):

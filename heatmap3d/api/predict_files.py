@@ -34,7 +34,7 @@ from heatmap3d.geometry import Volume
 from heatmap3d.inference.cohort import WAIT, Job, run_cohort
 from heatmap3d.inference.pipeline import DEFAULT_REVIEW_RADIUS_MM, Pipeline, load_pipeline
 from heatmap3d.inference.predictor import Prediction, Predictor
-from heatmap3d.inference.reading import check_workers, default_workers
+from heatmap3d.inference.reading import check_workers, reading_workers
 from heatmap3d.inference.refine import Cascade
 from heatmap3d.inference.scans import output_stems, unique_scans
 from heatmap3d.io.layout import expand_scans
@@ -163,7 +163,7 @@ def predict_files(spec: ModelSpec, scans: Sequence[Path], options: PredictOption
         model = distributed.main_then_broadcast(world, lambda: _model_identity(spec, options))
         workers = options.workers
         if workers is None:
-            workers = default_workers(
+            workers = reading_workers(
                 world.local_world_size, usable_cpus(), world.device.type == "cuda"
             )
         job = Job(

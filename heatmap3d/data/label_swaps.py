@@ -248,7 +248,7 @@ def check_label_swaps(
         return
     # A case with coordinates beyond any scanner (1000 km) takes no part: its squares
     # would overflow the fits (the outside-the-image check reports it).
-    configs = [_usable(_in_order(lm, names)) for _, lm in cases]
+    configs = [_usable(lm.points_of(names)) for _, lm in cases]
     with np.errstate(all="ignore"):
         reference, aligned = consensus(configs)
         if sum(a is not None for a in aligned) < MIN_CASES or not np.isfinite(reference).any():
@@ -276,13 +276,3 @@ def _usable(points: np.ndarray) -> np.ndarray:
     """``points`` ``(K, 3)``, or all NaN when a coordinate is beyond :data:`_FAR_MM`."""
     placed = points[np.isfinite(points)]
     return points if np.all(np.abs(placed) < _FAR_MM) else np.full_like(points, np.nan)
-
-
-def _in_order(lm: Landmarks, names: list[str]) -> np.ndarray:
-    """``(len(names), 3)`` points of ``lm`` in the order of ``names``; NaN where absent."""
-    where = {n: k for k, n in enumerate(lm.names)}
-    out = np.full((len(names), 3), np.nan)
-    for row, name in enumerate(names):
-        if name in where:
-            out[row] = lm.points[where[name]]
-    return out

@@ -53,7 +53,7 @@ def usable_cpus() -> int:
         return os.cpu_count() or 1
 
 
-def default_workers(world: DistInfo) -> int:
+def training_workers(world: DistInfo) -> int:
     """Loader workers per process: the node's CPUs shared among its ranks, minus the rank.
 
     With cached volumes an item is a memory-mapped crop (milliseconds), so a few workers
@@ -84,8 +84,8 @@ def training_loader(
     seed: int,
 ) -> tuple[DataLoader, DistributedSampler]:
     """:func:`train_loader` over a :class:`LandmarkDataset` of ``cases``, with
-    ``data.num_workers`` workers (-1: :func:`default_workers`)."""
-    workers = cfg.num_workers if cfg.num_workers >= 0 else default_workers(world)
+    ``data.num_workers`` workers (-1: :func:`training_workers`)."""
+    workers = cfg.num_workers if cfg.num_workers >= 0 else training_workers(world)
     dataset = LandmarkDataset(cases, names, cfg)
     return train_loader(dataset, batch_size, world, workers, seed)
 

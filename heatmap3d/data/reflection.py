@@ -119,7 +119,7 @@ def check_orientation(
     RAS mm), landmarks matched by the reference ``names``; findings name the file."""
     if len(cases) < MIN_CASES or len(names) < MIN_SHARED:
         return
-    points = [_in_order(lm, names) for _, lm in cases]
+    points = [lm.points_of(names) for _, lm in cases]
     for index, (path, _) in enumerate(cases):
         votes = orientation_votes(points, index)
         if votes["turned"] >= 2 and votes["turned"] > 2 * votes["same"]:
@@ -138,13 +138,3 @@ def check_orientation(
                 "names of left/right pairs exchanged)? (a mirror-image body part, such "
                 "as a left knee among right ones, is legitimate)",
             )
-
-
-def _in_order(lm: Landmarks, names: list[str]) -> np.ndarray:
-    """``(len(names), 3)`` points of ``lm`` in the order of ``names``; NaN where absent."""
-    where = {n: k for k, n in enumerate(lm.names)}
-    out = np.full((len(names), 3), np.nan)
-    for row, name in enumerate(names):
-        if name in where:
-            out[row] = lm.points[where[name]]
-    return out

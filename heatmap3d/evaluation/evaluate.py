@@ -92,7 +92,7 @@ def worst_cases(errors: np.ndarray, ids: Sequence[str], names: Sequence[str], n:
 # --------------------------------------------------------------------------------------
 
 
-def write_report(out_dir: Path, stats, errors, ids, names, *, overwrite: bool = False) -> str:
+def write_evaluation(out_dir: Path, stats, errors, ids, names, *, overwrite: bool = False) -> str:
     """Write metrics.csv (per landmark) and errors.csv (per case); return the printed text.
 
     Both targets are checked before either is written: a file there that heatmap3d did not
@@ -241,7 +241,7 @@ def evaluate_dirs(
     names = union_names(truth.values())
     _check_predicted_names(paths, pred, names)
     stats, errors, ids = evaluate(pred, truth, names)
-    text = write_report(out, stats, errors, ids, names, overwrite=overwrite)
+    text = write_evaluation(out, stats, errors, ids, names, overwrite=overwrite)
     radii = stated_radii(pred_dir, pred, names, ids)
     # A model without a calibration writes the column empty: no line about nothing stated.
     stated = radii is not None and bool(np.isfinite(radii).any())

@@ -23,6 +23,7 @@ import numpy as np
 
 from heatmap3d.errors import InputError, one_line
 from heatmap3d.io.landmark_fields import from_spreadsheet_safe
+from heatmap3d.predictions.reading import TABLES as COHORT_TABLES
 from heatmap3d.predictions.reading import (
     PredictionTable,
     is_evaluation_output,
@@ -35,8 +36,6 @@ UNSTATED_NOTE = (
     "these predictions do not say what their radii and shape check rest on (written by an "
     "earlier heatmap3d): read radius_mm as uncalibrated, and an unflagged landmark as unchecked"
 )
-COHORT_TABLES = ("landmarks.csv", "review.csv")
-"""The cohort tables ``heatmap3d predict`` writes beside the per-scan files."""
 
 
 @dataclass

@@ -33,7 +33,7 @@ from heatmap3d.inference.scans import Read, ScanPredictor, Skipped
 from heatmap3d.io.volumes import load_volume
 from heatmap3d.predictions.resume import input_identity
 
-__all__ = ["ScanReads", "check_workers", "default_workers", "read_ahead"]
+__all__ = ["ScanReads", "check_workers", "reading_workers", "read_ahead"]
 
 IsCurrent = Callable[[Path, str], bool]
 """``is_current(scan, input_sha256)``: whether the scan's outputs need no work."""
@@ -111,7 +111,7 @@ def _as_is(item: Any) -> Any:
     return item
 
 
-def default_workers(local_world_size: int, cpus: int, on_gpu: bool) -> int:
+def reading_workers(local_world_size: int, cpus: int, on_gpu: bool) -> int:
     """Loader workers per process: on a GPU the CPUs of this process's share but one
     (decoding sets the pace there), at most 8; on a CPU the network needs the cores
     itself, so one worker (two from 8 CPUs a process) reads ahead."""
@@ -123,7 +123,7 @@ def default_workers(local_world_size: int, cpus: int, on_gpu: bool) -> int:
 
 def check_workers(workers: int, cpus: int) -> int:
     """``--workers`` when it is 0 to ``cpus`` (the CPUs this process may use, its affinity
-    mask, as :func:`default_workers` is given them); else InputError (one line).
+    mask, as :func:`reading_workers` is given them); else InputError (one line).
 
     Refused rather than capped: it is the user's number. Loader processes beyond the CPUs
     only queue for them while each holds a scan in memory, and an absurd count (100000)

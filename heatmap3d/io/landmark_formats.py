@@ -19,7 +19,7 @@ import io
 import json
 import math
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -75,14 +75,35 @@ def _read_csv(path: Path, text: str) -> Parsed:
 
 
 def _csv_text(names: list[str], points: np.ndarray, system: str, conf: np.ndarray | None) -> str:
+    return csv_table(names, points, system, conf)
+
+
+def csv_table(
+    names: list[str],
+    points: np.ndarray,
+    system: str,
+    conf: np.ndarray | None,
+    *,
+    notes: Sequence[str] = (),
+    columns: Mapping[str, Sequence[str]] | None = None,
+) -> str:
+    """The project's CSV: ``# coordinate_system = SYSTEM``, then ``notes`` as ``#`` lines,
+    then ``name,x,y,z[,confidence]`` and any further ``columns`` (name -> one cell per
+    row, written as given): the one writer of the format (a prediction's CSV adds its
+    review columns here, not by parsing this text back)."""
     out = io.StringIO()
     out.write(f"# coordinate_system = {system}\n")
+    for note in notes:
+        out.write(f"# {' '.join(note.split())}\n")
+    extra = dict(columns or {})
     writer = csv.writer(out, lineterminator="\n")
-    writer.writerow(["name", "x", "y", "z"] + ([] if conf is None else ["confidence"]))
+    head = ["name", "x", "y", "z"] + ([] if conf is None else ["confidence"])
+    writer.writerow(head + list(extra))
     for i, (name, xyz) in enumerate(zip(names, points, strict=True)):
         # A confidence is a float32 peak height: 4 digits say all it means (no 0.76630759...).
-        extra = [] if conf is None else ["" if math.isnan(conf[i]) else f"{conf[i]:.4g}"]
-        writer.writerow([spreadsheet_safe(name), *(fmt(v) for v in xyz), *extra])
+        c = [] if conf is None else ["" if math.isnan(conf[i]) else f"{conf[i]:.4g}"]
+        cells = [str(cells[i]) for cells in extra.values()]
+        writer.writerow([spreadsheet_safe(name), *(fmt(v) for v in xyz), *c, *cells])
     return out.getvalue()
 
 

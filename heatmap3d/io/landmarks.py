@@ -86,6 +86,16 @@ class Landmarks:
         if len(self.names) != len(self.points):
             raise ValueError(f"{len(self.names)} names but {len(self.points)} points")
 
+    def points_of(self, names: Sequence[str]) -> np.ndarray:
+        """``(len(names), 3)`` world mm in the order of ``names``; NaN rows for names absent
+        here (names here that ``names`` lacks are left out: :meth:`select` refuses them)."""
+        index = {n: i for i, n in enumerate(self.names)}
+        points = np.full((len(names), 3), np.nan)
+        for row, name in enumerate(names):
+            if name in index:
+                points[row] = self.points[index[name]]
+        return points
+
     def select(self, names: Sequence[str], *, source: str = "") -> Landmarks:
         """Reorder to ``names``; names absent here become NaN rows.
 
@@ -102,11 +112,7 @@ class Landmarks:
             raise InputError(
                 f"{where}: unexpected landmark names {unexpected}; expected names from {wanted}"
             )
-        points = np.full((len(wanted), 3), np.nan)
-        index = {n: i for i, n in enumerate(self.names)}
-        for row, name in enumerate(wanted):
-            if name in index:
-                points[row] = self.points[index[name]]
+        points = self.points_of(wanted)
         return Landmarks(wanted, points)
 
 

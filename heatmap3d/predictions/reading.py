@@ -29,8 +29,11 @@ from heatmap3d.io.landmarks import Landmarks, read_landmarks
 from heatmap3d.io.layout import landmark_candidates, landmark_case_id
 from heatmap3d.io.seal import without_seal
 from heatmap3d.predictions.scan_files import BASIS_COLUMNS
-from heatmap3d.predictions.tables import has_table_header
 
+TABLES = ("landmarks.csv", "review.csv")
+"""The cohort tables ``predict`` and ``collect`` write (:mod:`heatmap3d.predictions.tables`)."""
+TABLE_HEAD = ("scan", "landmark", "x", "y", "z", "confidence", "radius_mm", "status", "review")
+"""Their first columns (then the review basis's and ``written_by``)."""
 OUTPUTS = ("metrics.csv", "errors.csv")
 """The files ``heatmap3d evaluate`` writes into its output folder."""
 RADIUS_COLUMN = "radius_mm"
@@ -113,6 +116,20 @@ def read_dir(directory: Path) -> dict[str, Landmarks]:
     return {stem: read_landmarks(path) for stem, path in landmark_files(directory).items()}
 
 
+def has_table_header(path: Path) -> bool:
+    """Whether ``path`` is named and headed like one of the two tables (edited or not):
+    what a reader of per-scan prediction files skips."""
+    path = Path(path)
+    if path.name not in TABLES or not path.is_file():
+        return False
+    try:
+        with open(path, encoding="utf-8", newline="") as f:
+            head = next(csv.reader(f), [])
+    except (OSError, UnicodeDecodeError, csv.Error):
+        return False
+    return head[: len(TABLE_HEAD)] == list(TABLE_HEAD)  # the basis columns came later
+
+
 # --------------------------------------------------------------------------------------
 # heatmap3d's prediction CSV
 # --------------------------------------------------------------------------------------
@@ -145,7 +162,7 @@ class PredictionTable:
     notes: tuple[str, ...] = ()
 
 
-def _table_rows(path: Path) -> tuple[list[str], list[dict[str, str]], int]:
+def table_rows(path: Path) -> tuple[list[str], list[dict[str, str]], int]:
     """Header, rows and the line number of the header of the CSV table after the ``#``
     lines (the CSV writer puts ``# coordinate_system = RAS`` first)."""
     lines = _lines(path)
@@ -197,7 +214,7 @@ def read_radius_column(path: Path) -> dict[str, float] | None:
 
     A cell that is not a number >= 0 is an :class:`InputError` naming the file and line.
     """
-    header, rows, start = _table_rows(Path(path))
+    header, rows, start = table_rows(Path(path))
     if RADIUS_COLUMN not in header or "name" not in header:
         return None
     return {
@@ -217,7 +234,7 @@ def read_prediction_table(path: Path) -> PredictionTable:
     (older files) is derived from the status.
     """
     path = Path(path)
-    header, rows, start = _table_rows(path)
+    header, rows, start = table_rows(path)
     if "status" not in header or "name" not in header:
         raise InputError(f"{path}: not a heatmap3d prediction (no name/status columns)")
     landmarks = read_landmarks(path)

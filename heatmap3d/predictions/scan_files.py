@@ -52,9 +52,7 @@ project's CSV reader gives back the original name.
 
 from __future__ import annotations
 
-import csv
 import gzip
-import io
 import json
 from collections.abc import Sequence
 from pathlib import Path
@@ -67,7 +65,7 @@ from heatmap3d.errors import InputError, one_line
 from heatmap3d.geometry import Volume, resample_to_grid
 from heatmap3d.io.atomic import atomic_write
 from heatmap3d.io.landmark_fields import LPS_FLIP
-from heatmap3d.io.landmark_formats import WRITERS
+from heatmap3d.io.landmark_formats import WRITERS, csv_table
 from heatmap3d.io.landmarks import Landmarks
 from heatmap3d.io.provenance import MARKER, NIFTI_MARKER, check_overwrite, is_ours, write_sealed
 from heatmap3d.review.basis import ReviewBasis
@@ -176,21 +174,20 @@ def _csv_text(
     review: np.ndarray,
     basis: ReviewBasis,
 ) -> str:
-    """The project's CSV (one implementation: io.landmark_formats) plus six columns, and
-    the basis's sentences as ``#`` lines under the coordinate-system line."""
-    base = WRITERS[".csv"](landmarks.names, landmarks.points, "RAS", conf).splitlines()
-    rows = list(csv.reader(base[1:]))
-    out = io.StringIO()
-    out.write(base[0] + "\n")  # "# coordinate_system = RAS" stays the first line
-    for note in basis.sentences():
-        out.write(f"# {' '.join(note.split())}\n")
-    writer = csv.writer(out, lineterminator="\n")
-    writer.writerow([*rows[0], "radius_mm", "status", "review", *BASIS_COLUMNS, "written_by"])
-    labels = [basis.radius_label(), basis.shape_label()]
-    for row, r, st, flag in zip(rows[1:], radius, status, review, strict=True):
-        cell = f"{r:.4g}" if np.isfinite(r) else ""
-        writer.writerow([*row, cell, st, int(flag), *labels, MARKER])
-    return out.getvalue()
+    """The project's CSV (its one writer, :func:`~heatmap3d.io.landmark_formats.csv_table`)
+    with the basis's sentences as ``#`` lines and six more columns."""
+    n = len(landmarks.names)
+    columns = {
+        "radius_mm": [f"{r:.4g}" if np.isfinite(r) else "" for r in radius],
+        "status": list(status),
+        "review": [str(int(flag)) for flag in review],
+        BASIS_COLUMNS[0]: [basis.radius_label()] * n,
+        BASIS_COLUMNS[1]: [basis.shape_label()] * n,
+        "written_by": [MARKER] * n,
+    }
+    return csv_table(
+        landmarks.names, landmarks.points, "RAS", conf, notes=basis.sentences(), columns=columns
+    )
 
 
 def _markups_text(

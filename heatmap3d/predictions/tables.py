@@ -45,6 +45,7 @@ from heatmap3d.io.atomic import atomic_write_bytes, remove_stale
 from heatmap3d.io.landmark_fields import spreadsheet_safe
 from heatmap3d.io.provenance import MARKER, check_overwrite
 from heatmap3d.io.seal import seal, seal_state
+from heatmap3d.predictions.reading import TABLE_HEAD, TABLES, table_rows
 from heatmap3d.predictions.resume import RECORDS, complete_records, mixed_models
 from heatmap3d.predictions.scan_files import BASIS_COLUMNS
 
@@ -59,9 +60,7 @@ __all__ = [
     "write_tables",
 ]
 
-_HEAD = ("scan", "landmark", "x", "y", "z", "confidence", "radius_mm", "status", "review")
-COLUMNS = (*_HEAD, *BASIS_COLUMNS)
-TABLES = ("landmarks.csv", "review.csv")
+COLUMNS = (*TABLE_HEAD, *BASIS_COLUMNS)
 # The per-scan CSV's column for each table column but the first two; the basis columns
 # may be missing (a scan predicted before they were written).
 _FROM = {"landmark": "name", **{c: c for c in COLUMNS[2:]}}
@@ -91,43 +90,23 @@ def is_cohort_table(path: Path) -> bool:
         return False
     return (
         bool(rows)
-        and rows[0] in ([*COLUMNS, "written_by"], [*_HEAD, "written_by"])  # or an older one
+        and rows[0] in ([*COLUMNS, "written_by"], [*TABLE_HEAD, "written_by"])  # or older
         and all(row and row[-1].startswith("heatmap3d ") for row in rows[1:])
         and seal_state(text) is not False
     )
 
 
-def has_table_header(path: Path) -> bool:
-    """Whether ``path`` is named and headed like one of the two tables (edited or not):
-    what a reader of per-scan prediction files skips."""
-    path = Path(path)
-    if path.name not in TABLES or not path.is_file():
-        return False
-    try:
-        with open(path, encoding="utf-8", newline="") as f:
-            head = next(csv.reader(f), [])
-    except (OSError, UnicodeDecodeError, csv.Error):
-        return False
-    return head[: len(_HEAD)] == list(_HEAD)  # the basis columns came later
-
-
 def scan_rows(out: Path, stem: str) -> list[dict[str, str]]:
     """The table rows of ``out/<stem>.csv`` (written by ``predict``), cells as written."""
     path = Path(out) / f"{stem}.csv"
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as err:
-        raise InputError(f"{path}: cannot read ({one_line(err)})") from None
-    body = [line for line in lines if not line.startswith("#")]
-    reader = csv.DictReader(body)
-    have = reader.fieldnames or []
+    have, rows, _ = table_rows(path)  # the one reader of the file
     missing = [c for c in _FROM.values() if c not in have and c not in BASIS_COLUMNS]
     if missing:
         raise InputError(f"{path}: not a heatmap3d prediction (no {', '.join(missing)} column)")
     # The scan's name is text from a file name: neutralised as the landmark names are.
     scan = spreadsheet_safe(stem)
     return [
-        {"scan": scan, **{c: row.get(src, _UNSTATED) for c, src in _FROM.items()}} for row in reader
+        {"scan": scan, **{c: row.get(src, _UNSTATED) for c, src in _FROM.items()}} for row in rows
     ]
 
 

@@ -23,7 +23,7 @@ from heatmap3d.config import Config
 from heatmap3d.data.dataset import PreprocessedCases
 from heatmap3d.distributed import DistInfo
 from heatmap3d.errors import InputError
-from heatmap3d.evaluation.evaluate import evaluate, write_report
+from heatmap3d.evaluation.evaluate import evaluate, write_evaluation
 from heatmap3d.evaluation.metrics import LandmarkStats, radial_errors, summarize
 from heatmap3d.evaluation.pictures import landmark_views
 from heatmap3d.geometry import Volume
@@ -193,7 +193,7 @@ def write_results(
     points = {c: p.landmarks for c, p in results.items()}
     stats, errors, ids = evaluate(points, truth, names)
     log.info(f"\nvalidation scans predicted with {label}:\n")
-    log.info(write_report(out_dir / "evaluation", stats, errors, ids, names))
+    log.info(write_evaluation(out_dir / "evaluation", stats, errors, ids, names))
     _write_page(results, cases, label, out_dir)
     return stats
 
