@@ -98,7 +98,7 @@ def test_an_edited_plan_with_a_refiner_trains_a_cascade_of_folds(phantoms, copy_
     assert "out_of_fold" in proc.stdout or (model / "out_of_fold" / "evaluation").is_dir()
     # 6 held-out scans (each under placements too) are too few for a 90 % bound: said.
     assert json.loads((model / "calibration.json").read_text())["n_scans"] == 6
-    caveat = "note: error radii calibrated on 6 held-out scan(s): a 90% bound"
+    caveat = "note: radius_mm: NOT CALIBRATED. It rests on 6 held-out scan(s); a 90% bound"
     assert caveat in proc.stdout
     oof = (model / "out_of_fold" / "evaluation" / "errors.csv").read_text()
     assert all(case in oof for case in pooled)
@@ -106,7 +106,9 @@ def test_an_edited_plan_with_a_refiner_trains_a_cascade_of_folds(phantoms, copy_
     pred = cli("predict", "--model", model, scan, "--out", data.parent / "pred")
     assert pred.returncode == 0, pred.stderr[-2000:]
     rows = (data.parent / "pred" / f"{scan.name.split('.')[0]}.csv").read_text().splitlines()
-    assert "radius_mm" in rows[1] and "status" in rows[1]
+    header = next(row for row in rows if not row.startswith("#"))
+    assert "radius_mm" in header and "status" in header
+    assert "not calibrated: 6 held-out scan(s)" in rows[-1]  # every row says it too
     assert caveat in pred.stdout
 
 

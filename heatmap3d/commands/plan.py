@@ -77,5 +77,5 @@ def plan_command(args: argparse.Namespace) -> None:
         shape_prior=args.shape_prior,
         split_file=args.split_file,
         overwrite=args.overwrite,
-        nifti_frame=args.nifti_frame,
+        nifti_frame=getattr(args, "nifti_frame", None),  # the CLI adds it to every reader
     )
