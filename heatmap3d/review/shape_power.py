@@ -78,8 +78,8 @@ class ShapePower:
         few = ""
         if self.n_configurations < FEW:
             few = (
-                "; so few configurations vary less than new people do, so its figures on "
-                "a new person may be higher or lower"
+                "; so few configurations vary less than new people do: its figures on a "
+                "new person may be higher or lower"
             )
         return (
             f"shape check {what}: it caught {rates} errors and flagged "
