@@ -14,34 +14,6 @@ DESCRIPTION = (
 )
 
 
-def _finite(text: str) -> float:
-    """argparse type: a finite number (float("nan") and "inf" parse, and NaN passes
-    every comparison a later check would make)."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if value != value or value in (float("inf"), float("-inf")):
-        raise argparse.ArgumentTypeError(f"{text!r} is not a finite number")
-    return value
-
-
-def _confidence(text: str) -> float:
-    """argparse type: a confidence threshold, a finite number in [0, 1]."""
-    value = _finite(text)
-    if not 0.0 <= value <= 1.0:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a confidence between 0 and 1")
-    return value
-
-
-def _radius_mm(text: str) -> float:
-    """argparse type: a radius, a finite number of mm > 0."""
-    value = _finite(text)
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a radius in mm (a number > 0)")
-    return value
-
-
 def _add_synth(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("synth", help="generate a synthetic dataset (phantoms, or CT-like)")
     p.add_argument("out", type=Path, help="dataset folder to create")
@@ -137,93 +109,9 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
 
 
 def _add_predict(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("predict", help="find landmarks on new scans")
-    which = p.add_mutually_exclusive_group(required=True)
-    which.add_argument("--checkpoint", type=Path, help="one model, e.g. runs/demo/best.pt")
-    which.add_argument(
-        "--model", type=Path, help="a model folder of heatmap3d train DATA, e.g. runs/my_data"
-    )
-    p.add_argument(
-        "scans",
-        type=Path,
-        nargs="+",
-        help="scans (NIfTI, NRRD/NHDR, MHA/MHD, or a folder holding one DICOM series), or "
-        "folders of scans",
-    )
-    p.add_argument("--out", type=Path, required=True, help="folder for <scan>.csv/.mrk.json")
-    p.add_argument(
-        "--device",
-        default="auto",
-        help="auto (CUDA if available), cuda (under torchrun: the local rank's GPU), cuda:N, cpu",
-    )
-    p.add_argument(
-        "--shard",
-        metavar="I/N",
-        help="predict share I of N (0 <= I < N) of the sorted scans, the scans rank I of N "
-        "would take: one task of a SLURM array; then heatmap3d collect OUT",
-    )
-    p.add_argument(
-        "--workers",
-        type=int,
-        metavar="N",
-        help="loader processes per rank reading scans ahead, 0 to the CPUs this process may "
-        "use (default: on a GPU the rank's CPUs but one, at most 8; on a CPU 1); 0 reads in "
-        "the main process",
-    )
-    p.add_argument(
-        "--refine",
-        type=Path,
-        metavar="CHECKPOINT",
-        help="a refinement model (model.role=refiner) that places each landmark in a window "
-        "around the --checkpoint model's estimate",
-    )
-    p.add_argument("--series", help="DICOM SeriesInstanceUID, for folders with several series")
-    p.add_argument(
-        "--review-below",
-        type=_confidence,
-        default=0.5,
-        metavar="CONF",
-        help="flag landmarks whose confidence is below this for review (default 0.5)",
-    )
-    p.add_argument(
-        "--review-radius",
-        type=_radius_mm,
-        default=5.0,
-        metavar="MM",
-        help="with a --model that has a calibration: flag landmarks whose stated error radius "
-        "(90%% coverage) is above this (default 5 mm)",
-    )
-    p.add_argument(
-        "--no-mirror",
-        action="store_true",
-        help="with --model: skip test-time mirroring (half the inference time)",
-    )
-    p.add_argument(
-        "--no-pose",
-        action="store_true",
-        help="with --model: skip the pose pass (the scan turned into the training pose and "
-        "predicted again; half the inference time)",
-    )
-    p.add_argument(
-        "--save-heatmaps",
-        action="store_true",
-        help="also write <scan>_heatmaps.nii.gz: one channel per landmark on the scan's grid",
-    )
-    p.add_argument(
-        "--snapshots",
-        action="store_true",
-        help="also write <scan>.png: slices through each landmark",
-    )
-    p.add_argument(
-        "--report",
-        action="store_true",
-        help="also write OUT/report.html: the cohort overview and the landmarks to review",
-    )
-    p.add_argument(
-        "--overwrite",
-        action="store_true",
-        help="replace existing output files even if heatmap3d did not write them",
-    )
+    from heatmap3d.commands.predict import add_predict_arguments
+
+    add_predict_arguments(sub.add_parser("predict", help="find landmarks on new scans"))
 
 
 def _add_evaluate(sub: argparse._SubParsersAction) -> None:
