@@ -37,3 +37,24 @@ def table_rows(path: Path) -> list[dict[str, str]]:
 
     lines = Path(path).read_text().splitlines()
     return list(csv.DictReader(line for line in lines if not line.startswith("#")))
+
+
+def run(capsys, *args) -> tuple[int, str, str]:
+    """``heatmap3d *args`` in this process: (exit status, stdout, stderr); argparse's exit
+    and check's status 1 (both leave by SystemExit, as at the shell) included."""
+    from heatmap3d.commands.main import main
+
+    try:
+        status = main([str(a) for a in args])
+    except SystemExit as done:
+        status = done.code
+    out = capsys.readouterr()
+    return status, out.out, out.err
+
+
+def one_error(capsys, *args) -> str:
+    """Run a command that must refuse: exit 2 and one ``error:`` line; that line."""
+    status, _, err = run(capsys, *args)
+    assert status == 2, err
+    assert err.startswith("error: ") and err.count("\n") == 1, err
+    return err.strip()

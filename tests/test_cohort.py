@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import torch
 from test_predict_cli import FRAMES, checkpoint, scan
-from torchrun_util import ROOT, TINY, Launcher, descendants, run, run_all
+from torchrun_util import ROOT, TINY, Launcher, descendants, ranks, run, run_all
 
 from heatmap3d.commands.main import main
 from heatmap3d.geometry import Volume
@@ -62,24 +62,6 @@ def predict_args(model: Path, scans: Path, out: Path, *extra: str) -> list[str]:
 def plain(*args: str) -> list[str]:
     """One process: ``python -m heatmap3d ...``."""
     return [sys.executable, "-m", "heatmap3d", *args, "--device", "cpu"]
-
-
-def ranks(n: int, *args: str) -> list[str]:
-    """``torchrun --nproc_per_node=n -m heatmap3d ...``, as the README says to run it."""
-    return [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        f"--nproc_per_node={n}",
-        "--max-restarts=0",
-        "--monitor-interval=0.5",
-        "-m",
-        "heatmap3d",
-        *args,
-        "--device",
-        "cpu",
-    ]
 
 
 def at_once(*commands: list[str]) -> list[subprocess.CompletedProcess]:

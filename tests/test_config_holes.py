@@ -24,10 +24,10 @@ from pathlib import Path
 
 import pytest
 import yaml
+from assertions import one_error, run
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from heatmap3d.commands.main import main
 from heatmap3d.config import Config, TrainConfig, from_dict, load_config
 from heatmap3d.data.synthetic import MARKER_FILE, generate_dataset
 from heatmap3d.data.synthetic_ct import generate_ct_dataset
@@ -42,24 +42,6 @@ FAST = settings(
     database=None,  # no .hypothesis/ folder in the checkout; failures print their example
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
-
-
-def run(capsys, *args: str | Path) -> tuple[int, str, str]:
-    """``heatmap3d *args``: (exit status, stdout, stderr); argparse's exit included."""
-    try:
-        status = main([str(a) for a in args])
-    except SystemExit as done:
-        status = done.code
-    out = capsys.readouterr()
-    return status, out.out, out.err
-
-
-def one_error(capsys, *args: str | Path) -> str:
-    """Run a command that must refuse: exit 2 and one ``error:`` line; that line."""
-    status, _, err = run(capsys, *args)
-    assert status == 2, err
-    assert err.startswith("error: ") and err.count("\n") == 1, err
-    return err.strip()
 
 
 def refused(call, *words: str) -> str:

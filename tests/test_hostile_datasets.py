@@ -13,9 +13,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from assertions import one_error, run
 from test_bad_input import train as refused_training
 
-from heatmap3d.commands.main import main
 from heatmap3d.data.synthetic import MARKER_FILE
 from heatmap3d.io.landmarks import Landmarks, read_landmarks, write_landmarks
 
@@ -24,24 +24,6 @@ from heatmap3d.io.landmarks import Landmarks, read_landmarks, write_landmarks
 def data(phantoms, copy_of) -> Path:
     """A private copy of a valid phantom dataset: 3 train, 2 val cases."""
     return copy_of(phantoms(n_train=3, n_val=2, seed=0))
-
-
-def run(capsys, *args: str | Path) -> tuple[int, str, str]:
-    """``heatmap3d *args``: (exit status, stdout, stderr)."""
-    try:
-        status = main([str(a) for a in args])
-    except SystemExit as done:  # check's status 1 leaves this way, as at the shell
-        status = done.code
-    out = capsys.readouterr()
-    return status, out.out, out.err
-
-
-def one_error(capsys, *args: str | Path) -> str:
-    """Run a command that must refuse: exit 2 and one ``error:`` line; that line."""
-    status, _, err = run(capsys, *args)
-    assert status == 2, err
-    assert err.startswith("error: ") and err.count("\n") == 1, err
-    return err.strip()
 
 
 def errors_about(out: str, path: Path) -> list[str]:

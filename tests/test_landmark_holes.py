@@ -21,6 +21,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
+from real_data import REAL, templates_dataset
 
 from heatmap3d.commands.main import main
 from heatmap3d.config import Config, DataConfig
@@ -35,14 +36,7 @@ from heatmap3d.io.landmarks import Landmarks, read_landmarks, write_landmarks
 from heatmap3d.io.layout import Case
 from heatmap3d.io.volumes import load_volume, save_volume
 
-REAL = Path(__file__).resolve().parents[2] / "shared" / "data" / "real"
 POPULATION = sorted((REAL / "afids_population").glob("**/*.fcsv"))
-TEMPLATES = {
-    "MNI152NLin2009cAsym": "tpl-MNI152NLin2009cAsym_res-01_T1w_brainmasked.nii.gz",
-    "MNI152NLin6Asym": "tpl-MNI152NLin6Asym_res-01_T1w.nii.gz",
-    "MNIColin27": "colin27_t1_tal_lin_brain_LPS.nii.gz",
-    "approx_MNI152NLin2009aSym_nilearn": "mni_icbm152_t1_tal_nlin_sym_09a_converted.nii.gz",
-}
 CPU_WORLD = DistInfo(0, 0, 1, 1, torch.device("cpu"))
 
 
@@ -159,22 +153,6 @@ def test_a_clean_dataset_and_two_cases_say_nothing_of_units(data, capsys):
     lm = read_landmarks(data / "landmarks" / "case000.csv")
     pairs = [(c, Landmarks(lm.names, lm.points * s), None) for (c, _), s in zip(cases, (1, 0.1))]
     assert found(check_scales, pairs, lm.names) == []
-
-
-def templates_dataset(tmp_path: Path) -> Path:
-    """The four AFIDs templates as a dataset of links (the real files stay where they are)."""
-    if not all((REAL / name / image).is_file() for name, image in TEMPLATES.items()):
-        pytest.skip("AFIDs templates not in ../shared/data/real")
-    root = tmp_path / "afids"
-    (root / "images").mkdir(parents=True)
-    (root / "landmarks").mkdir()
-    for name, image in TEMPLATES.items():
-        (root / "images" / f"{name}.nii.gz").symlink_to(REAL / name / image)
-        (fcsv,) = (REAL / name).glob("*groundtruth_afids.fcsv")
-        (root / "landmarks" / f"{name}.fcsv").symlink_to(fcsv)
-    names = list(TEMPLATES)
-    (root / "split.json").write_text(json.dumps({"train": names[:3], "val": names[3:]}))
-    return root
 
 
 def test_real_templates_in_um_markups_are_caught(tmp_path, capsys):

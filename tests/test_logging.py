@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 from test_predict_cli import FRAMES, checkpoint, scan
-from torchrun_util import ROOT, env, run
+from torchrun_util import ROOT, env, ranks, run
 
 from heatmap3d import distributed
 from heatmap3d import log as logs
@@ -133,23 +133,6 @@ def test_importing_heatmap3d_adds_no_handler(tmp_path):
     assert done.stdout == f"--- configured ---\n{removed}" and done.stderr == ""
 
 
-def _ranks(n: int, *args: str) -> list[str]:
-    return [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        f"--nproc_per_node={n}",
-        "--max-restarts=0",
-        "--monitor-interval=0.5",
-        "-m",
-        "heatmap3d",
-        *args,
-        "--device",
-        "cpu",
-    ]
-
-
 @pytest.mark.slow
 def test_two_ranks_print_each_summary_line_once(tmp_path):
     """A real torchrun job of 2 processes (gloo): rank 0 alone prints the notes and the
@@ -162,7 +145,7 @@ def test_two_ranks_print_each_summary_line_once(tmp_path):
     (scans / "s4.nii.gz").write_bytes(b"not a scan")  # rank 0's share: s0, s2, s4
     (scans / "s5.nii.gz").write_bytes(b"not a scan")  # rank 1's share: s1, s3, s5
     out = tmp_path / "out"
-    proc = run(_ranks(2, "predict", "--checkpoint", str(model), str(scans), "--out", str(out)))
+    proc = run(ranks(2, "predict", "--checkpoint", str(model), str(scans), "--out", str(out)))
     assert proc.returncode != 0, proc.output  # torchrun: 1 when a worker failed (here 2)
     lines = [line for line in proc.stdout.splitlines() if line.strip()]
     repeated = [line for line, n in Counter(lines).items() if n > 1]

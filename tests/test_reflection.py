@@ -9,20 +9,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from real_data import REAL, templates_dataset
 
 from heatmap3d.commands.main import main
 from heatmap3d.data.findings import CheckReport, Collector
 from heatmap3d.data.reflection import FLIP, check_orientation, fit_pair
 from heatmap3d.io.landmarks import Landmarks, read_landmarks
 
-REAL = Path(__file__).resolve().parents[2] / "shared" / "data" / "real"
 POPULATION = sorted((REAL / "afids_population").glob("**/*groundtruth*/*/anat/*.fcsv"))
-TEMPLATES = {
-    "MNI152NLin2009cAsym": "tpl-MNI152NLin2009cAsym_res-01_T1w_brainmasked.nii.gz",
-    "MNI152NLin6Asym": "tpl-MNI152NLin6Asym_res-01_T1w.nii.gz",
-    "MNIColin27": "colin27_t1_tal_lin_brain_LPS.nii.gz",
-    "approx_MNI152NLin2009aSym_nilearn": "mni_icbm152_t1_tal_nlin_sym_09a_converted.nii.gz",
-}
 
 
 def findings(cases: list[tuple[Path, Landmarks]]) -> list[str]:
@@ -66,21 +60,8 @@ def test_two_cases_say_nothing():
 
 @pytest.fixture
 def templates(tmp_path) -> Path:
-    """The four AFIDs templates as a dataset of links (the real files stay where they are)."""
-    if not all((REAL / name / image).is_file() for name, image in TEMPLATES.items()):
-        pytest.skip("AFIDs templates not on this machine")
-    root = tmp_path / "afids"
-    (root / "images").mkdir(parents=True)
-    (root / "landmarks").mkdir()
-    for name, image in TEMPLATES.items():
-        (root / "images" / f"{name}.nii.gz").symlink_to(REAL / name / image)
-        (fcsv,) = (REAL / name).glob("*groundtruth_afids.fcsv")
-        (root / "landmarks" / f"{name}.fcsv").symlink_to(fcsv)
-    names = list(TEMPLATES)
-    (root / "split.json").write_text(
-        f'{{"train": {names[:3]}, "val": {names[3:]}}}'.replace("'", '"')
-    )
-    return root
+    """The four AFIDs templates as a dataset (links)."""
+    return templates_dataset(tmp_path)
 
 
 def check_output(capsys, root: Path) -> str:

@@ -200,3 +200,21 @@ class Launcher:
     def kill(self) -> None:
         if self.proc.poll() is None:  # not ended (once reaped, its PID may be reused)
             kill_tree(self.proc)
+
+
+def ranks(n: int, *args: str) -> list[str]:
+    """``torchrun --nproc_per_node=n -m heatmap3d ...``, as the README says to run it."""
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc_per_node={n}",
+        "--max-restarts=0",
+        "--monitor-interval=0.5",
+        "-m",
+        "heatmap3d",
+        *args,
+        "--device",
+        "cpu",
+    ]

@@ -49,7 +49,7 @@ def _run(args: argparse.Namespace) -> None:
     elif args.command == "report":
         _report(args, args.evaluation)
     elif args.command == "check":
-        from heatmap3d.data.check import run_check
+        from heatmap3d.api.dataset_check import run_check
 
         status = run_check(
             args.data,

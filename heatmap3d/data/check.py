@@ -74,11 +74,7 @@ from heatmap3d.io.layout import (
     no_validation,
     split_is_implicit,
 )
-from heatmap3d.io.manifest import check_manifest_target, write_manifest
 from heatmap3d.io.volumes import load_volume
-from heatmap3d.log import get_logger
-
-log = get_logger(__name__)
 
 __all__ = [
     "CheckReport",
@@ -87,7 +83,6 @@ __all__ = [
     "check_dataset",
     "ERROR",
     "WARNING",
-    "run_check",
 ]
 
 MAX_ANISOTROPY = 3.0  # warn when the largest voxel side is more than this times the smallest
@@ -177,48 +172,6 @@ def check_cases(
     # Stable sort by file: every problem of one file is listed together, in check order.
     result.findings.sort(key=lambda f: str(f.path))
     return result
-
-
-def run_check(
-    data: Path,
-    split_file: str,
-    landmarks: str,
-    manifest: Path | None,
-    *,
-    overwrite: bool = False,
-    nifti_frame: str | None = None,
-) -> int:
-    """``heatmap3d check``: print the report; exit status 1 if any error, else 0.
-
-    ``landmarks`` is the comma-separated expected names ("" = most common set). The
-    manifest is written only for a dataset without errors, and never over a file that is
-    not an earlier manifest of ours unless ``overwrite``. Raises :class:`InputError` for
-    mistakes in the command itself (no such folder, duplicated ``--landmarks``, a
-    ``--manifest`` path holding someone else's file): these are refused before reading.
-    """
-    if not Path(data).is_dir():
-        raise InputError(f"{data}: dataset folder not found")
-    if manifest is not None:
-        check_manifest_target(manifest, overwrite)
-    names = [n.strip() for n in landmarks.split(",") if n.strip()]
-    if len(set(names)) != len(names):
-        raise InputError(f"--landmarks: duplicated names in {landmarks!r}")
-    report = check_dataset(data, split_file=split_file, landmarks=names, nifti_frame=nifti_frame)
-    print(report.text())
-    if report.errors:
-        if manifest is not None:
-            log.warning(f"{manifest}: not written (fix the errors first)")
-        return 1
-    if manifest is not None:
-        write_manifest(
-            manifest,
-            root=report.root,
-            names=report.names,
-            splits=report.splits,
-            overwrite=overwrite,
-        )
-        log.info(f"wrote {manifest}")
-    return 0
 
 
 # --------------------------------------------------------------------------------------

@@ -78,7 +78,7 @@ def write_manifest(
 ) -> None:
     """Write a checked dataset as JSON: absolute paths, landmark names, check time.
 
-    Only :func:`heatmap3d.data.check.run_check` calls it, for a dataset without errors.
+    Only :func:`heatmap3d.api.dataset_check.run_check` calls it, for a dataset without errors.
 
     Format::
 
