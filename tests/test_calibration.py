@@ -245,9 +245,13 @@ def test_training_calibration_counts_scans_and_takes_presence_from_them_as_store
     from heatmap3d.training.heldout import calibrate
 
     def pred(conf: float) -> Prediction:
-        p = Prediction(Landmarks(["a"], np.zeros((1, 3))), np.array([conf]), np.zeros((1, 3)))
-        p.presence, p.signal_mm = np.array([conf]), np.ones(1)
-        return p
+        return Prediction(
+            Landmarks(["a"], np.zeros((1, 3))),
+            np.array([conf]),
+            np.zeros((1, 3)),
+            presence=np.array([conf]),
+            signal_mm=np.ones(1),
+        )
 
     absent = np.full((1, 3), np.nan)
     results = {"s0": pred(0.9), "s1": pred(0.5), "s0@0": pred(0.3), "s1@0": pred(0.99)}

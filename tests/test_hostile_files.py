@@ -534,20 +534,21 @@ def test_config_files_that_are_not_configs(capsys, tmp_path):
 
 def test_state_radii_never_says_ok_without_a_finite_radius():
     """The one place statuses get their radius: NaN scale, NaN signal, no calibration."""
-    from types import SimpleNamespace
-
     from heatmap3d.inference.pipeline import state_radii
+    from heatmap3d.inference.predictor import Prediction
 
     names = ["a", "b", "c"]
     cal = Calibration(names, 0.9, np.array([1.0, math.nan, 1.0]), 0.0, 20, 20)
-    pred = SimpleNamespace(
-        status=np.array(["ok", "ok", "ok"], dtype=object), signal_mm=np.array([2.0, 2.0, math.nan])
+    pred = Prediction(
+        Landmarks(names, np.zeros((3, 3))),
+        confidence=np.ones(3),
+        voxels=np.zeros((3, 3)),
+        status=np.array(["ok", "ok", "ok"], dtype=object),
+        signal_mm=np.array([2.0, 2.0, math.nan]),
     )
-    state_radii(pred, cal, review_radius_mm=5.0)
-    assert list(pred.status) == ["ok", "review", "review"]
-    pred.status[:] = "ok"
-    state_radii(pred, None, review_radius_mm=5.0)
-    assert list(pred.status) == ["review"] * 3
+    assert list(state_radii(pred, cal, review_radius_mm=5.0).status) == ["ok", "review", "review"]
+    assert list(state_radii(pred, None, review_radius_mm=5.0).status) == ["review"] * 3
+    assert list(pred.status) == ["ok"] * 3  # a value: stating makes a new prediction
 
 
 def test_stating_again_with_a_calibration_is_stating_once_with_it():
@@ -571,12 +572,11 @@ def test_stating_again_with_a_calibration_is_stating_once_with_it():
         )
 
     cal = Calibration(names, 0.9, np.ones(4), 0.5, 20, 20)
-    twice = fresh()
-    state(twice, None, review_radius_mm=5.0)
-    assert list(twice.status) == ["review", "moved", "review", "review"]
-    state(twice, cal, review_radius_mm=5.0)
-    once = fresh()
-    state(once, cal, review_radius_mm=5.0)
+    before = state(fresh(), None, review_radius_mm=5.0)
+    assert list(before.status) == ["review", "moved", "review", "review"]
+    twice = state(before, cal, review_radius_mm=5.0)
+    once = state(fresh(), cal, review_radius_mm=5.0)
     assert list(twice.status) == list(once.status) == ["ok", "moved", "review", "absent"]
     np.testing.assert_array_equal(twice.radius_mm, once.radius_mm)
     assert np.isnan(twice.landmarks.points[3]).all()
+    assert np.isfinite(before.landmarks.points).all()  # the input is left as it was

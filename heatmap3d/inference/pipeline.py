@@ -39,6 +39,7 @@ from heatmap3d.inference.decode import decode_heatmaps
 from heatmap3d.inference.predictor import Prediction, Predictor
 from heatmap3d.inference.refine import Cascade, refine_landmarks
 from heatmap3d.io.json_file import load_json
+from heatmap3d.io.landmarks import Landmarks
 from heatmap3d.io.model_folder import ModelFolder, read_model_folder
 from heatmap3d.review.basis import ReviewBasis
 from heatmap3d.review.calibration import Calibration
@@ -126,22 +127,28 @@ class Pipeline:
         single = isinstance(self.model, Predictor)
         need_heat = keep_heatmaps or (single and self.shape is not None)
         pred = self.model.predict_preprocessed(prepared, keep_heatmaps=need_heat)
-        if presence is not None:
-            pred.presence = np.array(presence, copy=True)
-        pred.status = np.full(len(self.names), "ok", dtype=object)
-        pred.shape_residual_mm = np.full(len(self.names), np.nan)
+        k = len(self.names)
+        points, voxels = pred.landmarks.points, pred.voxels
+        moved, residual = np.zeros(k, bool), np.full(k, np.nan)
         if self.shape is not None:
-            points = pred.landmarks.points
-            points[:], moved, pred.shape_residual_mm = self._check_shape(points, pred, prepared)
-            pred.status[moved] = "moved"
+            points, moved, residual = self._check_shape(points, pred, prepared)
             if pred.grid_affine is not None and moved.any():
-                pred.voxels[moved] = world_to_voxel(points[moved], pred.grid_affine)
-        pred.signal_mm = self.signal(pred.spread_mm, pred.shape_residual_mm, pred.confidence)
-        pred.signal_mm[~np.isfinite(pred.landmarks.points).all(1)] = np.nan
-        state(pred, self.calibration, self.review_radius_mm)
-        if not keep_heatmaps:
-            pred.heatmaps = None
-        return pred
+                voxels = np.where(
+                    moved[:, None], world_to_voxel(points, pred.grid_affine), pred.voxels
+                )
+        signal = self.signal(pred.spread_mm, residual, pred.confidence)
+        signal[~np.isfinite(points).all(1)] = np.nan
+        checked = dataclasses.replace(
+            pred,
+            landmarks=Landmarks(list(pred.landmarks.names), points),
+            voxels=voxels,
+            presence=pred.presence if presence is None else np.array(presence, copy=True),
+            status=np.where(moved, "moved", "ok").astype(object),
+            shape_residual_mm=residual,
+            signal_mm=signal,
+            heatmaps=pred.heatmaps if keep_heatmaps else None,
+        )
+        return state(checked, self.calibration, self.review_radius_mm)
 
     def signal(self, spread: np.ndarray, residual: np.ndarray, conf: np.ndarray) -> np.ndarray:
         """``(K,)`` mm, the uncalibrated error signal (module docstring)."""
@@ -204,17 +211,18 @@ class Pipeline:
 
 def _unposed(pred: Prediction, back: np.ndarray) -> Prediction:
     """``pred`` made in the training pose, moved into the scan's world by ``back``
-    ``(4, 4)`` (in place): its landmarks, and its grid's affine (the voxels stay valid)."""
-    points = pred.landmarks.points
-    points[:] = points @ back[:3, :3].T + back[:3, 3]
-    if pred.grid_affine is not None:
-        pred.grid_affine = back @ pred.grid_affine
-    return pred
+    ``(4, 4)``: its landmarks, and its grid's affine (the voxels stay valid)."""
+    points = pred.landmarks.points @ back[:3, :3].T + back[:3, 3]
+    return dataclasses.replace(
+        pred,
+        landmarks=Landmarks(list(pred.landmarks.names), points),
+        grid_affine=None if pred.grid_affine is None else back @ pred.grid_affine,
+    )
 
 
-def state(pred: Prediction, calibration: Calibration | None, review_radius_mm: float) -> None:
-    """What the model states about ``pred``'s landmarks, from the pass alone (in place):
-    absent ones (:func:`declare_absent`), the others' radii and ``ok``/``review``
+def state(pred: Prediction, calibration: Calibration | None, review_radius_mm: float) -> Prediction:
+    """What the model states about ``pred``'s landmarks, from the pass alone: absent ones
+    (:func:`declare_absent`), the others' radii and ``ok``/``review``
     (:func:`state_radii`); ``moved`` (the shape check placed it) stays.
 
     The one place statuses are stated, and stating again gives what stating once with
@@ -222,37 +230,45 @@ def state(pred: Prediction, calibration: Calibration | None, review_radius_mm: f
     (stated without one: nothing ``ok``) and stated with it once it is fitted. A ``review``
     comes only from here, so it is undone first.
     """
-    pred.status = np.where(pred.status == "moved", "moved", "ok").astype(object)
-    declare_absent(pred, calibration)
-    state_radii(pred, calibration, review_radius_mm)
+    status = np.where(pred.status == "moved", "moved", "ok").astype(object)
+    unstated = dataclasses.replace(pred, status=status)
+    return state_radii(declare_absent(unstated, calibration), calibration, review_radius_mm)
 
 
-def declare_absent(pred: Prediction, calibration: Calibration | None) -> None:
-    """Landmarks whose whole-scan peak is below the calibration's presence threshold lose
-    their position (NaN) and get status ``absent`` (in place)."""
+def declare_absent(pred: Prediction, calibration: Calibration | None) -> Prediction:
+    """``pred`` with the landmarks whose whole-scan peak is below the calibration's presence
+    threshold placed nowhere (NaN) and given status ``absent``."""
     if calibration is None or calibration.presence_threshold <= 0:
-        return
+        return pred
     absent = ~(pred.presence >= calibration.presence_threshold)
-    pred.landmarks.points[absent] = np.nan
-    pred.voxels[absent] = np.nan
-    pred.status[absent] = "absent"
-    if pred.signal_mm is not None:
-        pred.signal_mm[absent] = np.nan
+    gone = absent[:, None]
+    signal = pred.signal_mm
+    return dataclasses.replace(
+        pred,
+        landmarks=Landmarks(pred.landmarks.names, np.where(gone, np.nan, pred.landmarks.points)),
+        voxels=np.where(gone, np.nan, pred.voxels),
+        status=np.where(absent, "absent", pred.status).astype(object),
+        signal_mm=None if signal is None else np.where(absent, np.nan, signal),
+    )
 
 
-def state_radii(pred: Prediction, calibration: Calibration | None, review_radius_mm: float) -> None:
-    """``pred.radius_mm`` from ``pred.signal_mm`` (NaN without a calibration), and status
+def state_radii(
+    pred: Prediction, calibration: Calibration | None, review_radius_mm: float
+) -> Prediction:
+    """``pred`` with ``radius_mm`` from ``signal_mm`` (NaN without a calibration), and status
     ``review`` for an ``ok`` landmark whose radius is not a finite number within
-    ``review_radius_mm`` (in place).
+    ``review_radius_mm``.
 
     ``ok`` is a claim that the model states how far off the landmark may be: a landmark
     without a stated radius (no calibration, a calibration without a scale for it, a NaN
     signal) is never ``ok`` (``radius > limit`` alone would let NaN through as ``ok``).
     """
     k = len(pred.status)
-    pred.radius_mm = calibration.radii(pred.signal_mm) if calibration else np.full(k, np.nan)
-    stated = np.isfinite(pred.radius_mm) & (pred.radius_mm <= review_radius_mm)
-    pred.status[(pred.status == "ok") & ~stated] = "review"
+    radius = calibration.radii(pred.signal_mm) if calibration else np.full(k, np.nan)
+    stated = np.isfinite(radius) & (radius <= review_radius_mm)
+    review = (pred.status == "ok") & ~stated
+    status = np.where(review, "review", pred.status).astype(object)
+    return dataclasses.replace(pred, radius_mm=radius, status=status)
 
 
 def _gaussian_around(shape, spacing, centre: np.ndarray, sigma_mm: float) -> torch.Tensor:

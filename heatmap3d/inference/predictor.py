@@ -32,9 +32,10 @@ from heatmap3d.model import build_model, set_layout
 from heatmap3d.precision import autocast_context
 
 
-@dataclass
+@dataclass(frozen=True)
 class Prediction:
-    """Landmarks found in one scan.
+    """Landmarks found in one scan: a value (the review makes a new one with
+    :func:`dataclasses.replace`, it never changes one in place).
 
     Attributes:
         landmarks: world RAS mm; NaN rows where nothing was found.
@@ -48,7 +49,7 @@ class Prediction:
             one pass, NaN where nothing was found.
         presence: ``(K,)`` the whole-scan model's peak height (is the landmark in the
             scan at all); equals ``confidence`` for a single stage.
-        status: ``(K,)`` str, set by :mod:`heatmap3d.inference.pipeline`: ``ok``,
+        status: ``(K,)`` str, stated by :mod:`heatmap3d.inference.pipeline`: ``ok``,
             ``review``, ``absent``, ``moved`` (the shape model replaced it).
         radius_mm: ``(K,)`` calibrated expected error radius, mm (NaN: uncalibrated).
         shape_residual_mm: ``(K,)`` distance from where the other landmarks put it, mm.

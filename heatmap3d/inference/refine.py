@@ -17,6 +17,7 @@ where the refinement model was trained with ``model.role=refiner``.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 
 import numpy as np
@@ -160,16 +161,19 @@ class Cascade:
         fine = refine(self.fine, vols[1], coarse.landmarks)
         # No peak in the window: keep the coarse estimate (and its confidence).
         lost = np.isnan(fine.landmarks.points).any(1) & np.isfinite(coarse.landmarks.points).all(1)
-        if lost.any():
-            fine.landmarks.points[lost] = coarse.landmarks.points[lost]
-            fine.confidence[lost] = coarse.confidence[lost]
-            fine.spread_mm[lost] = coarse.spread_mm[lost]
-            fine.voxels = world_to_voxel(fine.landmarks.points, vols[1].affine)
-        fine.presence = coarse.presence  # whether it is in the scan: the whole-scan model's say
-        if keep_heatmaps:
-            fine.heatmaps, fine.grid_affine = coarse.heatmaps, coarse.grid_affine
-            fine.voxels = world_to_voxel(fine.landmarks.points, coarse.grid_affine)
-        return fine
+        points = np.where(lost[:, None], coarse.landmarks.points, fine.landmarks.points)
+        # The heatmaps kept are the coarse model's: the voxels are then on its grid.
+        grid = coarse.grid_affine if keep_heatmaps else vols[1].affine
+        return dataclasses.replace(
+            fine,
+            landmarks=Landmarks(list(fine.landmarks.names), points),
+            confidence=np.where(lost, coarse.confidence, fine.confidence),
+            spread_mm=np.where(lost, coarse.spread_mm, fine.spread_mm),
+            voxels=world_to_voxel(points, grid) if lost.any() or keep_heatmaps else fine.voxels,
+            grid_affine=grid,
+            heatmaps=coarse.heatmaps if keep_heatmaps else None,
+            presence=coarse.presence,  # whether it is in the scan: the whole-scan model's say
+        )
 
     def predict_volume(self, vol: Volume) -> Prediction:
         """Landmarks of a raw volume (any orientation and spacing), in its world mm."""

@@ -280,15 +280,15 @@ def _finish(
             calibration="calibration.json",
             pose="pose.json" if pose is not None else None,
         )
-    for pred in held.results.values():  # as prediction will state them
-        state(pred, calibration, DEFAULT_REVIEW_RADIUS_MM)
+    # Stated as prediction will state them, now that the calibration exists.
+    stated = {
+        key: state(p, calibration, DEFAULT_REVIEW_RADIUS_MM) for key, p in held.results.items()
+    }
     out = model_dir / "out_of_fold" if members[0].split_file else model_dir
     basis = ReviewBasis.of(calibration, shape)
     log.info("\n".join(f"note: {line}" for line in basis.sentences()))
     stats = (
-        write_results(held.results, held.cases, names, held.label, out, basis)
-        if world.is_main
-        else None
+        write_results(stated, held.cases, names, held.label, out, basis) if world.is_main else None
     )
     return distributed.broadcast_object(stats)
 
