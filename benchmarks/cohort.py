@@ -48,6 +48,7 @@ from heatmap3d.config import Config, DataConfig, ModelConfig
 from heatmap3d.distributed import DistInfo
 from heatmap3d.inference.decode import decode_heatmaps
 from heatmap3d.inference.predictor import Predictor
+from heatmap3d.io.destination import Destination
 from heatmap3d.io.volumes import load_volume
 from heatmap3d.predictions.scan_files import write_prediction
 from heatmap3d.training.state import TrainState
@@ -114,7 +115,7 @@ def step_times(model: Path, scans: list[Path], out: Path) -> dict[str, float]:
         timed(
             "write",
             lambda p=pred, s=scan: write_prediction(
-                out, s.name.split(".")[0], p.landmarks, p.confidence, overwrite=True
+                Destination(out, replace=True), s.name.split(".")[0], p.landmarks, p.confidence
             ),
         )
     return {name: statistics.median(ts) for name, ts in times.items()}

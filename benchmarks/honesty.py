@@ -17,6 +17,7 @@ power is printed beside its detection measured on the 122 real configurations wh
 are there (``benchmarks/shape_prior.py``'s injection test).
 
     python -m benchmarks.honesty --budget 30
+    python -m benchmarks.honesty --budget 30 --shape-prior none      # without the prior
     python -m benchmarks.honesty --model runs/honesty/runs/afids   # predict only
     python -m benchmarks.honesty --budget 2.5 --device cuda          # on a GPU
 """
@@ -88,6 +89,11 @@ def main() -> None:
     p.add_argument("--work", type=Path, default=Path("runs/honesty"))
     p.add_argument("--model", type=Path, help="a trained model folder: predict only")
     p.add_argument("--device", default="cpu", help="heatmap3d predict --device")
+    p.add_argument(
+        "--shape-prior",
+        default="auto",
+        help="heatmap3d plan --shape-prior (auto: the packaged AFIDs prior; none: without it)",
+    )
     add_overrides(p)
     args = p.parse_args()
     work = args.work.resolve()
@@ -97,7 +103,7 @@ def main() -> None:
     if model is None:
         data = template_folder(work / "afids")
         print(tool("check", data).splitlines()[-1])
-        tool("plan", data)
+        tool("plan", data, "--shape-prior", args.shape_prior)
         start = time.perf_counter()
         log = train(data, args.budget, work / "runs", args.nproc, overrides=args.set)
         print("\n".join(line for line in log.splitlines() if line.startswith(("note:", "shape"))))

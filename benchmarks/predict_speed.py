@@ -89,7 +89,7 @@ def worker(model: Path, scans: Path, threads: int, device: str, pose: bool = Tru
     import torch
 
     from heatmap3d.geometry import Volume
-    from heatmap3d.inference.pipeline import load_pipeline
+    from heatmap3d.inference.model_loading import load_pipeline
 
     torch.set_num_threads(threads)
     pipeline = load_pipeline(model, torch.device(device), pose=pose)

@@ -180,7 +180,8 @@ def variants(folder: Path, device: str = "cpu"):
     """(label, pipeline) from one model folder, each adding one thing."""
     import torch
 
-    from heatmap3d.inference.pipeline import Pipeline, load_pipeline
+    from heatmap3d.inference.model_loading import load_pipeline
+    from heatmap3d.inference.pipeline import Pipeline
     from heatmap3d.inference.predictor import Predictor
     from heatmap3d.inference.refine import Cascade
 

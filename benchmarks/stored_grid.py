@@ -20,7 +20,7 @@ import torch
 
 from benchmarks.common import colin27, moved
 from heatmap3d.evaluation.metrics import radial_errors
-from heatmap3d.inference.pipeline import load_pipeline
+from heatmap3d.inference.model_loading import load_pipeline
 
 
 def scans(spacings: list[float]) -> list[tuple[str, object, np.ndarray]]:

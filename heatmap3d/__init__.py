@@ -15,6 +15,8 @@ to that, lazy imports included):
   check and pose, and what every output says they rest on);
 - :mod:`heatmap3d.data` (checking a dataset, preprocessing, the cache, the Dataset) and
   :mod:`heatmap3d.io` (files <-> volumes in world RAS mm and landmarks);
+- :mod:`heatmap3d.packaged.catalogue`: what ships inside the package (priors and trained models,
+  found by name);
 - the core at the top level: ``config``, ``errors``, ``geometry`` (the one module that
   converts coordinates), ``heatmaps``, ``model``, ``precision``, ``distributed`` and
   ``checkpoint``.
@@ -50,6 +52,7 @@ _PUBLIC = {
     "Predictor": "heatmap3d.inference.predictor",
     "Cascade": "heatmap3d.inference.refine",
     "evaluate_dirs": "heatmap3d.evaluation.evaluate",
+    "export_model": "heatmap3d.api.export",
 }
 __all__ = sorted(_PUBLIC)
 

@@ -184,6 +184,35 @@ def load(path: str | Path) -> Checkpoint:
     return Checkpoint.from_payload(raw, source=str(path))
 
 
+def save_weights(path: str | Path, model: dict[str, torch.Tensor]) -> None:
+    """Write a model's state dict as safetensors (tensors only: no optimizer state, no
+    pickle), atomically. The config, names and role live in the export's ``model.json``."""
+    from safetensors.torch import save
+
+    tensors = {k: v.detach().cpu().contiguous() for k, v in model.items()}
+    atomic_write(path, lambda f: f.write(save(tensors, metadata={"written_by": "heatmap3d"})))
+
+
+def load_weights(
+    path: str | Path, *, config: dict[str, Any], landmarks: list[str], role: str
+) -> Checkpoint:
+    """An exported stage member: the safetensors weights at ``path`` with the config,
+    landmark names and role its ``model.json`` states, checked as a checkpoint is
+    (:meth:`Checkpoint.from_payload`). InputError naming ``path`` when it is not one."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    path = Path(path)
+    if not path.is_file():
+        raise InputError(f"{path}: weights file not found")
+    try:
+        model = load_file(path, device="cpu")
+    except (SafetensorError, OSError, ValueError) as err:
+        raise InputError(f"{path}: not a readable safetensors file ({first_line(err)})") from None
+    raw = {"version": SCHEMA_VERSION, "model": model, "config": config}
+    return Checkpoint.from_payload({**raw, "landmarks": landmarks, "role": role}, source=str(path))
+
+
 def _reason(err: Exception) -> str:
     """torch's first line, without its advice to retry with ``weights_only=False``: that
     would run whatever code the file holds, the one unsafe thing to do."""

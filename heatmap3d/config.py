@@ -97,7 +97,8 @@ class AugmentConfig:
     # exactly; heatmap3d.training.anatomy). The population's spread sets how far. 0 = off.
     anatomy: float = 0.0
     # The prior file of `heatmap3d shape fit FILES --out prior.json` (it keeps the aligned
-    # configurations); its landmark names must include every one of data.landmarks.
+    # configurations), or a packaged prior's name (afids); its landmark names must include
+    # every one of data.landmarks.
     anatomy_prior: str = ""
 
 
@@ -165,9 +166,10 @@ class TrainConfig:
     # person's do: held-out templates alone understate the error on an individual
     # (heatmap3d.training.anatomy_views). False = placements only.
     calibration_anatomy: bool = True
-    # A population shape prior (heatmap3d shape fit FILES --out prior.json): the model
-    # folder's shape model (shape.json, a copy) instead of one fitted on the training
-    # landmarks, which few scans cannot make (how individuals vary). "" = fit on them.
+    # A population shape prior (heatmap3d shape fit FILES --out prior.json, or a packaged
+    # prior's name: afids): the model folder's shape model (shape.json, a copy) instead of
+    # one fitted on the training landmarks, which few scans cannot make (how individuals
+    # vary). "" = fit on them. heatmap3d plan sets it for a landmark set it knows.
     shape_prior: str = ""
     out_dir: str = "runs"  # folder of the run folders (train.name)
     name: str = "demo"  # run folder: out_dir/name (checkpoints, TensorBoard events)

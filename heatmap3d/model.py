@@ -104,9 +104,11 @@ class Conv3d(nn.Conv3d):
 
 def _onednn_inference(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """A gradient-free float32 CPU convolution that oneDNN can run as torch would have
-    (no autocast: that would have cast it to a lower precision first)."""
+    (no autocast: that would have cast it to a lower precision first; not while exporting
+    to ONNX, which has no such operator: the plain convolution is the same function)."""
     return (
         not torch.is_grad_enabled()
+        and not torch.onnx.is_in_onnx_export()
         and x.device.type == "cpu"
         and x.dtype == torch.float32
         and weight.dtype == torch.float32

@@ -310,7 +310,9 @@ def test_bad_settings_and_priors_are_one_line_naming_the_file(prior_file, tmp_pa
         draw(_cfg(""))
     with pytest.raises(InputError, match="augment.anatomy: between 0 and 1"):
         draw(_cfg(prior_file, anatomy_share=1.5))
-    with pytest.raises(InputError, match=r"lacks the landmark\(s\) \['other'\] of data.landmarks"):
+    with pytest.raises(
+        InputError, match=r"anatomy_prior lacks the dataset's landmark\(s\) \['other'\]"
+    ):
         draw(_cfg(prior_file), [*NAMES[:-1], "other"])
     old = json.loads(prior_file.read_text())
     del old["configurations"]  # a prior written before they were kept

@@ -32,6 +32,7 @@ from heatmap3d.config import Config, TrainConfig, from_dict, load_config
 from heatmap3d.data.synthetic import MARKER_FILE, generate_dataset
 from heatmap3d.data.synthetic_ct import generate_ct_dataset
 from heatmap3d.errors import InputError
+from heatmap3d.io.destination import Destination
 from heatmap3d.io.yaml_file import parse_yaml
 from heatmap3d.planning.plan_file import check_plan_out as check_out
 from heatmap3d.planning.plan_file import check_plan_target, plan_state, read_plan
@@ -609,9 +610,9 @@ def test_what_is_at_out_is_named(tmp_path, plant, state, words):
     (tmp_path / "elsewhere.yaml").write_bytes(USERS_FILE)
     plant(out)
     assert plan_state(out) == state
-    refused(lambda: check_out(out, overwrite=False), str(out), "not replaced", *words)
+    refused(lambda: check_out(Destination(tmp_path), out.name), str(out), "not replaced", *words)
     refused(lambda: check_plan_target(out), str(out), "--plan")
-    assert check_out(out, overwrite=True)  # --overwrite: replaced, with a note of what
+    assert check_out(Destination(tmp_path, replace=True), out.name)  # replaced, with a note
 
 
 @pytest.mark.parametrize("make", [os.mkfifo, os.mkdir])

@@ -102,18 +102,19 @@ _LIBRARY = """
 import logging, sys
 from pathlib import Path
 import heatmap3d, heatmap3d.log
+from heatmap3d.io.destination import Destination
 from heatmap3d.training.state import claim_run_dir
 assert logging.getLogger().handlers == [], logging.getLogger().handlers
 package = logging.getLogger("heatmap3d").handlers
 assert [type(h) for h in package] == [logging.NullHandler], package
 run = Path(sys.argv[1])
 (run / "last.pt").write_bytes(b"")
-claim_run_dir(run, overwrite=True)  # logs "overwrite: removed ...": a library shows nothing
+claim_run_dir(Destination(run, replace=True))  # logs "removed ...": a library shows nothing
 sys.stdout.flush()
 print("--- configured ---", flush=True)
 heatmap3d.log.configure()
 (run / "last.pt").write_bytes(b"")
-claim_run_dir(run, overwrite=True)
+claim_run_dir(Destination(run, replace=True))
 assert logging.getLogger().handlers == []
 """
 

@@ -18,6 +18,7 @@ from heatmap3d.evaluation.pictures import (
 )
 from heatmap3d.evaluation.slices import anatomical_slice
 from heatmap3d.geometry import Volume, voxel_to_world
+from heatmap3d.io.destination import Destination
 from heatmap3d.predictions.scan_files import is_ours
 
 S = 121  # default view size; 1 mm pixels; the centre pixel is (60, 60)
@@ -214,17 +215,17 @@ def test_which_draws_only_the_chosen_landmarks():
 
 def test_write_png_round_trip_and_refusal(tmp_path):
     picture = landmark_views(_ras(), np.zeros((1, 3)), ["AC"])
-    path = write_png(tmp_path / "case.png", picture)
+    path = write_png(tmp_path, "case.png", picture)
     np.testing.assert_array_equal(np.asarray(Image.open(path).convert("RGB")), picture)
     assert is_ours(path)
-    write_png(path, picture[::2])  # ours: replaced
+    write_png(tmp_path, path.name, picture[::2])  # ours: replaced
     foreign = tmp_path / "photo.png"
     Image.fromarray(picture).save(foreign)
     before = foreign.read_bytes()
     with pytest.raises(InputError, match="photo.png: exists and was not written by heatmap3d"):
-        write_png(foreign, picture)
+        write_png(tmp_path, foreign.name, picture)
     assert foreign.read_bytes() == before
-    write_png(foreign, picture, overwrite=True)
+    write_png(Destination(tmp_path, replace=True), foreign.name, picture)
     assert is_ours(foreign)
     with pytest.raises(ValueError):
-        write_png(tmp_path / "x.png", picture.astype(np.float32))
+        write_png(tmp_path, "x.png", picture.astype(np.float32))

@@ -9,11 +9,11 @@ import pytest
 
 from heatmap3d.errors import InputError
 from heatmap3d.geometry import voxel_to_world, world_to_voxel
+from heatmap3d.io.destination import Destination
 from heatmap3d.io.landmarks import Landmarks, read_landmarks, write_landmarks
 from heatmap3d.predictions.scan_files import (
     MARKER,
     NIFTI_MARKER,
-    check_overwrite,
     is_ours,
     write_heatmaps,
     write_prediction,
@@ -26,8 +26,8 @@ POINTS = np.array(
 CONF = np.array([0.83, 0.31, np.nan, 0.5])
 
 
-def _write(tmp_path, **kw):
-    return write_prediction(tmp_path, "case1", Landmarks(NAMES, POINTS), CONF, **kw)
+def _write(out, **kw):
+    return write_prediction(out, "case1", Landmarks(NAMES, POINTS), CONF, **kw)
 
 
 def _csv_rows(path):
@@ -112,7 +112,7 @@ def test_replaces_its_own_files_and_overwrite_replaces_foreign(tmp_path):
     paths[0].write_text("# coordinate_system = RAS\nname,x,y,z\nAC,1,2,3\n")  # now foreign
     with pytest.raises(InputError):
         _write(tmp_path)
-    _write(tmp_path, overwrite=True)
+    _write(Destination(tmp_path, replace=True))
     assert is_ours(paths[0])
 
 
@@ -126,15 +126,15 @@ def test_an_edited_csv_without_the_marker_is_foreign(tmp_path):
 
 
 def test_check_overwrite_on_missing_folder_and_unknown_files(tmp_path):
-    check_overwrite(tmp_path / "nothing.csv")  # nothing there: fine
+    Destination(tmp_path).check("nothing.csv")  # nothing there: fine
     with pytest.raises(InputError, match="is a folder"):
-        check_overwrite(tmp_path, overwrite=True)
+        Destination(tmp_path.parent, replace=True).check(tmp_path.name)
     other = tmp_path / "notes.txt"
     other.write_text("x")
     assert not is_ours(other)
     with pytest.raises(InputError):
-        check_overwrite(other)
-    check_overwrite(other, overwrite=True)
+        Destination(tmp_path).check(other.name)
+    Destination(tmp_path, replace=True).check(other.name)
 
 
 def _rotation(degrees, axis):
@@ -166,7 +166,7 @@ def test_heatmaps_land_on_the_scan_grid_at_the_same_world_position(tmp_path, sca
         scan_affine[:3, :3] = _rotation(20, 2) @ _rotation(10, 1) @ np.diag([1.1, 1.3, 0.9])
     scan_shape = (50, 46, 40)
     scan_affine[:3, 3] = -scan_affine[:3, :3] @ ((np.array(scan_shape) - 1) / 2)
-    path = write_heatmaps(tmp_path / "h.nii.gz", maps, grid_affine, scan_affine, scan_shape)
+    path = write_heatmaps(tmp_path, "h.nii.gz", maps, grid_affine, scan_affine, scan_shape)
     img = nib.load(path)
     assert img.shape == (*scan_shape, 2)
     assert img.get_data_dtype() == np.float32
@@ -194,8 +194,9 @@ def test_heatmaps_refuse_a_foreign_nifti(tmp_path):
     before = path.read_bytes()
     maps = np.zeros((1, 3, 3, 3), np.float32)
     with pytest.raises(InputError, match="not written by heatmap3d"):
-        write_heatmaps(path, maps, np.eye(4), np.eye(4), (3, 3, 3))
+        write_heatmaps(tmp_path, path.name, maps, np.eye(4), np.eye(4), (3, 3, 3))
     assert path.read_bytes() == before
-    write_heatmaps(path, maps, np.eye(4), np.eye(4), (3, 3, 3), overwrite=True)
-    write_heatmaps(path, maps, np.eye(4), np.eye(4), (3, 3, 3))  # ours now: replaced
+    replacing = Destination(tmp_path, replace=True)
+    write_heatmaps(replacing, path.name, maps, np.eye(4), np.eye(4), (3, 3, 3))
+    write_heatmaps(tmp_path, path.name, maps, np.eye(4), np.eye(4), (3, 3, 3))  # ours now
     assert nib.load(path).shape == (3, 3, 3, 1)

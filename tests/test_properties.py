@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 
 from heatmap3d.config import Config, load_config
 from heatmap3d.errors import InputError
-from heatmap3d.inference.pipeline import read_extras
+from heatmap3d.inference.model_loading import read_extras
 from heatmap3d.io.landmarks import Landmarks, read_landmarks
 from heatmap3d.io.model_folder import read_model_folder
 

@@ -12,6 +12,7 @@ import json
 import numpy as np
 import pytest
 
+from heatmap3d.io.destination import Destination
 from heatmap3d.io.landmarks import Landmarks, read_landmarks
 from heatmap3d.predictions.reading import read_prediction_table
 from heatmap3d.predictions.scan_files import write_prediction
@@ -195,5 +196,5 @@ def test_tables_of_an_older_prediction_say_the_basis_is_not_stated(tmp_path):
     cut = [head.index("radius_basis"), head.index("shape_check")]
     rows = [",".join(c for i, c in enumerate(row.split(",")) if i not in cut) for row in lines[1:]]
     path.write_text("\n".join([lines[0], *rows]) + "\n")  # as an earlier heatmap3d wrote it
-    written = write_tables(tmp_path, ["s"], overwrite=True)
+    written = write_tables(Destination(tmp_path, replace=True), ["s"])
     assert written.basis == "error radii: not stated; shape check: not stated"

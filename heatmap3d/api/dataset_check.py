@@ -7,6 +7,7 @@ from pathlib import Path
 
 from heatmap3d.data.check import check_dataset
 from heatmap3d.errors import InputError
+from heatmap3d.io.destination import Destination
 from heatmap3d.io.manifest import check_manifest_target, write_manifest
 from heatmap3d.log import get_logger
 
@@ -32,8 +33,10 @@ def run_check(
     """
     if not Path(data).is_dir():
         raise InputError(f"{data}: dataset folder not found")
-    if manifest is not None:
-        check_manifest_target(manifest, overwrite)
+    if manifest is not None:  # its folder, and whether a file there not ours may go
+        manifest = Path(manifest)
+        where = Destination(manifest.parent, replace=overwrite)
+        check_manifest_target(where, manifest.name)
     names = [n.strip() for n in landmarks.split(",") if n.strip()]
     if len(set(names)) != len(names):
         raise InputError(f"--landmarks: duplicated names in {landmarks!r}")
@@ -45,11 +48,11 @@ def run_check(
         return 1
     if manifest is not None:
         write_manifest(
-            manifest,
+            where,
+            manifest.name,
             root=report.root,
             names=report.names,
             splits=report.splits,
-            overwrite=overwrite,
         )
         log.info(f"wrote {manifest}")
     return 0

@@ -29,6 +29,7 @@ from heatmap3d.inference.predictor import Prediction
 from heatmap3d.io.landmarks import Landmarks
 from heatmap3d.io.nifti import check_frame_choice
 from heatmap3d.io.volumes import load_volume
+from heatmap3d.packaged import catalogue as packaged
 from heatmap3d.predictions.scan_files import review_flags
 from heatmap3d.review.basis import ReviewBasis
 
@@ -143,11 +144,13 @@ def load_model(
     review_radius_mm: float = DEFAULT_REVIEW_RADIUS_MM,
     review_below: float = 0.5,
     nifti_frame: str | None = None,
+    runtime: str = "torch",
 ) -> Model:
-    """A model folder, or a checkpoint file (``refine``: a refinement checkpoint for a
-    cascade), on ``device`` (``"auto"``: CUDA when available). Options as ``predict``'s;
-    ``nifti_frame`` the frame to trust in a NIfTI whose sform and qform disagree."""
-    path = Path(path)
+    """A model folder, its export, a packaged model's name (``afids-t1``), or a checkpoint
+    file (``refine``: a refinement checkpoint for a cascade), on ``device`` (``"auto"``:
+    CUDA when available). Options as ``predict``'s; ``nifti_frame`` the frame to trust in
+    a NIfTI whose sform and qform disagree; ``runtime``: ``torch`` or ``onnxruntime``."""
+    path = packaged.resolve_model(Path(path))
     is_folder = path.is_dir()
     spec = ModelSpec(
         model=path if is_folder else None,
@@ -156,6 +159,7 @@ def load_model(
         mirror=mirror,
         pose=pose,
         review_radius_mm=review_radius_mm,
+        runtime=runtime,
     )
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"

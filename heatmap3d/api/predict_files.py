@@ -32,16 +32,18 @@ from heatmap3d.evaluation.pictures import snapshot
 from heatmap3d.evaluation.report import write_report
 from heatmap3d.geometry import Volume
 from heatmap3d.inference.cohort import WAIT, Job, run_cohort
-from heatmap3d.inference.pipeline import DEFAULT_REVIEW_RADIUS_MM, Pipeline, load_pipeline
+from heatmap3d.inference.model_loading import load_pipeline
+from heatmap3d.inference.pipeline import DEFAULT_REVIEW_RADIUS_MM, Pipeline
 from heatmap3d.inference.predictor import Prediction, Predictor
 from heatmap3d.inference.reading import check_workers, reading_workers
 from heatmap3d.inference.refine import Cascade
 from heatmap3d.inference.scans import output_stems, unique_scans
+from heatmap3d.io.destination import Destination
 from heatmap3d.io.layout import expand_scans
 from heatmap3d.io.model_folder import read_model_folder
 from heatmap3d.io.png import write_png
-from heatmap3d.io.provenance import check_overwrite
 from heatmap3d.log import get_logger
+from heatmap3d.packaged import catalogue as packaged
 from heatmap3d.predictions import resume
 from heatmap3d.predictions.scan_files import review_flags, write_heatmaps, write_prediction
 from heatmap3d.predictions.tables import check_tables
@@ -55,12 +57,16 @@ class ModelSpec:
     """Which model predicts, and how.
 
     Attributes:
-        model: a model folder (its stages, shape model, calibration and pose); or
+        model: a model folder (its stages, shape model, calibration and pose), an export
+            of one (``heatmap3d export``), or a packaged model's name (``afids-t1``:
+            :mod:`heatmap3d.packaged.catalogue`) where no such folder exists; or
         checkpoint: one whole-scan checkpoint (``.pt``), with ``refine`` a refinement
             checkpoint for a coarse-to-fine cascade.
         mirror: test-time mirroring (off: ``--no-mirror``).
         pose: the pose pass of a model folder that has one (off: ``--no-pose``).
         review_radius_mm: a landmark whose stated radius is above this is flagged, mm.
+        runtime: what runs the networks' forward passes: ``torch``, or ``onnxruntime``
+            for an export with ONNX networks (CPU; the rest of the pipeline is the same).
     """
 
     model: Path | None = None
@@ -69,10 +75,15 @@ class ModelSpec:
     mirror: bool = True
     pose: bool = True
     review_radius_mm: float = DEFAULT_REVIEW_RADIUS_MM
+    runtime: str = "torch"
 
     def __post_init__(self) -> None:
         if (self.model is None) == (self.checkpoint is None):
             raise InputError("give one model: a model folder or a checkpoint")
+        if self.model is not None:  # frozen: the packaged model's folder set once, here
+            object.__setattr__(self, "model", packaged.resolve_model(self.model))
+        if self.checkpoint is not None and self.runtime != "torch":
+            raise InputError(f"--runtime {self.runtime} runs an export's ONNX networks: --model")
         if self.model is not None and self.refine is not None:
             raise InputError("--refine goes with --checkpoint; a --model folder has its stages")
 
@@ -114,6 +125,11 @@ class PredictOptions:
     report: bool = False
     overwrite: bool = False
 
+    @property
+    def destination(self) -> Destination:
+        """``out``, and whether files there that heatmap3d did not write may be replaced."""
+        return Destination(self.out, replace=self.overwrite)
+
 
 def load_model(spec: ModelSpec, device: torch.device) -> Pipeline:
     """The model ``spec`` names, reviewed as a pipeline: a checkpoint alone has no
@@ -125,6 +141,7 @@ def load_model(spec: ModelSpec, device: torch.device) -> Pipeline:
             review_radius_mm=spec.review_radius_mm,
             mirror=spec.mirror,
             pose=spec.pose,
+            runtime=spec.runtime,
         )
     predictor = _mirrored(Predictor.from_checkpoint(spec.checkpoint, device), spec.mirror)
     if spec.refine is not None:
@@ -159,7 +176,7 @@ def predict_files(spec: ModelSpec, scans: Sequence[Path], options: PredictOption
         stems = output_stems(found)  # two scans named alike: refused before anything is written
         _check_out_dir(options.out)
         if options.shard[1] == 1:  # refused now, not after the whole cohort was predicted
-            check_tables(options.out, options.overwrite)
+            check_tables(options.destination)
         model = distributed.main_then_broadcast(world, lambda: _model_identity(spec, options))
         workers = options.workers
         if workers is None:
@@ -169,7 +186,7 @@ def predict_files(spec: ModelSpec, scans: Sequence[Path], options: PredictOption
         job = Job(
             scans=found,
             stems=stems,
-            out=options.out,
+            out=options.destination,
             model=model,
             names=functools.partial(
                 resume.output_names, heatmaps=options.save_heatmaps, snapshots=options.snapshots
@@ -178,7 +195,6 @@ def predict_files(spec: ModelSpec, scans: Sequence[Path], options: PredictOption
             series=options.series,
             keep_heatmaps=options.save_heatmaps,
             keep_raw=options.snapshots,
-            overwrite=options.overwrite,
             shard=options.shard,
             nifti_frame=options.nifti_frame,
             then=functools.partial(_report, spec, scans, options) if options.report else None,
@@ -193,10 +209,9 @@ def _report(spec: ModelSpec, scans: Sequence[Path], options: PredictOptions) -> 
     """``report``: OUT/report.html from the files just written (the cohort's, every scan
     predicted now or before; :mod:`heatmap3d.evaluation.report`)."""
     path = write_report(
-        options.out,
+        options.destination,
         scans=list(scans),
         model=str(spec.source),
-        overwrite=options.overwrite,
         nifti_frame=options.nifti_frame,
     )
     return f"wrote {path}"
@@ -261,25 +276,20 @@ def _write(
     leaves no new ``<scan>.csv`` and no record, so nothing reads the scan as done and a
     rerun predicts it again. The caller writes the new record after all of them.
     """
-    out, overwrite = options.out, options.overwrite
+    out = options.destination
     names = resume.output_names(stem, heatmaps=options.save_heatmaps, snapshots=options.snapshots)
     for name in names:
-        check_overwrite(out / name, overwrite)
-    resume.forget_record(out, stem)
+        out.check(name)
+    resume.forget_record(out.folder, stem)
     if options.save_heatmaps and pred.heatmaps is not None:
         write_heatmaps(
-            out / f"{stem}_heatmaps.nii.gz",
-            pred.heatmaps,
-            pred.grid_affine,
-            raw.affine,
-            raw.shape,
-            overwrite=overwrite,
+            out, f"{stem}_heatmaps.nii.gz", pred.heatmaps, pred.grid_affine, raw.affine, raw.shape
         )
     if options.snapshots:
         lm = pred.landmarks
         flagged = review_flags(lm, pred.confidence, options.review_below, pred.status)
         picture = snapshot(raw, lm.points, lm.names, pred.confidence, flagged)
-        write_png(out / f"{stem}.png", picture, overwrite=overwrite)
+        write_png(out, f"{stem}.png", picture)
     write_prediction(
         out,
         stem,
@@ -289,5 +299,4 @@ def _write(
         status=pred.status,
         review_below=options.review_below,
         basis=basis,
-        overwrite=overwrite,
     )

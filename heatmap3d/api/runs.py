@@ -20,12 +20,12 @@ import torch
 from heatmap3d.config import load_config
 from heatmap3d.errors import InputError
 from heatmap3d.evaluation.metrics import LandmarkStats
+from heatmap3d.io.destination import Destination
 from heatmap3d.io.json_file import load_json
 from heatmap3d.log import get_logger
 from heatmap3d.planning.fingerprint import fingerprint_dataset
 from heatmap3d.planning.plan import Plan, make_plan
 from heatmap3d.planning.plan_file import check_plan_out, plan_text, write_plan
-from heatmap3d.review.shape_file import read_prior
 from heatmap3d.training.stages import train_dataset
 from heatmap3d.training.trainer import run
 
@@ -41,7 +41,7 @@ def plan(
     device: str = "auto",
     budget_minutes: float = 60.0,
     labels: str | Path | None = None,
-    shape_prior: str | Path | None = None,
+    shape_prior: str | Path | None = "auto",
     split_file: str = "split.json",
     overwrite: bool = False,
     nifti_frame: str | None = None,
@@ -51,7 +51,9 @@ def plan(
 
     ``device``: what the plan is sized for (``auto``: CUDA when visible); ``labels``: a
     JSON ``{name: description}`` for numbered landmarks (to find left/right pairs);
-    ``shape_prior``: a population prior (``heatmap3d shape fit``) for every stage. The plan
+    ``shape_prior``: a population prior (a ``heatmap3d shape fit`` file or a packaged
+    prior's name) for every stage; ``"auto"`` the packaged prior of a landmark set the
+    dataset is recognised as (:mod:`heatmap3d.planning.priors`), None none. The plan
     never replaces a file without ``overwrite``, and the refusal says what is there
     (:func:`heatmap3d.planning.plan_file.check_plan_out`). ``nifti_frame``: the frame to
     trust in a NIfTI whose sform and qform disagree (training: ``data.nifti_frame``).
@@ -60,14 +62,18 @@ def plan(
     if not data.is_dir():
         raise InputError(f"{data}: dataset folder not found")
     target = Path(out) if out is not None else data / "plan.yaml"
-    replacing = check_plan_out(target, overwrite=overwrite)
+    replacing = check_plan_out(Destination(target.parent, replace=overwrite), target.name)
     descriptions = _read_labels(None if labels is None else Path(labels))
     fp = fingerprint_dataset(data, split_file=split_file, nifti_frame=nifti_frame)
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
-    made = make_plan(fp, device=device, budget_minutes=budget_minutes, descriptions=descriptions)
-    if shape_prior is not None:
-        _use_prior(made, Path(shape_prior), list(fp.names))
+    made = make_plan(
+        fp,
+        device=device,
+        budget_minutes=budget_minutes,
+        descriptions=descriptions,
+        shape_prior=shape_prior,
+    )
     print(plan_text(made, fp), end="")
     if replacing is not None:
         log.info(f"note: --overwrite: replacing {target}, {replacing}")
@@ -104,7 +110,8 @@ def train(
             raise InputError("--members and --folds train a dataset: give DATA (or --plan)")
         cfg = load_config(config, extra)
         init = None if init_from is None else Path(init_from)
-        return run(cfg, resume=resume, init_from=init, overwrite=overwrite)
+        runs = Destination(Path(cfg.train.out_dir), replace=overwrite)  # the run folder's parent
+        return run(cfg, resume=resume, init_from=init, out=runs)
     if config is not None or init_from is not None:
         raise InputError(
             "--config and --init-from go with a single run; a dataset trains by its plan "
@@ -128,13 +135,3 @@ def _read_labels(path: Path | None) -> dict[str, str] | None:
     if not isinstance(labels, dict) or not all(isinstance(v, str) for v in labels.values()):
         raise InputError(f'{path}: expected {{"name": "description", ...}}')
     return {str(k): v for k, v in labels.items()}
-
-
-def _use_prior(made: Plan, path: Path, names: list[str]) -> None:
-    """Every stage gets ``train.shape_prior`` (absolute: the plan may be run elsewhere),
-    after the prior is read and found to hold the dataset's landmarks (InputError if not)."""
-    prior = read_prior(path, names)
-    why = f"a population prior of {prior.n_cases} configurations (heatmap3d shape fit)"
-    for stage in made.stages:
-        stage.config.setdefault("train", {})["shape_prior"] = str(path.resolve())
-        stage.reasons["train.shape_prior"] = why

@@ -22,7 +22,8 @@ import numpy as np
 
 from heatmap3d import __version__
 from heatmap3d.errors import InputError
-from heatmap3d.io.atomic import atomic_write_bytes, refuse_foreign
+from heatmap3d.io.atomic import atomic_write_bytes
+from heatmap3d.io.destination import Destination
 from heatmap3d.io.json_file import read_text
 from heatmap3d.io.seal import seal, seal_state
 from heatmap3d.log import get_logger
@@ -47,7 +48,7 @@ def fit_prior(
     ``names``' order (default: the files' own), with ``rename`` mapping the files' names to
     the dataset's; write it to ``out`` and say what it rests on. The prior."""
     out = Path(out)
-    check_target(out, overwrite)
+    check_target(Destination(out.parent, replace=overwrite), out.name)
     files = landmark_files(list(paths))
     if len(files) < MIN_CASES:
         raise InputError(
@@ -81,13 +82,12 @@ def fit_prior(
     return prior
 
 
-def check_target(path: Path, overwrite: bool) -> None:
-    """InputError unless ``path`` is free, a prior this command wrote and nobody edited, or
-    ``overwrite`` is set (never for a folder)."""
-    refuse_foreign(
-        path,
+def check_target(where: Destination, name: str) -> None:
+    """InputError unless ``where/name`` is free, a prior this command wrote and nobody
+    edited, or ``where`` says to replace it (never a folder)."""
+    where.check(
+        name,
         _is_our_prior,
-        overwrite=overwrite,
         folder="--out is the prior file",
         foreign="exists and was not written by heatmap3d shape fit; refusing to "
         "overwrite it (use --overwrite)",

@@ -30,9 +30,10 @@ def _run(args: argparse.Namespace) -> None:
 
         predict_command(args)
     elif args.command == "collect":
+        from heatmap3d.io.destination import Destination
         from heatmap3d.predictions.tables import collect
 
-        log.info(collect(args.out, overwrite=args.overwrite))
+        log.info(collect(Destination(args.out, replace=args.overwrite)))
     elif args.command == "evaluate":
         from heatmap3d.evaluation.evaluate import evaluate_dirs
 
@@ -73,6 +74,14 @@ def _run(args: argparse.Namespace) -> None:
         from heatmap3d.config_keys import keys_text
 
         print(keys_text(args.section))
+    elif args.command == "export":
+        from heatmap3d.commands.export import export_command
+
+        export_command(args)
+    elif args.command == "models":
+        from heatmap3d.commands.export import models_text
+
+        print(models_text())
     elif args.command == "gpus":
         from heatmap3d.training.gpus import report
 
@@ -82,13 +91,13 @@ def _run(args: argparse.Namespace) -> None:
 def _report(args: argparse.Namespace, evaluation: Path | None) -> None:
     """``report``, or ``evaluate --report``: PRED/report.html (see evaluation.report)."""
     from heatmap3d.evaluation.report import write_report
+    from heatmap3d.io.destination import Destination
 
     path = write_report(
-        args.pred,
+        Destination(args.pred, replace=args.overwrite),
         scans=args.scans,
         evaluation=evaluation,
         truth=args.truth,
-        overwrite=args.overwrite,
         nifti_frame=args.nifti_frame,
     )
     log.info(f"wrote {path}")

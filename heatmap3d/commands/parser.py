@@ -10,7 +10,7 @@ from pathlib import Path
 
 DESCRIPTION = (
     "The heatmap3d command: synth, check, plan, train, predict, collect, evaluate, report, "
-    "gpus, shape."
+    "gpus, shape, config, export, models."
 )
 
 
@@ -221,13 +221,22 @@ def _add_shape(sub: argparse._SubParsersAction) -> None:
     add_shape_arguments(sub.add_parser("shape", help="a population shape prior from landmarks"))
 
 
+def _add_export(sub: argparse._SubParsersAction) -> None:
+    from heatmap3d.commands.export import add_export_arguments
+
+    add_export_arguments(
+        sub.add_parser("export", help="a model folder for prediction only (safetensors, ONNX)")
+    )
+    sub.add_parser("models", help="list the models packaged with heatmap3d, with their cards")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="heatmap3d", description=DESCRIPTION)
     sub = parser.add_subparsers(dest="command", required=True)
     adders = (_add_synth, _add_check, _add_plan, _add_train, _add_predict, _add_evaluate, _add_gpus)
     adders += (_add_report,)
     adders += (_add_collect,)
-    adders += (_add_shape, _add_config)
+    adders += (_add_shape, _add_config, _add_export)
     for add in adders:
         add(sub)
     for name in READ_SCANS:

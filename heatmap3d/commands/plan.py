@@ -35,9 +35,11 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--shape-prior",
-        type=Path,
-        default=None,
-        help="a population shape prior (heatmap3d shape fit): the model folder's shape model",
+        default="auto",
+        metavar="FILE|NAME|none|auto",
+        help="the population shape prior every stage gets: a file of heatmap3d shape fit, a "
+        "packaged prior's name (afids), none (fit on the training landmarks), or auto "
+        "(default: the packaged prior when the landmarks are a set it knows, by name and shape)",
     )
     parser.add_argument("--split-file", default="split.json", help="relative to DATA")
     parser.add_argument(

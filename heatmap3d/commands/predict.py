@@ -16,7 +16,10 @@ def add_predict_arguments(p: argparse.ArgumentParser) -> None:
     which = p.add_mutually_exclusive_group(required=True)
     which.add_argument("--checkpoint", type=Path, help="one model, e.g. runs/demo/best.pt")
     which.add_argument(
-        "--model", type=Path, help="a model folder of heatmap3d train DATA, e.g. runs/my_data"
+        "--model",
+        type=Path,
+        help="a model folder of heatmap3d train DATA (runs/my_data), its export, or a "
+        "packaged model's name (heatmap3d models lists them: afids-t1)",
     )
     p.add_argument(
         "scans",
@@ -99,6 +102,12 @@ def add_predict_arguments(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="replace existing output files even if heatmap3d did not write them",
     )
+    p.add_argument(
+        "--runtime",
+        choices=("torch", "onnxruntime"),
+        default="torch",
+        help="what runs the networks: torch, or onnxruntime for an export with --onnx (CPU)",
+    )
 
 
 def _finite(text: str) -> float:
@@ -138,6 +147,7 @@ def predict_command(args: argparse.Namespace) -> None:
         mirror=not args.no_mirror,
         pose=not args.no_pose,
         review_radius_mm=args.review_radius,
+        runtime=args.runtime,
     )
     options = PredictOptions(
         out=args.out,

@@ -11,7 +11,7 @@ CSVs among the landmark files; CSVs that an earlier run left among the predictio
 recognised and skipped. Both CSVs end with a
 ``written_by`` column (``heatmap3d <version>``, as prediction files do); an existing
 ``metrics.csv``/``errors.csv`` that heatmap3d did not write is never replaced unless
-``overwrite=True``.
+``overwrite=True`` (``--overwrite``; :mod:`heatmap3d.io.destination`).
 
 The printed report ends with two lines that go to no CSV (metrics.csv keeps the columns
 other tools read): the share of true errors inside the error radius the predictions state
@@ -39,6 +39,7 @@ from heatmap3d.evaluation.metrics import (
 )
 from heatmap3d.evaluation.stated import presence_line, radius_line, stated_radii
 from heatmap3d.io.atomic import atomic_write_bytes
+from heatmap3d.io.destination import Destination
 from heatmap3d.io.landmark_fields import spreadsheet_safe
 from heatmap3d.io.landmarks import Landmarks, read_landmarks
 from heatmap3d.io.layout import find_landmark_file
@@ -92,17 +93,20 @@ def worst_cases(errors: np.ndarray, ids: Sequence[str], names: Sequence[str], n:
 # --------------------------------------------------------------------------------------
 
 
-def write_evaluation(out_dir: Path, stats, errors, ids, names, *, overwrite: bool = False) -> str:
-    """Write metrics.csv (per landmark) and errors.csv (per case); return the printed text.
+def write_evaluation(out: Destination | Path, stats, errors, ids, names) -> str:
+    """Write metrics.csv (per landmark) and errors.csv (per case) into ``out``; return the
+    printed text.
 
     Both targets are checked before either is written: a file there that heatmap3d did not
-    write is refused (:class:`InputError`) unless ``overwrite``. Creates ``out_dir``; a
-    folder that cannot be made or written is an :class:`InputError` naming the path.
+    write is refused (:class:`InputError`) unless ``out`` says to replace it (a plain
+    folder never does). Creates the folder; a folder that cannot be made or written is an
+    :class:`InputError` naming the path.
     """
-    out_dir = Path(out_dir)
+    out = Destination.of(out)
+    out_dir = out.folder
     tables = {"metrics.csv": _metrics_csv(stats), "errors.csv": _errors_csv(errors, ids, names)}
     for name in tables:
-        _check_target(out_dir / name, overwrite)
+        _check_target(out, name)
     _make_folder(out_dir)
     for name, text in tables.items():
         try:  # sealed: a table edited by hand since is the user's (heatmap3d.io.seal)
@@ -133,16 +137,16 @@ def _errors_csv(errors: np.ndarray, ids: Sequence[str], names: Sequence[str]) ->
     return out.getvalue()
 
 
-def _check_target(path: Path, overwrite: bool) -> None:
+def _check_target(out: Destination, name: str) -> None:
     """Refuse to replace a folder, or a file heatmap3d did not write or that was edited
-    since (its seal no longer matches), unless overwrite."""
-    if path.is_dir():
-        raise InputError(f"{path}: is a folder; cannot write the evaluation there")
-    if path.exists() and not overwrite and not (is_evaluation_output(path) and _unedited(path)):
-        raise InputError(
-            f"{path}: exists and was not written by heatmap3d evaluate; refusing to "
-            "overwrite it (choose another --out, or move the file away)"
-        )
+    since (its seal no longer matches), unless ``out`` says to (never a folder)."""
+    out.check(
+        name,
+        lambda path: is_evaluation_output(path) and _unedited(path),
+        folder="cannot write the evaluation there",
+        foreign="exists and was not written by heatmap3d evaluate; refusing to "
+        "overwrite it (choose another --out, or move the file away)",
+    )
 
 
 def _unedited(path: Path) -> bool:
@@ -241,7 +245,7 @@ def evaluate_dirs(
     names = union_names(truth.values())
     _check_predicted_names(paths, pred, names)
     stats, errors, ids = evaluate(pred, truth, names)
-    text = write_evaluation(out, stats, errors, ids, names, overwrite=overwrite)
+    text = write_evaluation(Destination(out, replace=overwrite), stats, errors, ids, names)
     radii = stated_radii(pred_dir, pred, names, ids)
     # A model without a calibration writes the column empty: no line about nothing stated.
     stated = radii is not None and bool(np.isfinite(radii).any())

@@ -15,7 +15,8 @@ heatmap3d's), built only from the files the tool wrote into ``P``
 
 Tiles and thumbnails need the scans, which the prediction folder does not hold: see
 :mod:`heatmap3d.evaluation.report_pictures` for how they are found. ``report.html`` that
-heatmap3d did not write is never replaced unless ``overwrite``.
+heatmap3d did not write is never replaced unless the
+:class:`~heatmap3d.io.destination.Destination` given says so (``--overwrite``).
 """
 
 from __future__ import annotations
@@ -34,7 +35,8 @@ from heatmap3d.evaluation import report_plots as plots
 from heatmap3d.evaluation.evaluate import worst_cases
 from heatmap3d.evaluation.report_data import Cohort, ScanRecord, read_cohort
 from heatmap3d.evaluation.report_html import GENERATOR, Page, render
-from heatmap3d.io.atomic import atomic_write_bytes, refuse_foreign
+from heatmap3d.io.atomic import atomic_write_bytes
+from heatmap3d.io.destination import Destination
 from heatmap3d.io.landmarks import Landmarks, read_landmarks
 from heatmap3d.io.layout import find_landmark_file
 from heatmap3d.io.png import write_png
@@ -48,20 +50,22 @@ N_WORST = 20
 
 
 def write_report(
-    folder: Path,
+    folder: Destination | Path,
     *,
     scans: Sequence[Path] | Mapping[str, Path] | None = None,
     evaluation: Path | None = None,
     truth: Path | Mapping[str, Path] | None = None,
     out: Path | None = None,
     model: str | None = None,
-    overwrite: bool = False,
     nifti_frame: str | None = None,
 ) -> Path:
     """Write the report of the prediction folder ``folder``; return its path.
 
     Args:
-        folder: the prediction folder (``<scan>.csv`` and ``<scan>.mrk.json`` files).
+        folder: the prediction folder (``<scan>.csv`` and ``<scan>.mrk.json`` files); a
+            :class:`~heatmap3d.io.destination.Destination` also says whether the page (and
+            its pictures) may replace files heatmap3d did not write (``--overwrite``); a
+            plain path never does.
         scans: the scans predicted (files or folders of scans, as ``heatmap3d predict``
             takes them, or scan by prediction name), for thumbnails and tiles; without
             them the page says so.
@@ -69,18 +73,19 @@ def write_report(
         truth: the folder of true landmark files (or a file by prediction name), marked
             ``+`` on the tiles.
         out: the page (default ``folder/report.html``); pictures go to ``report_files/``
-            beside it.
+            beside it. The same rule for files in the way.
         model: what to call the model in the header when the prediction files do not
             name it (e.g. the ``--model`` folder).
-        overwrite: replace a ``report.html`` (or picture) heatmap3d did not write.
         nifti_frame: the frame to trust in a scan whose NIfTI sform and qform disagree
             (``"sform"``, ``"qform"``; None: such a scan is not drawn, and the page says why).
 
     InputError (one line) for a folder without predictions, a target that is not ours.
     """
-    folder = Path(folder)
-    out = Path(out) if out is not None else folder / REPORT
-    check_target(out, overwrite)
+    dest = Destination.of(folder)
+    folder = dest.folder
+    # The page's folder: the prediction folder's, or out's (by the same rule).
+    where = dest if out is None else Destination(Path(out).parent, dest.replace)
+    out = check_target(where, REPORT if out is None else Path(out).name)
     cohort = read_cohort(folder, evaluation)
     found = pictures.scan_paths(scans)
     page = Page(
@@ -91,12 +96,14 @@ def write_report(
         out.resolve().parent.name,
         files=_relative(folder, out.parent),
     )
-    files = out.parent / FILES
+    files = where.sub(FILES)
     try:
-        files.mkdir(parents=True, exist_ok=True)
+        files.folder.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise InputError(f"{files}: cannot create the pictures' folder ({one_line(exc)})") from exc
-    written = _draw(page, found, files, truth, overwrite, nifti_frame)
+        raise InputError(
+            f"{files.folder}: cannot create the pictures' folder ({one_line(exc)})"
+        ) from exc
+    written = _draw(page, found, files, truth, nifti_frame)
     if not found:
         recorded = sorted({str(Path(s.scan).parent) for s in cohort.scans if s.scan})
         where = f" (predicted from {', '.join(recorded[:3])})" if recorded else ""
@@ -108,22 +115,17 @@ def write_report(
         atomic_write_bytes(out, render(page).encode("utf-8"))
     except OSError as exc:
         raise InputError(f"{out}: cannot write ({one_line(exc)})") from exc
-    _remove_stale(files, written)
+    _remove_stale(files.folder, written)
     return out
 
 
-def check_target(out: Path, overwrite: bool) -> None:
-    """Refuse a folder in the way, or a ``report.html`` heatmap3d did not write."""
-    refuse_foreign(
-        out,
-        is_report,
-        overwrite=overwrite,
-        folder="cannot write the report there",
-        foreign="exists and was not written by heatmap3d; refusing to overwrite it "
-        "(use --overwrite)",
-    )
+def check_target(where: Destination, name: str) -> Path:
+    """The page's path ``where/name``, after refusing a folder in the way, or a page
+    heatmap3d did not write unless ``where`` says to replace it."""
+    out = where.check(name, is_report, folder="cannot write the report there")
     if (out.parent / FILES).exists() and not (out.parent / FILES).is_dir():
         raise InputError(f"{out.parent / FILES}: is a file; the report's pictures go there")
+    return out
 
 
 def is_report(path: Path) -> bool:
@@ -158,16 +160,15 @@ def _relative(folder: Path, base: Path) -> str:
 def _draw(
     page: Page,
     found: dict[str, Path],
-    files: Path,
+    files: Destination,
     truth: Path | Mapping[str, Path] | None,
-    overwrite: bool,
     nifti_frame: str | None = None,
 ) -> set[Path]:
     """Thumbnails, tiles and plots into ``files``, their links into ``page``."""
     cohort, written = page.cohort, set()
 
     def save(name: str, rgb: np.ndarray) -> str:
-        written.add(write_png(files / name, rgb, overwrite=overwrite))
+        written.add(write_png(files, name, rgb))
         return f"{FILES}/{name}"
 
     if cohort.evaluation is not None:

@@ -41,6 +41,7 @@ from heatmap3d.geometry import Volume
 from heatmap3d.inference.predictor import Prediction
 from heatmap3d.inference.reading import read_ahead
 from heatmap3d.inference.scans import Outcome, Read, ScanPredictor, Skipped, predict_files
+from heatmap3d.io.destination import Destination
 from heatmap3d.log import get_logger
 from heatmap3d.predictions import resume
 from heatmap3d.predictions.tables import CohortTables, write_tables
@@ -56,14 +57,13 @@ class Job:
 
     scans: list[Path]
     stems: dict[Path, str]
-    out: Path
+    out: Destination  # the prediction folder; out.replace: --overwrite
     model: str  # resume.model_identity
     names: Callable[[str], list[str]]  # stem -> its output file names
     workers: int
     series: str | None
     keep_heatmaps: bool
     keep_raw: bool
-    overwrite: bool
     shard: tuple[int, int] = (0, 1)
     then: Callable[[], str] | None = None  # rank 0, after the tables (the HTML report)
     nifti_frame: str | None = None  # the frame to trust where a NIfTI's two disagree
@@ -94,7 +94,7 @@ def run_cohort(
     share = [job.scans[i] for i in distributed.my_share(len(job.scans), world, job.shard)]
     report = RankReport(world.rank, len(share))
     for scan in share:
-        resume.remove_stale(job.out, job.stems[scan], job.names(job.stems[scan]))
+        resume.remove_stale(job.out.folder, job.stems[scan], job.names(job.stems[scan]))
 
     def work() -> RankReport:
         _predict_share(job, world, predictor, write, share, report)
@@ -114,7 +114,7 @@ def run_cohort(
     except KeyboardInterrupt:
         done = len(report.predicted) + len(report.skipped)
         raise Interrupted(
-            f"predict interrupted: {done} of {len(share)} scan(s) done in {job.out} "
+            f"predict interrupted: {done} of {len(share)} scan(s) done in {job.out.folder} "
             f"({len(report.predicted)} predicted now); rerun the same command to finish"
         ) from None
     _finish(job, world, reports)
@@ -132,8 +132,9 @@ def _predict_share(
 
     def is_current(scan: Path, sha: str) -> bool:
         stem = job.stems[scan]
-        return not job.overwrite and resume.is_current(
-            job.out, stem, sha, job.model, job.names(stem)
+        # --overwrite predicts every scan again, current or not.
+        return not job.out.replace and resume.is_current(
+            job.out.folder, stem, sha, job.model, job.names(stem)
         )
 
     def reads() -> Iterator[tuple[Path, Outcome]]:
@@ -163,9 +164,7 @@ def _predict_share(
         scan, sha = hashes[stem]
         with _after_writing():  # Ctrl-C now: this scan's files and record first
             write(stem, pred, raw)
-            resume.write_record(
-                job.out, stem, scan, sha, job.model, job.names(stem), overwrite=job.overwrite
-            )
+            resume.write_record(job.out, stem, scan, sha, job.model, job.names(stem))
             # Counted inside: a Ctrl-C deferred to the block's end must find it counted.
             report.predicted.append(stem)
 
@@ -213,7 +212,7 @@ def _finish(job: Job, world: DistInfo, reports: list[RankReport]) -> None:
     def tables():
         if not whole or not done:  # no scan has outputs: no empty tables left behind
             return None, None
-        written = write_tables(job.out, done, overwrite=job.overwrite)
+        written = write_tables(job.out, done)
         return written, (job.then() if job.then is not None else None)
 
     written, then = distributed.main_then_broadcast(world, tables)
@@ -237,7 +236,7 @@ def _summary(
     every rank knows the same numbers."""
     predicted = sum(len(r.predicted) for r in reports)
     skipped = sum(len(r.skipped) for r in reports)
-    log.info(f"wrote {predicted} prediction(s) to {job.out}")
+    log.info(f"wrote {predicted} prediction(s) to {job.out.folder}")
     if predicted:  # the share of no work says nothing
         waits = ", ".join(
             f"rank {r.rank} {100 * r.waited_s / max(r.ran_s, 1e-9):.0f}% of {r.ran_s:.1f} s"
@@ -258,5 +257,5 @@ def _summary(
         share, count = job.shard
         log.info(
             f"share {share} of {count}: {what}; once every share has run: "
-            f"heatmap3d collect {job.out}"
+            f"heatmap3d collect {job.out.folder}"
         )

@@ -75,10 +75,11 @@ def split_forward(
 
     With ``torch.get_num_threads()`` = T > 1 and B >= 2 the batch (and ``rows``) is cut
     into min(T, B) shares along dim 0, each run by a 1-thread worker, and the outputs
-    concatenated; otherwise ``fn(x, *rows)`` as it is (CUDA tensors, one thread, one image).
+    concatenated; otherwise ``fn(x, *rows)`` as it is (CUDA tensors, one thread, one image,
+    or an ``fn`` with ``runs_own_threads``: onnxruntime spreads a batch over its own pool).
     """
     threads = min(torch.get_num_threads(), len(x))
-    if x.device.type != "cpu" or threads < 2:
+    if x.device.type != "cpu" or threads < 2 or getattr(fn, "runs_own_threads", False):
         return fn(x, *rows)
     grad = torch.is_grad_enabled()
 

@@ -27,7 +27,6 @@ that the first pass's landmarks show, whose landmarks are mapped back and return
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -38,14 +37,11 @@ from heatmap3d.heatmaps import gaussian_heatmaps
 from heatmap3d.inference.decode import decode_heatmaps
 from heatmap3d.inference.predictor import Prediction, Predictor
 from heatmap3d.inference.refine import Cascade, refine_landmarks
-from heatmap3d.io.json_file import load_json
 from heatmap3d.io.landmarks import Landmarks
-from heatmap3d.io.model_folder import ModelFolder, read_model_folder
 from heatmap3d.review.basis import ReviewBasis
 from heatmap3d.review.calibration import Calibration
 from heatmap3d.review.pose import Pose
 from heatmap3d.review.shape import ShapeModel
-from heatmap3d.review.shape_file import shape_from_dict
 
 DEFAULT_REVIEW_RADIUS_MM = 5.0
 MIN_CONFIDENCE = 0.25  # the signal's divisor never below this: a faint peak is not infinitely bad
@@ -276,68 +272,3 @@ def _gaussian_around(shape, spacing, centre: np.ndarray, sigma_mm: float) -> tor
     at = torch.as_tensor(np.asarray(centre, dtype=np.float64).reshape(1, 1, 3))
     spacing = tuple(float(sp) for sp in spacing)
     return gaussian_heatmaps(at, tuple(shape), sigma=sigma_mm, spacing=spacing)[0, 0]
-
-
-def load_pipeline(
-    folder: Path,
-    device: torch.device,
-    *,
-    review_radius_mm: float = DEFAULT_REVIEW_RADIUS_MM,
-    mirror: bool = True,
-    pose: bool = True,
-) -> Pipeline:
-    """The model of a model folder (``heatmap3d predict --model``): its stages' ensembles,
-    a cascade when there are two, its shape model, calibration and pose when it has them.
-    ``mirror=False`` turns test-time mirroring off (``--no-mirror``), ``pose=False`` the
-    pose pass (``--no-pose``)."""
-    found = read_model_folder(folder)
-    stages = [Predictor.from_checkpoints(paths, device) for _, paths in found.stages]
-    if not mirror:
-        for stage in stages:
-            stage.settings = dataclasses.replace(stage.settings, mirror_axis=-1)
-    if len(stages) > 2:
-        raise InputError(f"{folder}: {len(stages)} stages; prediction runs one or two")
-    model = stages[0] if len(stages) == 1 else Cascade(stages[0], stages[1])
-    shape, calibration, posed = read_extras(found)
-    names = list(stages[0].names)
-    extras = ((shape, found.shape), (calibration, found.calibration), (posed, found.pose))
-    for part, path in extras:
-        if part is not None and list(part.names) != names:  # named here: Pipeline cannot
-            raise InputError(
-                f"{path}: 'names' {list(part.names)[:6]} are not the model's landmarks "
-                f"{names[:6]}{' ...' if len(names) > 6 else ''}"
-            )
-    return Pipeline(
-        model,
-        shape,
-        calibration,
-        review_radius_mm=review_radius_mm,
-        pose=posed if pose else None,
-    )
-
-
-def read_extras(found: ModelFolder) -> tuple[ShapeModel | None, Calibration | None, Pose | None]:
-    """The shape model, calibration and pose a model folder lists (None where it lists none).
-
-    Each is read through :func:`~heatmap3d.io.json_file.load_json` and checked by its
-    ``from_dict``; any problem is one :class:`InputError` line naming the file (and key).
-    """
-    shape = calibration = None
-    if found.shape is not None:
-        doc = load_json(found.shape, what="shape model")
-        shape = _from_doc(shape_from_dict, doc, found.shape)
-    if found.calibration is not None:
-        doc = load_json(found.calibration, what="calibration")
-        calibration = _from_doc(Calibration.from_dict, doc, found.calibration)
-    pose = None
-    if found.pose is not None:
-        pose = _from_doc(Pose.from_dict, load_json(found.pose, what="pose"), found.pose)
-    return shape, calibration, pose
-
-
-def _from_doc(build, doc, path: Path):
-    """``build(doc)`` (a ``from_dict``), its ValueError one line naming ``path``."""
-    try:
-        return build(doc)
-    except (ValueError, np.linalg.LinAlgError) as err:
-        raise InputError(f"{path}: {' '.join(str(err).split())}") from None

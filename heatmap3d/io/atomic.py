@@ -5,7 +5,8 @@ to a temporary file in the same folder, is flushed to disk, gets the permissions
 ordinary file would get (``0o666`` minus the umask, so a shared group can read
 checkpoints and cache entries where the umask allows it), and is renamed over the target.
 A process killed mid-write leaves the previous file intact and a temporary file named
-``.<name>.<random>.tmp`` behind (see :func:`remove_stale`).
+``.<name>.<random>.tmp`` behind (see :func:`remove_stale`). Whether a file may be
+written over at all is decided before, by :meth:`heatmap3d.io.destination.Destination.check`.
 """
 
 from __future__ import annotations
@@ -16,9 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
 
-from heatmap3d.errors import InputError
-
-__all__ = ["atomic_write", "atomic_write_bytes", "refuse_foreign", "remove_stale", "umask"]
+__all__ = ["atomic_write", "atomic_write_bytes", "remove_stale", "umask"]
 
 
 def umask() -> int:
@@ -67,25 +66,3 @@ def remove_stale(path: str | Path) -> None:
     path = Path(path)
     for stale in path.parent.glob(f".{path.name}.*.tmp"):
         stale.unlink(missing_ok=True)
-
-
-def refuse_foreign(
-    path: str | Path,
-    ours: Callable[[Path], bool],
-    *,
-    overwrite: bool = False,
-    folder: str,
-    foreign: str,
-) -> None:
-    """The rule every writer follows before it writes ``path``: never replace a file
-    heatmap3d did not write (or one a person edited since, as ``ours`` judges).
-
-    InputError ``"<path>: is a folder; <folder>"`` for a folder in the way (even with
-    ``overwrite``), and ``"<path>: <foreign>"`` for a file or link there that ``ours`` does
-    not recognise, unless ``overwrite``.
-    """
-    path = Path(path)
-    if path.is_dir():
-        raise InputError(f"{path}: is a folder; {folder}")
-    if (path.exists() or path.is_symlink()) and not overwrite and not ours(path):
-        raise InputError(f"{path}: {foreign}")

@@ -5,11 +5,11 @@
 ``data.manifest`` is set (:func:`read_manifest`).
 
 The manifest is written like every output of the tool: atomically, and never over a file
-heatmap3d did not write unless ``overwrite`` (``--overwrite``). A manifest carries
-``"written_by": "heatmap3d <version>"`` and the SHA-256 of its own content (without that
-field): one whose content still matches is ours and may be replaced; one edited by hand,
-or any other file (``split.json``, an image, a landmark file), is not
-(:func:`check_manifest_target`).
+heatmap3d did not write without ``--overwrite`` (:mod:`heatmap3d.io.destination`). A
+manifest carries ``"written_by": "heatmap3d <version>"`` and the SHA-256 of its own
+content (without that field): one whose content still matches is ours and may be
+replaced; one edited by hand, or any other file (``split.json``, an image, a landmark
+file), is not (:func:`check_manifest_target`).
 """
 
 from __future__ import annotations
@@ -23,8 +23,9 @@ from typing import Any
 
 from heatmap3d import __version__
 from heatmap3d.errors import InputError
-from heatmap3d.io.atomic import atomic_write_bytes, refuse_foreign
+from heatmap3d.io.atomic import atomic_write_bytes
 from heatmap3d.io.case_ids import checked_case_ids
+from heatmap3d.io.destination import Destination
 from heatmap3d.io.json_file import load_json
 from heatmap3d.io.layout import Case
 
@@ -55,13 +56,13 @@ def is_our_manifest(path: str | Path) -> bool:
     )
 
 
-def check_manifest_target(path: str | Path, overwrite: bool = False) -> None:
-    """Raise :class:`InputError` when writing a manifest to ``path`` would replace a file
-    heatmap3d did not write (or a manifest edited since); a folder is always refused."""
-    refuse_foreign(
-        path,
+def check_manifest_target(out: Destination, name: str) -> Path:
+    """The manifest's path ``out/name``; :class:`InputError` when writing it would replace
+    a file heatmap3d did not write (or a manifest edited since) and ``out`` does not say
+    to; a folder is always refused."""
+    return out.check(
+        name,
         is_our_manifest,
-        overwrite=overwrite,
         folder="the manifest is a file",
         foreign="exists and is not a manifest heatmap3d wrote (or was edited since); "
         "refusing to replace it (choose another --manifest, or use --overwrite)",
@@ -69,14 +70,15 @@ def check_manifest_target(path: str | Path, overwrite: bool = False) -> None:
 
 
 def write_manifest(
-    path: str | Path,
+    out: Destination,
+    name: str,
     *,
     root: Path,
     names: list[str],
     splits: dict[str, list[Case]],
-    overwrite: bool = False,
-) -> None:
-    """Write a checked dataset as JSON: absolute paths, landmark names, check time.
+) -> Path:
+    """Write a checked dataset as JSON to ``out/name``: absolute paths, landmark names,
+    check time; the path.
 
     Only :func:`heatmap3d.api.dataset_check.run_check` calls it, for a dataset without errors.
 
@@ -89,11 +91,11 @@ def write_manifest(
 
     plus ``written_by`` and ``sha256`` (see the module doc).
 
-    Raises :class:`InputError` when the file cannot be written, or when ``path`` holds a
-    file that is not our manifest and ``overwrite`` is False. Written atomically.
+    Raises :class:`InputError` when the file cannot be written, or when ``out/name`` holds
+    a file that is not our manifest and ``out`` does not say to replace it. Written
+    atomically.
     """
-    path = Path(path)
-    check_manifest_target(path, overwrite)
+    path = check_manifest_target(out, name)
     entries = {
         name: [
             {"id": c.case_id, "image": _absolute(c.image), "landmarks": _absolute(c.landmarks)}
@@ -114,6 +116,7 @@ def write_manifest(
         atomic_write_bytes(path, (json.dumps(doc, indent=2) + "\n").encode())
     except OSError as err:
         raise InputError(f"{path}: cannot write the manifest ({err.strerror})") from None
+    return path
 
 
 def read_manifest(path: str | Path) -> tuple[list[str], dict[str, list[Case]]]:

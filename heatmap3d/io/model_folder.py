@@ -17,6 +17,12 @@ runs/<name>`` reads::
 A stage's checkpoints are the members of its ensemble (one for a single model). Paths are
 relative to the folder, so it can be moved or copied whole. Format 1 (one ``checkpoint``
 per stage, no shape model or calibration) is still read.
+
+Format 3 is an export for prediction only (``heatmap3d export``): each stage lists its
+members' ``weights`` (safetensors: tensors, no pickle, no optimizer state) and states its
+resolved ``config``; the folder states its ``landmarks``, the ``heatmap3d`` version that
+wrote it, its model card (``MODEL.md``) and, when exported with ``--onnx``, each member's
+network as ONNX (``onnx``: the files per stage, and the ``opset``).
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ from heatmap3d.io.json_file import load_json
 
 MODEL_FILE = "model.json"
 FORMAT = 2
+EXPORT_FORMAT = 3
 
 
 @dataclass(frozen=True)
@@ -41,6 +48,8 @@ class StageEntry:
     name: str
     role: str
     checkpoints: tuple[str, ...]
+    config: dict | None = None  # an export's: the stage's resolved config (format 3)
+    onnx: tuple[str, ...] = ()  # an export's ONNX networks, one per member (--onnx)
 
 
 @dataclass(frozen=True)
@@ -53,6 +62,12 @@ class ModelFolder:
     shape: Path | None = None
     calibration: Path | None = None
     pose: Path | None = None
+    landmarks: tuple[str, ...] = ()  # an export's (format 3)
+
+    @property
+    def exported(self) -> bool:
+        """True for an export (weights and configs), False for a training folder."""
+        return self.stages[0][0].config is not None
 
 
 def write_model_folder(
@@ -100,23 +115,35 @@ def read_model_folder(folder: Path) -> ModelFolder:
         raise InputError(f"{path}: expected a JSON object, got {type(doc).__name__}")
     stages = _stages(path, doc)
     if not stages:
-        raise InputError(f"{path}: lists no stages (or is not format 1 or {FORMAT})")
+        formats = f"1, {FORMAT} or {EXPORT_FORMAT}"
+        raise InputError(f"{path}: lists no stages (or is not format {formats})")
     found = []
     for stage in stages:
         paths = [_inside(folder, c, f"stage {stage.name!r}") for c in stage.checkpoints]
-        for checkpoint in paths:
+        for checkpoint in paths + [_inside(folder, c, "onnx") for c in stage.onnx]:
             if not checkpoint.is_file():
-                raise InputError(f"{checkpoint}: checkpoint of stage {stage.name!r} not found")
+                raise InputError(f"{checkpoint}: a file of stage {stage.name!r} is missing")
         found.append((stage, paths))
     extras = {key: _optional(folder, doc.get(key), key) for key in ("shape", "calibration", "pose")}
-    return ModelFolder(folder, found, **extras)
+    landmarks = _landmarks(path, doc) if doc.get("format") == EXPORT_FORMAT else ()
+    return ModelFolder(folder, found, **extras, landmarks=landmarks)
+
+
+def _landmarks(path: Path, doc: dict) -> tuple[str, ...]:
+    """An export's landmark names; InputError naming ``path`` when malformed."""
+    names = doc.get("landmarks")
+    if not isinstance(names, list) or not names or not all(_is_name(n) for n in names):
+        raise InputError(f"{path}: 'landmarks' must be a list of landmark names")
+    if len(set(names)) != len(names):
+        raise InputError(f"{path}: 'landmarks' names a landmark twice")
+    return tuple(names)
 
 
 def _stages(path: Path, doc: dict) -> list[StageEntry]:
     """The stages ``doc`` lists (empty for an unknown format); InputError naming ``path``
     and the key for a malformed one."""
     version = doc.get("format")
-    if version not in (1, FORMAT) or isinstance(version, bool):
+    if version not in (1, FORMAT, EXPORT_FORMAT) or isinstance(version, bool):
         return []
     entries = doc.get("stages")
     if not isinstance(entries, list):
@@ -129,12 +156,26 @@ def _stages(path: Path, doc: dict) -> list[StageEntry]:
         name, role = entry.get("name"), entry.get("role")
         if not isinstance(name, str) or not isinstance(role, str):
             raise InputError(f"{where}: 'name' and 'role' must be strings")
-        found = [entry.get("checkpoint")] if version == 1 else entry.get("checkpoints")
+        key = {1: "checkpoint", FORMAT: "checkpoints", EXPORT_FORMAT: "weights"}[version]
+        found = [entry.get(key)] if version == 1 else entry.get(key)
         if not isinstance(found, list) or not found or not all(_is_name(c) for c in found):
-            key = "checkpoint" if version == 1 else "checkpoints"
             raise InputError(f"{where}: '{key}' must name checkpoint files (non-empty strings)")
-        stages.append(StageEntry(name, role, tuple(found)))
+        stages.append(StageEntry(name, role, tuple(found), *_exported(where, entry, version)))
     return stages
+
+
+def _exported(where: str, entry: dict, version: int) -> tuple[dict | None, tuple[str, ...]]:
+    """A format-3 stage's config and ONNX files (None and none for a training folder)."""
+    if version != EXPORT_FORMAT:
+        return None, ()
+    config, onnx = entry.get("config"), entry.get("onnx", [])
+    if not isinstance(config, dict):
+        raise InputError(f"{where}: 'config' must be the stage's config (an object)")
+    if not isinstance(onnx, list) or not all(_is_name(c) for c in onnx):
+        raise InputError(f"{where}: 'onnx' must name ONNX files (non-empty strings)")
+    if onnx and len(onnx) != len(entry["weights"]):
+        raise InputError(f"{where}: 'onnx' must name one file per member of 'weights'")
+    return config, tuple(onnx)
 
 
 def _is_name(value: object) -> bool:

@@ -1,5 +1,5 @@
 """PNG files the tool writes (snapshots, report tiles and plots): marked as heatmap3d's, never
-replacing a file it did not write, atomic (:mod:`heatmap3d.io.provenance`)."""
+replacing a file it did not write (:mod:`heatmap3d.io.destination`), atomic."""
 
 from __future__ import annotations
 
@@ -11,22 +11,24 @@ from PIL.PngImagePlugin import PngInfo
 
 from heatmap3d.errors import InputError, one_line
 from heatmap3d.io.atomic import atomic_write
-from heatmap3d.io.provenance import MARKER, check_overwrite
+from heatmap3d.io.destination import Destination
+from heatmap3d.io.provenance import MARKER
 
 __all__ = ["write_png"]
 
 
-def write_png(path: str | Path, rgb: np.ndarray, *, overwrite: bool = False) -> Path:
-    """Save uint8 ``(H, W, 3)`` ``rgb`` as a PNG marked as heatmap3d's (``Software``).
+def write_png(out: Destination | str | Path, name: str, rgb: np.ndarray) -> Path:
+    """Save uint8 ``(H, W, 3)`` ``rgb`` as ``out/name``, a PNG marked as heatmap3d's
+    (``Software``); the path.
 
-    Refuses (:class:`InputError`) to replace a file heatmap3d did not write unless
-    ``overwrite`` (:func:`heatmap3d.io.provenance.check_overwrite`); atomic.
+    Refuses (:class:`InputError`) to replace a file heatmap3d did not write unless ``out``
+    says so (:meth:`~heatmap3d.io.destination.Destination.check`; a plain folder never
+    does); atomic. Creates the folder.
     """
-    path = Path(path)
     image = np.asarray(rgb)
     if image.dtype != np.uint8 or image.ndim != 3 or image.shape[2] != 3:
         raise ValueError(f"expected uint8 (H, W, 3), got {image.dtype} {image.shape}")
-    check_overwrite(path, overwrite)
+    path = Destination.of(out).check(name)
     info = PngInfo()
     info.add_text("Software", MARKER)
     picture = Image.fromarray(image)

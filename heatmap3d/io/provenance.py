@@ -2,7 +2,8 @@
 
 Predictions are often written next to a user's own files (ground truth named like the
 scan, ``case001.csv``). Every file written here carries a marker, and an existing target
-without one is never replaced unless ``overwrite=True`` (``--overwrite``):
+without one is never replaced without ``--overwrite`` (the rule every writer follows:
+:meth:`heatmap3d.io.destination.Destination.check`):
 
 * CSV: the ``written_by`` column, ``heatmap3d <version>`` on every row. (A comment line
   would be neater, but the CSV reader takes the line after ``# coordinate_system`` as the
@@ -35,11 +36,11 @@ import nibabel as nib
 
 from heatmap3d import __version__
 from heatmap3d.errors import InputError, one_line
-from heatmap3d.io.atomic import atomic_write_bytes, refuse_foreign
+from heatmap3d.io.atomic import atomic_write_bytes
 from heatmap3d.io.json_file import read_text
 from heatmap3d.io.seal import seal, seal_state
 
-__all__ = ["MARKER", "NIFTI_MARKER", "check_overwrite", "is_ours", "write_sealed"]
+__all__ = ["MARKER", "NIFTI_MARKER", "is_ours", "write_sealed"]
 
 MARKER = f"heatmap3d {__version__}"
 """Provenance text in files written here (CSV column, JSON key, PNG ``Software`` chunk)."""
@@ -99,22 +100,6 @@ def _csv_is_ours(path: Path) -> bool:
     if "written_by" not in (reader.fieldnames or []):
         return False
     return all(str(row["written_by"]).startswith("heatmap3d ") for row in reader)
-
-
-def check_overwrite(path: str | Path, overwrite: bool = False) -> None:
-    """Raise :class:`InputError` when writing ``path`` would replace a file that is not ours.
-
-    Nothing there, or a file heatmap3d wrote, or ``overwrite=True``: fine. A folder in the
-    way is refused even with ``overwrite``.
-    """
-    refuse_foreign(
-        path,
-        is_ours,
-        overwrite=overwrite,
-        folder="cannot write a file there",
-        foreign="exists and was not written by heatmap3d; refusing to overwrite it "
-        "(use --overwrite)",
-    )
 
 
 def write_sealed(path: Path, text: str) -> None:

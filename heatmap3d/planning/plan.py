@@ -18,12 +18,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from heatmap3d.planning.fingerprint import Fingerprint
 from heatmap3d.planning.pairs import find_mirror_pairs, geometric_pairs
+from heatmap3d.planning.priors import AUTO, choose_prior
 from heatmap3d.planning.sizing import (
     BATCH,
     DEPTH,
@@ -314,10 +316,13 @@ def make_plan(
     memory_gb: float | None = None,
     budget_minutes: float = 60.0,
     descriptions: dict[str, str] | None = None,
+    shape_prior: str | Path | None = AUTO,
 ) -> Plan:
     """The stages for ``fp`` on ``device`` ("cpu" or "cuda") within ``memory_gb``
     (default :func:`default_memory_gb`). ``budget_minutes`` only appears in the notes:
-    the runner splits the total by each stage's ``budget_share``."""
+    the runner splits the total by each stage's ``budget_share``. ``shape_prior``: the
+    population prior every stage gets (:func:`heatmap3d.planning.priors.choose_prior`:
+    by default the packaged one of a recognised landmark set)."""
     memory = default_memory_gb(device) if memory_gb is None else memory_gb
     pairs, how = choose_pairs(fp, descriptions)
     coarse, coarse_mm, _ = coarse_stage(fp, device, memory, pairs, how, 1.0)
@@ -336,5 +341,12 @@ def make_plan(
         )
     minutes = ", ".join(f"{s.name} {budget_minutes * s.budget_share:g}" for s in stages)
     notes.append(f"with a {budget_minutes:g}-minute budget: {minutes} minutes")
+    prior = choose_prior(fp, shape_prior)
+    if prior is not None:
+        value, why = prior
+        for stage in stages:
+            stage.config.setdefault("train", {})["shape_prior"] = value
+            stage.reasons["train.shape_prior"] = why
+        notes.append(f"shape prior: {value} (train.shape_prior says why)")
     notes.append(ONE_MODEL_WHY)
     return Plan(stages, pairs, how, notes)

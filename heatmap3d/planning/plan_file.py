@@ -34,6 +34,7 @@ from heatmap3d.config import Config, apply_override, from_dict
 from heatmap3d.errors import InputError, first_line
 from heatmap3d.io.atomic import atomic_write_bytes
 from heatmap3d.io.case_ids import case_id_problem
+from heatmap3d.io.destination import Destination
 from heatmap3d.io.json_file import read_text
 from heatmap3d.io.yaml_file import load_yaml
 from heatmap3d.planning.fingerprint import Fingerprint
@@ -292,12 +293,15 @@ _ADVICE = {
 }
 
 
-def check_plan_out(out: Path, *, overwrite: bool) -> str | None:
-    """None when ``out`` is free; what is there, in words, when ``overwrite`` lets the plan
-    replace it; else InputError, one line naming ``out``, saying what it is (a plan
-    heatmap3d wrote, one someone edited since, a file heatmap3d did not write, a link),
-    what to do instead and what ``--overwrite`` would destroy. A folder, FIFO, socket or
-    device is refused even with ``overwrite``."""
+def check_plan_out(where: Destination, name: str) -> str | None:
+    """None when ``where/name`` (``out``, the plan ``heatmap3d plan`` writes) is free; what
+    is there, in words, when ``where.replace`` (``--overwrite``) lets the plan replace it;
+    else InputError, one line naming ``out``, saying what it is (a plan heatmap3d wrote,
+    one someone edited since, a file heatmap3d did not write, a link), what to do instead
+    and what ``--overwrite`` would destroy. A folder, FIFO, socket or device is refused
+    even with ``--overwrite``. (Stricter than :meth:`Destination.check`: without
+    ``--overwrite`` an unchanged plan of ours is kept too.)"""
+    out = where / name
     state = plan_state(out)
     if state == "absent":
         return None
@@ -305,6 +309,6 @@ def check_plan_out(out: Path, *, overwrite: bool) -> str | None:
         raise InputError(f"{out}: is a folder; the plan is a file (give --out a file name)")
     if state == "special":
         raise InputError(f"{out}: {PLAN_STATES[state]}; give --out a file name")
-    if overwrite:
+    if where.replace:
         return PLAN_STATES[state]
     raise InputError(f"{out}: exists, {PLAN_STATES[state]}; not replaced: {_ADVICE[state]}")

@@ -29,6 +29,7 @@ from typing import Any
 from heatmap3d.data.cache import content_hash
 from heatmap3d.errors import InputError, one_line
 from heatmap3d.io import atomic
+from heatmap3d.io.destination import Destination
 from heatmap3d.io.json_file import load_json
 from heatmap3d.io.provenance import MARKER
 
@@ -123,26 +124,23 @@ def is_current(out: Path, stem: str, input_sha: str, model: str, names: list[str
 
 
 def write_record(
-    out: Path,
+    dest: Destination | Path,
     stem: str,
     scan: Path,
     input_sha: str,
     model: str,
     names: list[str],
-    *,
-    overwrite: bool = False,
 ) -> None:
-    """Record that ``names`` (written just now) were made by ``model`` from ``scan``.
+    """Record that ``names`` in ``dest`` (written just now) were made by ``model`` from
+    ``scan``.
 
     A file in the record's place that is not a record of ours is refused (InputError),
-    as any foreign file, unless ``overwrite``.
+    as any foreign file, unless ``dest`` says to replace it; a folder there always is.
     """
-    path = record_path(out, stem)
-    if path.exists() and not overwrite and read_record(out, stem) is None:
-        raise InputError(
-            f"{path}: exists and was not written by heatmap3d; refusing to overwrite it "
-            "(use --overwrite)"
-        )
+    dest = Destination.of(dest)
+    out = dest.folder
+    # record_path(out, stem), by the rule every writer follows (ours: a record of ours).
+    path = dest.sub(RECORDS).check(f"{stem}.json", lambda _: read_record(out, stem) is not None)
     doc = {
         "written_by": MARKER,
         "scan": str(scan),

@@ -41,9 +41,10 @@ Per scan, :func:`write_prediction` writes two landmark files and :func:`write_he
 Provenance and overwriting
 --------------------------
 Every file written here carries heatmap3d's marker, and an existing target without one
-is never replaced unless ``overwrite=True`` (``--overwrite``): the rule, the markers and
-their seals are in :mod:`heatmap3d.io.provenance` (re-exported here: ``MARKER``,
-``NIFTI_MARKER``, :func:`is_ours`, :func:`check_overwrite`).
+is never replaced unless the :class:`~heatmap3d.io.destination.Destination` written into
+says so (``--overwrite``): the markers and their seals are in
+:mod:`heatmap3d.io.provenance` (re-exported here: ``MARKER``, ``NIFTI_MARKER``,
+:func:`is_ours`), the rule in :meth:`~heatmap3d.io.destination.Destination.check`.
 
 Landmark names are written as spreadsheet-safe cells (a name such as ``=HYPERLINK(...)``
 gets a leading ``'``: :func:`~heatmap3d.io.landmark_fields.spreadsheet_safe`); the
@@ -64,17 +65,17 @@ import numpy as np
 from heatmap3d.errors import InputError, one_line
 from heatmap3d.geometry import Volume, resample_to_grid
 from heatmap3d.io.atomic import atomic_write
+from heatmap3d.io.destination import Destination
 from heatmap3d.io.landmark_fields import LPS_FLIP
 from heatmap3d.io.landmark_formats import WRITERS, csv_table
 from heatmap3d.io.landmarks import Landmarks
-from heatmap3d.io.provenance import MARKER, NIFTI_MARKER, check_overwrite, is_ours, write_sealed
+from heatmap3d.io.provenance import MARKER, NIFTI_MARKER, is_ours, write_sealed
 from heatmap3d.review.basis import ReviewBasis
 
 __all__ = [
     "BASIS_COLUMNS",
     "MARKER",
     "NIFTI_MARKER",
-    "check_overwrite",
     "is_ours",
     "review_flags",
     "write_heatmaps",
@@ -111,7 +112,7 @@ def review_flags(
 
 
 def write_prediction(
-    out_dir: Path,
+    out: Destination | Path,
     stem: str,
     landmarks: Landmarks,
     confidence: np.ndarray,
@@ -120,9 +121,9 @@ def write_prediction(
     status: Sequence[str] | None = None,
     review_below: float = 0.5,
     basis: ReviewBasis | None = None,
-    overwrite: bool = False,
 ) -> list[Path]:
-    """Write ``<stem>.csv`` (RAS) and ``<stem>.mrk.json`` (Slicer, LPS) into ``out_dir``.
+    """Write ``<stem>.csv`` (RAS) and ``<stem>.mrk.json`` (Slicer, LPS) into ``out`` (a
+    :class:`~heatmap3d.io.destination.Destination`, or a folder: replace only our files).
 
     ``landmarks``: world RAS mm, NaN rows missing; ``confidence`` ``(N,)`` in [0, 1];
     ``radius_mm`` ``(N,)`` the expected error radius (NaN: none stated);
@@ -134,12 +135,10 @@ def write_prediction(
     Landmarks missing, below ``review_below`` or not ``ok`` are flagged for review (see the
     module docstring for how). Both targets are checked before either is written, so a
     refusal (:class:`InputError`, a foreign file in the way) leaves nothing half done.
-    Creates ``out_dir``. Returns the two paths.
+    Creates the folder. Returns the two paths.
     """
-    out_dir = Path(out_dir)
-    paths = [out_dir / f"{stem}.csv", out_dir / f"{stem}.mrk.json"]
-    for path in paths:
-        check_overwrite(path, overwrite)
+    out = Destination.of(out)
+    paths = [out.check(f"{stem}.csv"), out.check(f"{stem}.mrk.json")]
     conf = np.asarray(confidence, dtype=np.float64).reshape(-1)
     n = len(landmarks.names)
     radius = np.full(n, np.nan) if radius_mm is None else np.asarray(radius_mm, float).reshape(n)
@@ -160,7 +159,7 @@ def write_prediction(
         _csv_text(landmarks, conf, radius, status, review, basis),
         _markups_text(landmarks, conf, radius, status, review, review_below, basis),
     ]
-    out_dir.mkdir(parents=True, exist_ok=True)
+    out.folder.mkdir(parents=True, exist_ok=True)
     for path, text in zip(paths, texts, strict=True):
         write_sealed(path, text)
     return paths
@@ -240,15 +239,15 @@ def _flag_control_point(
 
 
 def write_heatmaps(
-    path: Path,
+    out: Destination | Path,
+    name: str,
     heatmaps: np.ndarray,
     affine: np.ndarray,
     scan_affine: np.ndarray,
     scan_shape: Sequence[int],
-    *,
-    overwrite: bool = False,
 ) -> Path:
-    """Save heatmaps on the scan's own grid as one 4D NIfTI ``(I, J, K, C)`` float32.
+    """Save heatmaps on the scan's own grid as ``out/name``, one 4D NIfTI ``(I, J, K, C)``
+    float32.
 
     ``heatmaps`` ``(C, I', J', K')`` lie on the grid ``affine`` (the preprocessed grid,
     voxel -> world RAS mm); each channel is resampled (trilinear, zero outside) onto the
@@ -256,11 +255,10 @@ def write_heatmaps(
     :func:`heatmap3d.geometry.resample_to_grid`, so the file overlays the scan voxel for
     voxel in any viewer. Channel ``c`` is the ``c``-th landmark, in the order of the
     prediction's CSV rows. sform and qform are the scan's affine with code 2 (aligned).
-    ``.nii`` or ``.nii.gz`` by the name of ``path``. Same overwrite rule as
-    :func:`write_prediction`. Returns ``path``.
+    ``.nii`` or ``.nii.gz`` by ``name``. Same rule for a file in the way as
+    :func:`write_prediction`. Returns the path.
     """
-    path = Path(path)
-    check_overwrite(path, overwrite)
+    path = Destination.of(out).check(name)
     maps = np.asarray(heatmaps, dtype=np.float32)
     if maps.ndim != 4:
         raise ValueError(f"heatmaps must be (C, I, J, K), got shape {maps.shape}")

@@ -42,8 +42,9 @@ from pathlib import Path
 
 from heatmap3d.errors import InputError, one_line
 from heatmap3d.io.atomic import atomic_write_bytes, remove_stale
+from heatmap3d.io.destination import Destination
 from heatmap3d.io.landmark_fields import spreadsheet_safe
-from heatmap3d.io.provenance import MARKER, check_overwrite
+from heatmap3d.io.provenance import MARKER, is_ours
 from heatmap3d.io.seal import seal, seal_state
 from heatmap3d.predictions.reading import TABLE_HEAD, TABLES, table_rows
 from heatmap3d.predictions.resume import RECORDS, complete_records, mixed_models
@@ -149,22 +150,21 @@ def _csv_text(rows: list[dict[str, str]]) -> bytes:
     return seal(out.getvalue(), MARKER).encode("utf-8")
 
 
-def check_tables(out: Path, overwrite: bool = False) -> list[Path]:
-    """The two tables' paths in ``out``; InputError when one in the way is not ours."""
-    paths = [Path(out) / name for name in TABLES]
-    for path in paths:
-        if not is_cohort_table(path):  # the rule every writer follows, for anything else
-            check_overwrite(path, overwrite)
-    return paths
+def check_tables(out: Destination | Path) -> list[Path]:
+    """The two tables' paths in ``out``; InputError when one in the way is not ours and
+    ``out`` does not say to replace it (a plain folder never does)."""
+    out = Destination.of(out)
+    # Our tables, or the rule every writer follows (is_ours) for anything else.
+    return [out.check(name, lambda p: is_cohort_table(p) or is_ours(p)) for name in TABLES]
 
 
-def write_tables(out: Path, stems: list[str], *, overwrite: bool = False) -> CohortTables:
+def write_tables(out: Destination | Path, stems: list[str]) -> CohortTables:
     """Write ``out/landmarks.csv`` and ``out/review.csv`` from the scans ``stems`` (in name
     order). A table in the way that heatmap3d did not write is refused (InputError) before
-    either is written, unless ``overwrite``."""
-    out = Path(out)
-    paths = check_tables(out, overwrite)
-    rows = [row for stem in sorted(set(stems)) for row in scan_rows(out, stem)]
+    either is written, unless ``out`` says to replace it."""
+    out = Destination.of(out)
+    paths = check_tables(out)
+    rows = [row for stem in sorted(set(stems)) for row in scan_rows(out.folder, stem)]
     flagged = worst_first(rows)
     for path, table in zip(paths, (rows, flagged), strict=True):
         remove_stale(path)  # one writer: the job's global rank 0, or collect
@@ -175,14 +175,16 @@ def write_tables(out: Path, stems: list[str], *, overwrite: bool = False) -> Coh
     return CohortTables(len(stems), len(rows), len(flagged), bases(rows))
 
 
-def collect(out: Path, *, overwrite: bool = False) -> str:
-    """``heatmap3d collect P``: the tables of every scan predicted into ``P`` whose outputs
-    are current (by whichever jobs: the shares of a SLURM array), and a summary line.
+def collect(dest: Destination | Path) -> str:
+    """``heatmap3d collect P``: the tables of every scan predicted into ``P`` (``dest``)
+    whose outputs are current (by whichever jobs: the shares of a SLURM array), and a
+    summary line.
 
     InputError when ``P`` holds no predicted scan, or scans predicted by different
     models (or options): one table would mix them.
     """
-    out = Path(out)
+    dest = Destination.of(dest)
+    out = dest.folder
     if not out.is_dir():
         raise InputError(f"{out}: not a folder")
     records = complete_records(out)
@@ -197,7 +199,7 @@ def collect(out: Path, *, overwrite: bool = False) -> str:
             f"{out}: its scans were predicted by {mixed}; predict them again with one, or "
             "into separate folders"
         )
-    written = write_tables(out, list(records), overwrite=overwrite)
+    written = write_tables(dest, list(records))
     return (
         f"collected {written.scans} scan(s), {written.rows} landmark row(s); "
         f"{written.flagged} flagged for review: {out / TABLES[0]}, {out / TABLES[1]}\n"

@@ -62,7 +62,6 @@ import functools
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -70,6 +69,7 @@ from torch import Tensor
 
 from heatmap3d.config import AugmentConfig
 from heatmap3d.errors import InputError
+from heatmap3d.review.shape_file import read_prior
 from heatmap3d.training.tps import ThinPlateSpline, similarity_fit
 
 KERNEL = "r2logr"  # U(r) = r^2 log r, smooth at the landmarks ("r": the kinked 3D TPS)
@@ -283,9 +283,9 @@ def load_population(cfg: AugmentConfig, names: Sequence[str]) -> Tensor:
     if not cfg.anatomy_prior:
         raise InputError(
             "augment.anatomy needs augment.anatomy_prior: a prior file of "
-            "`heatmap3d shape fit FILES --out prior.json`"
+            "`heatmap3d shape fit FILES --out prior.json`, or a packaged prior's name (afids)"
         )
-    try:
+    try:  # a packaged prior (a name) is part of the install: no stamp needed
         info = os.stat(cfg.anatomy_prior)
         stamp = (info.st_mtime_ns, info.st_size)
     except OSError:
@@ -295,30 +295,15 @@ def load_population(cfg: AugmentConfig, names: Sequence[str]) -> Tensor:
 
 @functools.lru_cache(maxsize=4)
 def _read_population(path: str, stamp: tuple | None, names: tuple[str, ...]) -> Tensor:
-    from heatmap3d.io.json_file import load_json
-    from heatmap3d.review.shape_prior import KIND, PopulationShape
-
     key = "augment.anatomy_prior"
-    doc = load_json(Path(path), what=f"shape prior ({key})")
-    if not isinstance(doc, dict) or doc.get("kind") != KIND:
-        raise InputError(f"{path}: {key}: not a prior of heatmap3d shape fit")
-    try:
-        prior = PopulationShape.from_dict(doc)
-    except (ValueError, np.linalg.LinAlgError) as err:
-        raise InputError(f"{path}: {key}: {' '.join(str(err).split())}") from None
+    prior = read_prior(path, list(names), key=key)
     if prior.configurations is None:
         raise InputError(
             f"{path}: {key} keeps no configurations to draw people from (a prior written "
             "before they were kept, or a model folder's shape.json); fit it again with "
             "heatmap3d shape fit"
         )
-    missing = [n for n in names if n not in prior.names]
-    if missing:
-        raise InputError(
-            f"{path}: {key} lacks the landmark(s) {missing[:4]} of data.landmarks (it has "
-            f"{prior.names[:4]}...; fit it again with --names/--map)"
-        )
-    cases = prior.select(list(names)).configurations
+    cases = prior.configurations
     cases = cases[np.isfinite(cases).all(-1).sum(1) >= MIN_CONTROLS]
     if not len(cases):
         raise InputError(f"{path}: {key}: no configuration holds {MIN_CONTROLS} of the landmarks")

@@ -23,6 +23,7 @@ from heatmap3d.errors import InputError
 from heatmap3d.evaluation.metrics import LandmarkStats
 from heatmap3d.inference.pipeline import DEFAULT_REVIEW_RADIUS_MM, state
 from heatmap3d.io.atomic import atomic_write_bytes
+from heatmap3d.io.destination import Destination
 from heatmap3d.io.model_folder import StageEntry, write_model_folder
 from heatmap3d.log import get_logger
 from heatmap3d.planning.fingerprint import fingerprint_dataset
@@ -70,11 +71,13 @@ def train_dataset(
     model's statistics on held-out scans (on every rank).
     """
     base = load_config(None, overrides)  # bad overrides stop here, before any work
+    # The folder of model folders, and --overwrite's say over an earlier run there.
+    out = Destination(Path(base.train.out_dir), replace=overwrite)
     world = distributed.setup(
         base.train.device, timeout=distributed.timeout_minutes(base.train.timeout_min)
     )
     try:
-        stages, model_dir, plan_file = distributed.main_then_broadcast(
+        stages, model, plan_file = distributed.main_then_broadcast(
             world,
             lambda: _planned_stages(
                 data,
@@ -83,7 +86,7 @@ def train_dataset(
                 base,
                 world,
                 resume=resume,
-                overwrite=overwrite,
+                out=out,
                 cross_validate=folds > 0,
             ),
         )
@@ -91,12 +94,10 @@ def train_dataset(
         team = distributed.main_then_broadcast(
             world,
             lambda: plan_members(
-                Path(first.root), first.split_file, model_dir, members=members, folds=folds
+                Path(first.root), first.split_file, model.folder, members=members, folds=folds
             ),
         )
-        return run_stages(
-            world, stages, model_dir, plan_file, members=team, resume=resume, overwrite=overwrite
-        )
+        return run_stages(world, stages, model, plan_file, members=team, resume=resume)
     finally:
         distributed.teardown()
 
@@ -109,15 +110,16 @@ def _planned_stages(
     world: DistInfo,
     *,
     resume: bool = False,
-    overwrite: bool = False,
+    out: Destination,
     cross_validate: bool = False,
-) -> tuple[list[tuple[str, Config]], Path, Path]:
-    """Rank 0: the stage configs, the model folder and the plan file (written if new).
+) -> tuple[list[tuple[str, Config]], Destination, Path]:
+    """Rank 0: the stage configs, the model folder (in ``out``, by its rule) and the plan
+    file (written if new).
 
     Everything that could refuse the run is checked before anything is written: a dataset
     without validation cases unless ``cross_validate`` (``--folds``: the folds hold them),
     a model folder holding an earlier run's checkpoints (without ``resume`` or
-    ``overwrite``), and a ``plan.yaml`` there that a person edited (never replaced; it may
+    ``--overwrite``), and a ``plan.yaml`` there that a person edited (never replaced; it may
     be trained by with ``--plan``). A resumed run without a plan of the dataset goes on by
     the model folder's.
     """
@@ -125,11 +127,12 @@ def _planned_stages(
     if not (cross_validate or base.data.manifest):  # a manifest lists its own cases
         require_validation(root, base.data.split_file)
     named = sets_key(overrides, "train.name")
-    model_dir = Path(base.train.out_dir) / (base.train.name if named else root.resolve().name)
+    model = out.sub(base.train.name if named else root.resolve().name)
+    model_dir = model.folder
     if plan is None and (root / "plan.yaml").is_file():
         plan = root / "plan.yaml"
     record = model_dir / "plan.yaml"
-    if not (resume or overwrite):
+    if not (resume or model.replace):
         _refuse_earlier_run(model_dir)
     if plan is None or Path(plan).resolve() != record.resolve():
         check_plan_target(record)  # the copy _finish writes, or the new plan below
@@ -150,7 +153,7 @@ def _planned_stages(
     configs = stage_configs(
         read_plan(plan), data_root=root, overrides=overrides, budget_minutes=budget
     )
-    return configs, model_dir, plan
+    return configs, model, plan
 
 
 def _refuse_earlier_run(model_dir: Path) -> None:
@@ -175,21 +178,22 @@ def _refuse_earlier_run(model_dir: Path) -> None:
 def run_stages(
     world: DistInfo,
     stages: list[tuple[str, Config]],
-    model_dir: Path,
+    model: Destination,
     plan_file: Path | None = None,
     *,
     members: list[Member] | None = None,
     resume: bool = False,
-    overwrite: bool = False,
 ) -> list[LandmarkStats] | None:
-    """Train ``stages`` (name, config) of every member into ``model_dir`` in the process
-    group of ``world``; the statistics of the whole model on held-out scans (every rank).
+    """Train ``stages`` (name, config) of every member into the model folder ``model`` (by
+    its rule for an earlier run's checkpoints) in the process group of ``world``; the
+    statistics of the whole model on held-out scans (every rank).
 
     Each stage's run folder is ``model_dir/<member>/<name>`` (``model_dir/<name>`` for a
     lone model). ``plan_file`` is copied into the folder for the record. Members train one
     after the other (:mod:`heatmap3d.training.members`).
     """
     members = members or [Member("")]
+    model_dir = model.folder
     first = stages[0][1]
     if first.train.shape_prior:  # a bad prior is refused now, not after hours of training
         read_prior(first.train.shape_prior, list(first.data.landmarks) or None)
@@ -199,7 +203,8 @@ def run_stages(
         for name, cfg in stages:
             cfg = _in_folder(member_config(cfg, member, len(members)), model_dir, member, name)
             log.info(f"\nstage {name!r} ({cfg.model.role}): {Path(cfg.train.out_dir) / name}")
-            trainers.append(train(cfg, world, resume=resume, overwrite=overwrite))
+            # Where _in_folder put it: model_dir/<member>/<name> (model_dir/<name> alone).
+            trainers.append(train(cfg, world, resume=resume, out=model.sub(member.name)))
         runs.append(trainers)
     return _finish(runs, members, model_dir, plan_file, world)
 

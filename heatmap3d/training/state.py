@@ -20,6 +20,7 @@ from heatmap3d.checkpoint import Checkpoint
 from heatmap3d.config import Config, to_dict
 from heatmap3d.distributed import DistInfo
 from heatmap3d.errors import InputError
+from heatmap3d.io.destination import Destination
 from heatmap3d.log import get_logger
 from heatmap3d.model import UNet3D, build_model, set_layout
 
@@ -158,19 +159,20 @@ def check_run_dir(run_dir: Path) -> None:
         raise InputError(f"{run_dir}: the run folder is not writable")
 
 
-def claim_run_dir(run_dir: Path, overwrite: bool) -> None:
-    """Refuse to start a fresh run over an earlier run's checkpoints; ``overwrite`` removes
-    them instead. Global rank 0 decides (it alone writes the run folder).
+def claim_run_dir(run: Destination) -> None:
+    """Refuse to start a fresh run over an earlier run's checkpoints in the run folder;
+    ``run.replace`` (``--overwrite``) removes them instead. Global rank 0 decides (it alone
+    writes the run folder).
 
     Without this, a new run with the same ``train.name`` would replace a better ``best.pt``
     by a worse one without a word.
     """
-    earlier = [run_dir / n for n in ("best.pt", "last.pt") if (run_dir / n).exists()]
+    earlier = [run / n for n in ("best.pt", "last.pt") if (run / n).exists()]
     if not earlier:
         return
-    if not overwrite:
+    if not run.replace:
         raise InputError(
-            f"{run_dir}: holds checkpoints of an earlier run "
+            f"{run.folder}: holds checkpoints of an earlier run "
             f"({', '.join(p.name for p in earlier)}); continue it with --resume, choose "
             "another train.name, or replace it with --overwrite"
         )

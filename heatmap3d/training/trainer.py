@@ -24,6 +24,7 @@ from heatmap3d import distributed
 from heatmap3d.data.loaders import build_cache, training_loader
 from heatmap3d.data.setup import prepare_dataset
 from heatmap3d.errors import InputError, Interrupted
+from heatmap3d.io.destination import Destination
 from heatmap3d.log import get_logger
 from heatmap3d.training.anatomy import load_population
 from heatmap3d.training.budget import EpochPlan
@@ -45,21 +46,23 @@ def run(
     *,
     resume: bool = False,
     init_from: str | Path | None = None,
-    overwrite: bool = False,
+    out: Destination | None = None,
 ) -> list[LandmarkStats] | None:
     """Train, validate, checkpoint, then evaluate the best model on the validation scans.
 
     ``resume``: continue from ``<run>/last.pt``; implied when torchrun restarted the job.
     ``init_from``: start from the matching weights of another checkpoint (fine-tuning).
-    ``overwrite``: start afresh in a run folder that holds an earlier run's checkpoints
-    (which are removed); without it such a run is refused.
+    ``out``: the folder of run folders (default ``train.out_dir``); the run folder is
+    ``out/<train.name>``. With ``out.replace`` (``--overwrite``) a fresh run starts in a
+    run folder that holds an earlier run's checkpoints (which are removed); without it
+    such a run is refused.
     Returns the per-landmark statistics of the best checkpoint (on every rank).
     """
     world = distributed.setup(
         cfg.train.device, timeout=distributed.timeout_minutes(cfg.train.timeout_min)
     )
     try:
-        trainer = train(cfg, world, resume=resume, init_from=init_from, overwrite=overwrite)
+        trainer = train(cfg, world, resume=resume, init_from=init_from, out=out)
         return trainer.validator.final_report(trainer.run_dir / "best.pt")
     finally:
         distributed.teardown()
@@ -71,13 +74,13 @@ def train(
     *,
     resume: bool = False,
     init_from: str | Path | None = None,
-    overwrite: bool = False,
+    out: Destination | None = None,
 ) -> Trainer:
     """One training run in an existing process group (see :func:`run`); the trainer."""
     # After a crash, torchrun --max-restarts restarts every worker: pick up where the last
     # checkpoint left off without anyone adding --resume.
     resume = resume or distributed.any_restarted(world)
-    trainer = Trainer(cfg, world, resume=resume, init_from=init_from, overwrite=overwrite)
+    trainer = Trainer(cfg, world, resume=resume, init_from=init_from, out=out)
     trainer.fit()
     return trainer
 
@@ -90,7 +93,7 @@ class Trainer:
         *,
         resume: bool = False,
         init_from: str | Path | None = None,
-        overwrite: bool = False,
+        out: Destination | None = None,
     ) -> None:
         self.world = world
         names, train_cases, val_cases = prepare_dataset(cfg, world)
@@ -99,14 +102,16 @@ class Trainer:
         self.train_cases = train_cases  # the shape model of the whole model learns from them
         # The resolved names go into the checkpoint's config, so predict needs nothing else.
         self.cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, landmarks=names))
-        self.run_dir = Path(cfg.train.out_dir) / cfg.train.name
+        # out is train.out_dir as its callers build it, with their rule (--overwrite).
+        run = (out or Destination(Path(cfg.train.out_dir))).sub(cfg.train.name)
+        self.run_dir = run.folder
         self.state = TrainState.build(self.cfg, world.device)
         # Weights are loaded before DDP wraps the model (DDP broadcasts rank 0's anyway).
         distributed.main_then_broadcast(world, lambda: check_run_dir(self.run_dir))
         resumed = resume and self._resume()
         self.saved_epoch = self.state.epoch  # the epoch last.pt holds (0: none yet)
         if not resumed:
-            distributed.main_then_broadcast(world, lambda: claim_run_dir(self.run_dir, overwrite))
+            distributed.main_then_broadcast(world, lambda: claim_run_dir(run))
             if init_from:
                 self._init_from(Path(init_from))
         self.stepper = Stepper(

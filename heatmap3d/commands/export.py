@@ -1,0 +1,49 @@
+"""``heatmap3d export MODEL --out DIR`` and ``heatmap3d models``: their arguments, handed to
+:func:`heatmap3d.api.export.export_model` and :mod:`heatmap3d.packaged`."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from heatmap3d.api.export import export_model
+from heatmap3d.api.model_card import CARD_FILE, card_title
+from heatmap3d.packaged import catalogue as packaged
+
+
+def add_export_arguments(p: argparse.ArgumentParser) -> None:
+    """The ``export`` subcommand's arguments."""
+    p.add_argument("model", type=Path, help="a model folder of heatmap3d train DATA")
+    p.add_argument("--out", type=Path, required=True, help="the folder to write the export to")
+    p.add_argument(
+        "--onnx",
+        action="store_true",
+        help="also write each network as ONNX (predict --runtime onnxruntime runs them)",
+    )
+    p.add_argument(
+        "--card",
+        type=Path,
+        default=None,
+        help=f"a Markdown file for {CARD_FILE}: the training data and its licences, the "
+        "accuracy measured on which benchmark, intended use and limits",
+    )
+    p.add_argument(
+        "--overwrite", action="store_true", help="write into a folder that is not an export"
+    )
+
+
+def export_command(args: argparse.Namespace) -> None:
+    """Run ``heatmap3d export``."""
+    export_model(args.model, args.out, onnx=args.onnx, card=args.card, overwrite=args.overwrite)
+
+
+def models_text() -> str:
+    """``heatmap3d models``: each packaged model, its folder and its card's summary."""
+    names = packaged.model_names()
+    if not names:
+        return "no packaged models in this install"
+    lines = []
+    for name in names:
+        folder = packaged.model_folder(name)
+        lines += [f"{name}: {card_title(folder)}", f"  card: {folder / CARD_FILE}"]
+    return "\n".join(lines)

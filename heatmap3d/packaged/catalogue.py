@@ -1,0 +1,158 @@
+"""What ships inside the package, found by name: population shape priors and trained models.
+
+Nothing is downloaded: the files are part of the installed package. Their sources,
+licences and citations are in ``heatmap3d/packaged/NOTICE.md`` (shipped beside them).
+
+* A **prior** is a ``heatmap3d shape fit`` file. ``train.shape_prior: afids`` (or
+  ``augment.anatomy_prior: afids``) names the packaged one; a value with a ``/`` or a
+  ``.json`` ending is a file path. ``heatmap3d plan`` recognises a dataset of a packaged
+  landmark set by its names (:func:`recognise`) and checks it by its shape
+  (:mod:`heatmap3d.planning.priors`).
+* A **model** is an exported model folder (``heatmap3d export``) under ``models/``;
+  ``heatmap3d predict --model afids-t1`` finds it, ``heatmap3d models`` lists them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from heatmap3d.errors import InputError
+
+__all__ = [
+    "AFIDS_SHORT_NAMES",
+    "PRIORS",
+    "PackagedPrior",
+    "is_prior_name",
+    "model_folder",
+    "model_names",
+    "prior_file",
+    "recognise",
+    "resolve_model",
+]
+
+HERE = Path(__file__).resolve().parent
+
+AFIDS_SHORT_NAMES = [
+    "AC",
+    "PC",
+    "ICS",
+    "PMJ",
+    "SIPF",
+    "RSLMS",
+    "LSLMS",
+    "RILMS",
+    "LILMS",
+    "CUL",
+    "IMS",
+    "RMB",
+    "LMB",
+    "PG",
+    "RLVAC",
+    "LLVAC",
+    "RLVPC",
+    "LLVPC",
+    "GENU",
+    "SPLE",
+    "RALTH",
+    "LALTH",
+    "RSAMTH",
+    "LSAMTH",
+    "RIAMTH",
+    "LIAMTH",
+    "RIGO",
+    "LIGO",
+    "RVOH",
+    "LVOH",
+    "ROSF",
+    "LOSF",
+]
+"""The 32 AFIDs in the order of their labels 1-32 (the AFIDs protocol's short names)."""
+
+
+@dataclass(frozen=True)
+class PackagedPrior:
+    """A shipped population prior: its file (names ``"1"``..``"K"`` as the landmark set
+    numbers them), the other names a dataset may give the same landmarks, and a line for
+    ``plan.yaml``."""
+
+    name: str
+    label: str
+    file: str
+    numbers: tuple[str, ...]
+    short_names: tuple[str, ...]
+    description: str
+
+    def names_map(self, names: list[str]) -> dict[str, str] | None:
+        """``{dataset name: name in the prior file}`` when ``names`` are this set's
+        landmarks (all of them, numbered or by short name, any case), else None."""
+        if len(names) != len(self.numbers) or len(set(names)) != len(names):
+            return None
+        if sorted(names) == sorted(self.numbers):
+            return {n: n for n in names}
+        upper = {s.upper(): number for s, number in zip(self.short_names, self.numbers)}
+        if {n.upper() for n in names} == set(upper):
+            return {n: upper[n.upper()] for n in names}
+        return None
+
+
+PRIORS = {
+    "afids": PackagedPrior(
+        name="afids",
+        label="AFIDs",
+        file="priors/afids.json",
+        numbers=tuple(str(k) for k in range(1, 33)),
+        short_names=tuple(AFIDS_SHORT_NAMES),
+        description=(
+            "the AFIDs placed by raters on 122 people (OASIS-1, HCP, and 7 T controls and "
+            "Parkinson's patients; CC0 / CC BY 4.0, Lau et al. 2019, Taha et al. 2023)"
+        ),
+    )
+}
+
+
+def is_prior_name(value: str) -> bool:
+    """True when ``value`` names a packaged prior rather than a file (no ``/``, no ``.json``)."""
+    return "/" not in value and not value.lower().endswith(".json")
+
+
+def prior_file(name: str) -> Path:
+    """The file of packaged prior ``name``; InputError naming the ones there are."""
+    if name not in PRIORS:
+        known = ", ".join(sorted(PRIORS))
+        raise InputError(
+            f"{name}: no packaged shape prior of that name (packaged: {known}); a prior file "
+            "is given by its path (with a / or ending in .json)"
+        )
+    return HERE / PRIORS[name].file
+
+
+def recognise(names: list[str]) -> tuple[PackagedPrior, dict[str, str]] | None:
+    """The packaged prior whose landmark set ``names`` is, with the names' map into its
+    file (:meth:`PackagedPrior.names_map`), or None."""
+    for prior in PRIORS.values():
+        found = prior.names_map(list(names))
+        if found is not None:
+            return prior, found
+    return None
+
+
+def model_names() -> list[str]:
+    """The packaged models (folders of ``models/`` holding an exported ``model.json``)."""
+    root = HERE / "models"
+    if not root.is_dir():
+        return []
+    return sorted(p.name for p in root.iterdir() if (p / "model.json").is_file())
+
+
+def model_folder(name: str) -> Path | None:
+    """The folder of packaged model ``name``, or None when there is no such model."""
+    return HERE / "models" / name if name in model_names() else None
+
+
+def resolve_model(path: Path) -> Path:
+    """``path`` itself where it exists (a folder of the user's always wins), else the
+    packaged model of that name, else ``path`` (whose reader says it is missing)."""
+    if path.exists() or len(path.parts) != 1:
+        return path
+    return model_folder(path.name) or path

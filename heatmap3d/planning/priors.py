@@ -1,0 +1,72 @@
+"""Which population shape prior a plan gives its stages (``train.shape_prior``).
+
+A few training scans cannot show how people vary, so a shape check fitted on them is
+nearly inert (RESULTS.md: fitted on the three AFIDs templates it caught 0 % of 10 mm
+errors on real people; the prior of 122 people caught 92 %). Where the dataset is a
+landmark set the package ships a prior for (:mod:`heatmap3d.packaged.catalogue`), the plan uses it
+by default. The set is recognised by the landmarks' names (numbered as the set numbers
+them, or its short names) and then checked by their shape: the training landmarks must
+fit the prior (at most :data:`MAX_FLAGGED` of them flagged), so a dataset that only
+happens to number 32 landmarks 1-32 does not get the AFIDs prior.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from heatmap3d.packaged import catalogue as packaged
+from heatmap3d.planning.fingerprint import Fingerprint
+from heatmap3d.review.shape_file import read_prior
+
+__all__ = ["AUTO", "MAX_FLAGGED", "choose_prior"]
+
+AUTO = "auto"
+MAX_FLAGGED = 0.1  # the 122 people's own landmarks: 0.04 of 32 flagged a person (0.1 %)
+
+
+def choose_prior(fp: Fingerprint, requested: str | Path | None) -> tuple[str, str] | None:
+    """``(train.shape_prior value, reason)`` for ``fp``'s stages, or None for none.
+
+    ``requested``: ``"auto"`` (the packaged prior of the dataset's landmark set, when the
+    names and shape say it is one), a packaged prior's name or a prior file (read now:
+    InputError when it lacks a landmark of the dataset), or None / ``"none"`` / ``""``.
+    """
+    if requested is None or str(requested) in ("", "none"):
+        return None
+    if str(requested) != AUTO:
+        value = str(requested)
+        if not packaged.is_prior_name(value):
+            value = str(Path(value).resolve())  # absolute: the plan may be run elsewhere
+        prior = read_prior(value, list(fp.names))
+        why = f"a population prior of {prior.n_cases} configurations (heatmap3d shape fit)"
+        return value, why
+    found = packaged.recognise(list(fp.names))
+    if found is None:
+        return None
+    known, _ = found
+    prior = read_prior(known.name, list(fp.names))
+    flagged, total = _flagged(prior, fp.points_mm)
+    if total == 0 or flagged > MAX_FLAGGED * total:
+        return None
+    why = (
+        f"the dataset's landmarks are the {known.label} set (their names, and their "
+        f"positions fit the packaged prior: {flagged} of {total} flagged), so the packaged "
+        f"prior of {known.description} reviews the shape and calibrates the radius; "
+        "heatmap3d plan --shape-prior none fits on the training landmarks instead"
+    )
+    return known.name, why
+
+
+def _flagged(prior, cases: list) -> tuple[int, int]:
+    """Landmarks the prior flags over ``cases`` (each ``K x [x, y, z]`` mm), and present ones."""
+    flagged = total = 0
+    for points in cases:
+        points = np.asarray(points, dtype=float)
+        present = np.isfinite(points).all(1)
+        if present.sum() < 4:
+            continue
+        flagged += int((prior.outliers(points) & present).sum())
+        total += int(present.sum())
+    return flagged, total

@@ -1,0 +1,150 @@
+"""``heatmap3d export``: a model folder for prediction only (safetensors weights, model.json,
+the review files, MODEL.md, ONNX with --onnx) that predicts the training folder's
+landmarks, runs on onnxruntime, and is refused with one line where it is broken."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from assertions import one_error, run
+from test_predict_cli import FRAMES, checkpoint, scan
+
+from heatmap3d.api.model import load_model
+from heatmap3d.inference.onnx_network import OnnxNetwork
+from heatmap3d.io.model_folder import StageEntry, write_model_folder
+from heatmap3d.io.volumes import save_volume
+from heatmap3d.model import build_model
+
+ONNX_HEATMAP_TOLERANCE = 1e-4  # float32 convolutions summed in another order
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory) -> Path:
+    """A two-stage training folder (random weights, optimizer state in the checkpoints)."""
+    folder = tmp_path_factory.mktemp("runs") / "m"
+    for stage, role in (("coarse", "whole_scan"), ("fine", "refiner")):
+        (folder / stage).mkdir(parents=True)
+        checkpoint(folder / stage / "best.pt", role=role)
+    entries = [
+        StageEntry("coarse", "whole_scan", ("coarse/best.pt",)),
+        StageEntry("fine", "refiner", ("fine/best.pt",)),
+    ]
+    write_model_folder(folder, entries)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def exported(trained, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("export") / "m-export"
+    from heatmap3d.api.export import export_model
+
+    export_model(trained, out, onnx=True)
+    return out
+
+
+@pytest.fixture(scope="module")
+def scan_file(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("scan") / "s.nii.gz"
+    save_volume(path, scan(8, FRAMES["oblique"]))
+    return path
+
+
+def test_the_export_predicts_the_training_folders_landmarks(trained, exported, scan_file):
+    before = load_model(trained).predict(scan_file)
+    after = load_model(exported).predict(scan_file)
+    np.testing.assert_allclose(after.points_mm, before.points_mm, atol=1e-5, rtol=0)
+    assert list(after.status) == list(before.status)
+    size = sum(p.stat().st_size for p in exported.glob("*.safetensors"))
+    trained_size = sum(p.stat().st_size for p in trained.rglob("*.pt"))
+    assert size < trained_size  # weights alone (a trained run adds optimizer moments: 3x)
+
+
+def test_model_json_states_landmarks_version_config_and_no_training_paths(exported):
+    doc = json.loads((exported / "model.json").read_text())
+    assert doc["format"] == 3 and doc["heatmap3d"] and doc["landmarks"] == ["a", "b", "c"]
+    assert doc["onnx_opset"] == 17 and doc["card"] == "MODEL.md"
+    for stage in doc["stages"]:
+        assert stage["config"]["data"]["root"] == "" and stage["config"]["train"]["out_dir"] == ""
+        assert stage["weights"] == [f"{stage['name']}.safetensors"]
+        assert stage["onnx"] == [f"{stage['name']}.onnx"]
+    assert not list(exported.glob("*.pt")) and not list(exported.rglob("events.*"))
+
+
+def test_the_card_says_what_is_known_and_that_the_rest_was_not_stated(exported):
+    card = (exported / "MODEL.md").read_text()
+    assert card.startswith("# m-export: a heatmap3d model")
+    assert "3 landmarks: a, b, c." in card and "| coarse | whole_scan |" in card
+    assert "radius_mm" in card and "Not stated" in card
+
+
+def test_onnx_heatmaps_match_torch_at_any_size(trained, exported):
+    from heatmap3d import checkpoint as ckpt_io
+
+    ckpt = ckpt_io.load(trained / "coarse" / "best.pt")
+    net = build_model(ckpt.resolved_config(source="t").model, 3)
+    net.load_state_dict(ckpt.model)
+    net.eval()
+    onnx = OnnxNetwork(exported / "coarse.onnx")
+    for shape in ((1, 1, 8, 12, 16), (2, 1, 20, 8, 12)):
+        x = torch.randn(shape, generator=torch.Generator().manual_seed(0))
+        with torch.no_grad():
+            want = net(x)
+        got = onnx(x)
+        assert got.shape == want.shape
+        assert (got - want).abs().max() <= ONNX_HEATMAP_TOLERANCE * max(1.0, want.abs().max())
+
+
+def test_onnxruntime_predicts_torchs_landmarks(exported, scan_file, capsys, tmp_path):
+    torch_run = load_model(exported).predict(scan_file)
+    onnx_run = load_model(exported, runtime="onnxruntime").predict(scan_file)
+    assert np.nanmax(np.abs(onnx_run.points_mm - torch_run.points_mm)) <= 1e-3
+    status, _, err = run(
+        capsys, "predict", "--model", exported, "--runtime", "onnxruntime", scan_file,
+        "--out", tmp_path / "o",
+    )  # fmt: skip
+    assert status == 0, err
+    assert (tmp_path / "o" / "s.csv").is_file()
+
+
+def test_runtimes_and_exports_are_refused_with_one_line_where_they_cannot_run(
+    capsys, trained, exported, scan_file, tmp_path
+):
+    out = tmp_path / "o"
+    err = one_error(capsys, "predict", "--model", trained, "--runtime", "onnxruntime", scan_file,
+                    "--out", out)  # fmt: skip
+    assert str(trained) in err and "heatmap3d export" in err
+    no_onnx = tmp_path / "plain"
+    assert run(capsys, "export", trained, "--out", no_onnx)[0] == 0
+    err = one_error(capsys, "predict", "--model", no_onnx, "--runtime", "onnxruntime", scan_file,
+                    "--out", out)  # fmt: skip
+    assert "has no ONNX networks" in err
+    err = one_error(capsys, "export", exported, "--out", tmp_path / "again")
+    assert "already an export" in err
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    (theirs / "notes.txt").write_text("mine")
+    err = one_error(capsys, "export", trained, "--out", theirs)
+    assert str(theirs) in err and "not empty" in err
+    assert (theirs / "notes.txt").read_text() == "mine"
+    assert run(capsys, "export", trained, "--out", no_onnx)[0] == 0  # an export: refreshed
+
+
+def test_broken_exports_are_one_line_naming_the_file(capsys, exported, scan_file, tmp_path):
+    broken = Path(shutil.copytree(exported, tmp_path / "broken"))
+    (broken / "fine.safetensors").write_bytes(b"\x00" * 40)
+    err = one_error(capsys, "predict", "--model", broken, scan_file, "--out", tmp_path / "o")
+    assert str(broken / "fine.safetensors") in err and "safetensors" in err
+    doc = json.loads((broken / "model.json").read_text())
+    del doc["stages"][0]["config"]
+    (broken / "model.json").write_text(json.dumps(doc))
+    err = one_error(capsys, "predict", "--model", broken, scan_file, "--out", tmp_path / "o")
+    assert "model.json" in err and "'config'" in err
+    doc["stages"][0]["config"] = {"model": {"channels": 3}}
+    (broken / "model.json").write_text(json.dumps(doc))
+    err = one_error(capsys, "predict", "--model", broken, scan_file, "--out", tmp_path / "o")
+    assert "coarse.safetensors" in err and "do not match" in err
