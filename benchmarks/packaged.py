@@ -17,6 +17,7 @@ correlation. With an export that has ONNX networks it runs both runtimes side by
 from __future__ import annotations
 
 import argparse
+import json
 import tempfile
 import time
 from pathlib import Path
@@ -44,7 +45,7 @@ def score(models: dict, names: list[str], scans: list, folder: Path) -> dict:
     from heatmap3d.evaluation.metrics import radial_errors
     from heatmap3d.io.volumes import save_volume
 
-    errors, radii, seconds = [], [], {name: [] for name in models}
+    errors, radii, points, seconds = [], [], [], {name: [] for name in models}
     gap = {name: 0.0 for name in list(models)[1:]}
     for i, (vol, world) in enumerate(scans):
         path = folder / f"scan{i}.nii.gz"
@@ -60,13 +61,15 @@ def score(models: dict, names: list[str], scans: list, folder: Path) -> dict:
         first = results[next(iter(models))]
         order = [first.names.index(n) for n in names]
         errors.append(radial_errors(first.points_mm[order], world))
+        points.append(first.points_mm[order])
         radii.append(first.radius_mm[order])
         for name in gap:
             diff = float(np.nanmax(np.abs(results[name].points_mm - first.points_mm)))
             gap[name] = max(gap[name], diff)
     # The first scan of each also warms it up (threads, allocator): left out where there are more.
     median = {name: float(np.median(t[1:] or t)) for name, t in seconds.items()}
-    return {"errors": np.array(errors), "radii": np.array(radii), "s": median, "gap": gap}
+    return {"errors": np.array(errors), "radii": np.array(radii), "s": median, "gap": gap,
+            "points": [r.tolist() for r in points]}  # fmt: skip
 
 
 def main() -> None:
@@ -78,6 +81,8 @@ def main() -> None:
     p.add_argument(
         "--also", type=Path, action="append", default=[], help="another model folder to compare"
     )
+    p.add_argument("--torch-only", action="store_true", help="leave onnxruntime out")
+    p.add_argument("--save", type=Path, help="write the first model's landmarks (JSON) here")
     args = p.parse_args()
     from heatmap3d.api.model import load_model
     from heatmap3d.io.model_folder import read_model_folder
@@ -85,7 +90,7 @@ def main() -> None:
 
     folder = resolve_model(Path(args.model))
     loads = {"torch": lambda: load_model(folder)}
-    if read_model_folder(folder).stages[0][0].onnx:
+    if read_model_folder(folder).stages[0][0].onnx and not args.torch_only:
         loads["onnxruntime"] = lambda: load_model(folder, runtime="onnxruntime")
     for other in args.also:
         loads[str(other)] = lambda other=other: load_model(other)
@@ -98,6 +103,7 @@ def main() -> None:
         size = sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) / 2**20
         print(f"{path}: {size:.1f} MB")
     print(f"model: {folder}")
+    saved = {}
     for kind, n in (("hard", args.hard), ("gentle", args.gentle)):
         if not n:
             continue
@@ -115,6 +121,9 @@ def main() -> None:
         print(f"  {speed}")
         for name, mm in r["gap"].items():
             print(f"  {name}: landmarks differ from torch's by at most {mm:.2g} mm")
+        saved[kind] = r["points"]
+    if args.save:
+        args.save.write_text(json.dumps(saved))
 
 
 if __name__ == "__main__":
