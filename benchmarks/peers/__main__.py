@@ -63,7 +63,9 @@ def run_peer(peer: str, data, root: Path, args) -> list:
         return monai_peer.run(data, root, minutes=args.minutes, mm=args.grid_mm, device=device)
     from benchmarks.peers import heatmap3d_peer
 
-    return heatmap3d_peer.run(data, root, minutes=args.minutes, nproc=args.nproc, device=device)
+    return heatmap3d_peer.run(
+        data, root, minutes=args.minutes, nproc=args.nproc, device=device, model=args.model
+    )
 
 
 def ordered(results: dict) -> list:
@@ -105,6 +107,12 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--grid-mm", type=float, default=4.0, help="landmarker and MONAI grid, mm")
     p.add_argument("--device", default="auto", help="auto, cpu or cuda")
     p.add_argument("--nproc", type=int, default=1, help="heatmap3d: torchrun --nproc_per_node")
+    p.add_argument(
+        "--model",
+        type=Path,
+        help="heatmap3d: a model folder already trained by the same commands on the same "
+        "training scans for --minutes (predicted only; its row says so)",
+    )
     p.add_argument("--redo", action="store_true", help="run peers whose results are saved")
     p.add_argument("--table-only", action="store_true", help="print the saved results' table")
     args = p.parse_args(argv)
