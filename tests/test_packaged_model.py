@@ -31,6 +31,14 @@ def test_it_is_listed_with_its_card_and_is_a_few_megabytes(capsys):
     assert "Not stated" not in card
 
 
+def test_a_misspelt_name_is_one_line_naming_the_packaged_models(capsys, tmp_path):
+    from assertions import one_error
+
+    err = one_error(capsys, "predict", "--model", "afids-t2", tmp_path / "s.nii.gz",
+                    "--out", tmp_path / "o")  # fmt: skip
+    assert "afids-t2" in err and "packaged: afids-t1" in err
+
+
 def test_it_places_the_afids_on_a_t1_template(capsys, tmp_path):
     """The MNI152NLin2009cAsym template (a training scan: this checks the packaged files,
     not generalisation, which the card's Colin27 figures state)."""

@@ -152,7 +152,15 @@ def model_folder(name: str) -> Path | None:
 
 def resolve_model(path: Path) -> Path:
     """``path`` itself where it exists (a folder of the user's always wins), else the
-    packaged model of that name, else ``path`` (whose reader says it is missing)."""
+    packaged model of that name; InputError when a bare name is neither (a path with a
+    folder in it is left to its reader, which says what is missing)."""
     if path.exists() or len(path.parts) != 1:
         return path
-    return model_folder(path.name) or path
+    found = model_folder(path.name)
+    if found is None:
+        known = ", ".join(model_names()) or "none in this install"
+        raise InputError(
+            f"{path}: no such model folder here, and no packaged model of that name "
+            f"(packaged: {known}; heatmap3d models lists them)"
+        )
+    return found
