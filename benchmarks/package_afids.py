@@ -77,6 +77,7 @@ HEADER = (
 def rows(folder: Path, hard: int, gentle: int, seed: int) -> tuple[str, float]:
     """The card's table rows for ``folder`` and the largest runtime difference (mm)."""
     from heatmap3d.api.model import load_model
+    from heatmap3d.evaluation.stated import coverage
 
     models = {"torch": load_model(folder), "onnxruntime": load_model(folder, runtime="onnxruntime")}
     out, gap = [], 0.0
@@ -86,8 +87,7 @@ def rows(folder: Path, hard: int, gentle: int, seed: int) -> tuple[str, float]:
         with tempfile.TemporaryDirectory() as tmp:
             r = score(models, names, scans, Path(tmp))
         e, radii = r["errors"], r["radii"]
-        agreed, ok = e[:, keep], np.isfinite(e[:, keep]) & np.isfinite(radii[:, keep])
-        covered = np.mean(agreed[ok] <= radii[:, keep][ok])
+        agreed, covered = e[:, keep], coverage(e[:, keep], radii[:, keep])
         within = " / ".join(f"{100 * np.mean(agreed <= mm):.0f} %" for mm in (2.0, 4.0))
         out.append(
             f"| {n} {kind} | {np.nanmean(agreed):.2f} mm | {np.nanmedian(agreed):.2f} mm "

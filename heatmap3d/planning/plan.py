@@ -25,7 +25,7 @@ import numpy as np
 
 from heatmap3d.planning.fingerprint import Fingerprint
 from heatmap3d.planning.pairs import find_mirror_pairs, geometric_pairs
-from heatmap3d.planning.priors import AUTO, choose_prior
+from heatmap3d.planning.priors import AUTO, give_prior
 from heatmap3d.planning.sizing import (
     BATCH,
     DEPTH,
@@ -321,7 +321,7 @@ def make_plan(
     """The stages for ``fp`` on ``device`` ("cpu" or "cuda") within ``memory_gb``
     (default :func:`default_memory_gb`). ``budget_minutes`` only appears in the notes:
     the runner splits the total by each stage's ``budget_share``. ``shape_prior``: the
-    population prior every stage gets (:func:`heatmap3d.planning.priors.choose_prior`:
+    population prior every stage gets (:func:`heatmap3d.planning.priors.give_prior`:
     by default the packaged one of a recognised landmark set)."""
     memory = default_memory_gb(device) if memory_gb is None else memory_gb
     pairs, how = choose_pairs(fp, descriptions)
@@ -341,12 +341,6 @@ def make_plan(
         )
     minutes = ", ".join(f"{s.name} {budget_minutes * s.budget_share:g}" for s in stages)
     notes.append(f"with a {budget_minutes:g}-minute budget: {minutes} minutes")
-    prior = choose_prior(fp, shape_prior)
-    if prior is not None:
-        value, why = prior
-        for stage in stages:
-            stage.config.setdefault("train", {})["shape_prior"] = value
-            stage.reasons["train.shape_prior"] = why
-        notes.append(f"shape prior: {value} (train.shape_prior says why)")
+    notes += give_prior(stages, fp, shape_prior)
     notes.append(ONE_MODEL_WHY)
     return Plan(stages, pairs, how, notes)

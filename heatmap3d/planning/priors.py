@@ -12,6 +12,7 @@ happens to number 32 landmarks 1-32 does not get the AFIDs prior.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -20,7 +21,7 @@ from heatmap3d.packaged import catalogue as packaged
 from heatmap3d.planning.fingerprint import Fingerprint
 from heatmap3d.review.shape_file import read_prior
 
-__all__ = ["AUTO", "MAX_FLAGGED", "choose_prior"]
+__all__ = ["AUTO", "MAX_FLAGGED", "choose_prior", "give_prior"]
 
 AUTO = "auto"
 MAX_FLAGGED = 0.1  # the 122 people's own landmarks: 0.04 of 32 flagged a person (0.1 %)
@@ -57,6 +58,20 @@ def choose_prior(fp: Fingerprint, requested: str | Path | None) -> tuple[str, st
         "heatmap3d plan --shape-prior none fits on the training landmarks instead"
     )
     return known.name, why
+
+
+def give_prior(stages: Sequence, fp: Fingerprint, requested: str | Path | None) -> list[str]:
+    """Set ``train.shape_prior`` and its reason in every stage (anything with ``config``
+    and ``reasons`` dicts) to :func:`choose_prior`'s pick; the plan's note on it (none
+    without a prior)."""
+    prior = choose_prior(fp, requested)
+    if prior is None:
+        return []
+    value, why = prior
+    for stage in stages:
+        stage.config.setdefault("train", {})["shape_prior"] = value
+        stage.reasons["train.shape_prior"] = why
+    return [f"shape prior: {value} (train.shape_prior says why)"]
 
 
 def _flagged(prior, cases: list) -> tuple[int, int]:
