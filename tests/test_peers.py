@@ -210,6 +210,42 @@ def test_ants_carries_landmarks_along_a_deformation_not_against_it(tmp_path):
     assert np.all(np.linalg.norm(got - truth, axis=1) < 0.4 * moved_by)
 
 
+def test_a_learned_peer_trains_once_for_the_same_scans_and_minutes(tmp_path):
+    import torch
+
+    from benchmarks.peers.grid import Gridded, train_once, training_key
+
+    rng = np.random.default_rng(0)
+    scans = [Gridded(rng.random((1, 8, 8, 8)).astype(np.float32), np.eye(4), rng.random((4, 3)))]
+    copy = [Gridded(scans[0].image.copy(), np.eye(4), scans[0].voxels.copy())]
+    moved = [Gridded(scans[0].image, np.eye(4), scans[0].voxels + 0.5)]
+    key = training_key("monai", scans, 30)
+    assert key == training_key("monai", copy, 30)  # the same bytes from another set
+    others = {training_key("monai", moved, 30), training_key("monai", scans, 10)}
+    assert key not in others | {training_key("landmarker", scans, 30)} and len(others) == 2
+
+    fits = []
+
+    def fit(model):
+        def run():
+            fits.append(1)
+            torch.nn.init.normal_(model.weight)
+            return 7, 0.5
+
+        return run
+
+    first = torch.nn.Linear(3, 2)
+    record = train_once(tmp_path, key, first, fit(first))
+    assert record["reused"] is False and record["steps"] == 7 and len(fits) == 1
+    second = torch.nn.Linear(3, 2)
+    again = train_once(tmp_path, key, second, fit(second))
+    assert again["reused"] is True and again["steps"] == 7 and len(fits) == 1
+    torch.testing.assert_close(second.weight, first.weight)
+    third = torch.nn.Linear(3, 2)
+    assert train_once(tmp_path, next(iter(others)), third, fit(third))["reused"] is False
+    assert len(fits) == 2
+
+
 # --------------------------------------------------------------- the fixed grid
 
 

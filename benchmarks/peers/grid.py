@@ -11,9 +11,12 @@ the window's affine; nothing else converts.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -88,6 +91,37 @@ def train_for(minutes: float, model, optimizer, loss_of: Callable) -> tuple[int,
         optimizer.step()
         loss, i = float(value.detach()), i + 1
     return i, loss
+
+
+def training_key(peer: str, train: list[Gridded], minutes: float) -> str:
+    """What a learned peer's training depends on, hashed: the peer, its grid's images and
+    landmarks (bytes, so the same scans reached by two sets give one key) and the minutes."""
+    digest = hashlib.sha256(f"{peer} {minutes:g}".encode())
+    for g in train:
+        digest.update(np.ascontiguousarray(g.image).tobytes())
+        digest.update(np.ascontiguousarray(g.voxels, dtype=np.float64).tobytes())
+    return digest.hexdigest()[:16]
+
+
+def train_once(store: Path, key: str, model, fit: Callable[[], tuple[int, float]]) -> dict:
+    """``fit()`` (-> ``(steps, last loss)``) trains ``model``, unless a model trained with
+    the same ``key`` is saved under ``store``: then its weights are loaded into ``model``.
+    Either way, the training's record: ``steps``, ``loss``, ``minutes`` (wall, set-up and
+    training) and ``reused`` (whether it was loaded). The AFIDs hard and gentle sets share
+    their training scans, so one training serves both."""
+    import torch
+
+    weights, record_path = store / f"{key}.pt", store / f"{key}.json"
+    if weights.is_file() and record_path.is_file():
+        model.load_state_dict(torch.load(weights, map_location="cpu", weights_only=True))
+        return {**json.loads(record_path.read_text(encoding="utf-8")), "reused": True}
+    start = time.perf_counter()
+    steps, loss = fit()
+    record = {"steps": steps, "loss": loss, "minutes": (time.perf_counter() - start) / 60}
+    store.mkdir(parents=True, exist_ok=True)
+    torch.save(model.state_dict(), weights)
+    record_path.write_text(json.dumps(record), encoding="utf-8")
+    return {**record, "reused": False}
 
 
 def predict_each(data, mm: float, shape, model, decode: Callable) -> tuple[np.ndarray, float]:

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.peers.grid import gridded_set, predict_each, train_for
+from benchmarks.peers.grid import gridded_set, predict_each, train_for, train_once, training_key
 from benchmarks.peers.result import PeerResult
 from benchmarks.peers.sets import PeerSet
 
@@ -76,9 +76,13 @@ def run(data: PeerSet, work: Path, *, minutes: float, mm: float, device: str) ->
         heatmaps = generator(voxels[j : j + 1])
         return criterion(model(images[j : j + 1]), generator.sigmas, heatmaps)
 
-    steps, loss = train_for(minutes, model, optimizer, loss_of)
-    setup = (time.perf_counter() - start) / 60
-    print(f"  landmarker: {steps} steps, last loss {loss:.4g}, grid {shape} at {mm:g} mm")
+    key = training_key("landmarker", train, minutes)
+    prep = (time.perf_counter() - start) / 60
+    trained = train_once(work.parent / "trained", key, model,
+                         lambda: train_for(minutes, model, optimizer, loss_of))  # fmt: skip
+    steps, loss, setup = trained["steps"], trained["loss"], prep + trained["minutes"]
+    again = " (reused: trained so before on the same scans)" if trained["reused"] else ""
+    print(f"  landmarker{again}: {steps} steps, last loss {loss:.4g}, grid {shape} at {mm:g} mm")
 
     def decode(model, image: np.ndarray) -> np.ndarray:
         heatmap = model(torch.from_numpy(image[None]).to(device)).cpu()
@@ -88,7 +92,7 @@ def run(data: PeerSet, work: Path, *, minutes: float, mm: float, device: str) ->
     points, seconds = predict_each(data, mm, shape, model, decode)
     how = (
         f"OriginalSpatialConfigurationNet3d + learnable GaussianHeatmapGenerator, "
-        f"GaussianHeatmapL2Loss, SGD 1e-6 (its guide), {steps} steps; whole scan on one "
+        f"GaussianHeatmapL2Loss, SGD 1e-6 (its guide), {steps} steps{again}; whole scan on one "
         f"{'x'.join(map(str, shape))} grid at {mm:g} mm (heatmap3d's preprocessing)"
     )
     return [PeerResult("landmarker", "landmarker 3D SCN", how, setup, seconds, data.names, points)]

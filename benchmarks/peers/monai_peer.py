@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.peers.grid import gridded_set, predict_each, train_for
+from benchmarks.peers.grid import gridded_set, predict_each, train_for, train_once, training_key
 from benchmarks.peers.result import PeerResult
 from benchmarks.peers.sets import PeerSet
 
@@ -75,9 +75,13 @@ def run(data: PeerSet, work: Path, *, minutes: float, mm: float, device: str) ->
             batch = next(batches)
         return loss_fn(model(batch["image"].to(device)), batch["heatmap"].to(device))
 
-    steps, loss = train_for(minutes, model, optimizer, loss_of)
-    setup = (time.perf_counter() - start) / 60
-    print(f"  monai: {steps} steps, last loss {loss:.4g}, grid {shape} at {mm:g} mm")
+    key = training_key("monai", train, minutes)
+    prep = (time.perf_counter() - start) / 60
+    trained = train_once(work.parent / "trained", key, model,
+                         lambda: train_for(minutes, model, optimizer, loss_of))  # fmt: skip
+    steps, loss, setup = trained["steps"], trained["loss"], prep + trained["minutes"]
+    again = " (reused: trained so before on the same scans)" if trained["reused"] else ""
+    print(f"  monai{again}: {steps} steps, last loss {loss:.4g}, grid {shape} at {mm:g} mm")
 
     def decode(model, image: np.ndarray) -> np.ndarray:
         x = torch.from_numpy(image[None]).to(device)
@@ -86,8 +90,9 @@ def run(data: PeerSet, work: Path, *, minutes: float, mm: float, device: str) ->
 
     points, seconds = predict_each(data, mm, shape, model, decode)
     how = (
-        f"BasicUNet, GenerateHeatmapd (sigma {SIGMA:g} voxels), MSE, Adam 1e-3, {steps} steps "
-        f"on {'x'.join(map(str, roi))} crops; sliding_window_inference, argmax; "
+        f"BasicUNet, GenerateHeatmapd (sigma {SIGMA:g} voxels), MSE, Adam 1e-3, "
+        f"{steps} steps{again} on {'x'.join(map(str, roi))} crops; "
+        "sliding_window_inference, argmax; "
         f"{'x'.join(map(str, shape))} grid at {mm:g} mm (heatmap3d's preprocessing)"
     )
     tool = "MONAI BasicUNet heatmaps"
