@@ -20,7 +20,8 @@ pytestmark = pytest.mark.skipif(FOLDER is None, reason="the packaged model is no
 
 def test_it_is_listed_with_its_card_and_is_a_few_megabytes(capsys):
     status, out, _ = run(capsys, "models")
-    assert status == 0 and out.startswith("afids-t1: ") and "MODEL.md" in out
+    assert status == 0 and out.startswith("afids-t1: 32 landmarks (1, 2, 3, ...), 2 stage")
+    assert "heatmap3d predict --model afids-t1 SCANS" in out and "MODEL.md" in out
     size = sum(p.stat().st_size for p in FOLDER.iterdir()) / 2**20
     assert size < 8
     doc = json.loads((FOLDER / "model.json").read_text())

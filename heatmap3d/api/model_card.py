@@ -18,7 +18,7 @@ from heatmap3d.checkpoint import Checkpoint
 from heatmap3d.io.atomic import atomic_write_bytes
 from heatmap3d.review.basis import ReviewBasis
 
-__all__ = ["CARD_FILE", "NOT_STATED", "card_title", "write_card"]
+__all__ = ["CARD_FILE", "NOT_STATED", "write_card"]
 
 CARD_FILE = "MODEL.md"
 NOT_STATED = (
@@ -84,13 +84,3 @@ def _stage_row(name: str, role: str, members: list[Checkpoint]) -> str:
         f"| {name} | {role} | {spacing} | {patch} | {arch} | {params:,} | {len(members)} "
         f"| {epochs} | {minutes} | {mre} |"
     )
-
-
-def card_title(folder: Path) -> str:
-    """A card's first paragraph after its title, for ``heatmap3d models`` (one line)."""
-    try:
-        text = (folder / CARD_FILE).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError):
-        return "(no model card)"
-    paragraphs = [p for p in text.split("\n\n") if p.strip() and not p.startswith("#")]
-    return " ".join(paragraphs[0].split()) if paragraphs else "(an empty model card)"

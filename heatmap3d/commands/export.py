@@ -7,7 +7,7 @@ import argparse
 from pathlib import Path
 
 from heatmap3d.api.export import export_model
-from heatmap3d.api.model_card import CARD_FILE, card_title
+from heatmap3d.api.model_card import CARD_FILE
 from heatmap3d.packaged import catalogue as packaged
 
 
@@ -38,12 +38,20 @@ def export_command(args: argparse.Namespace) -> None:
 
 
 def models_text() -> str:
-    """``heatmap3d models``: each packaged model, its folder and its card's summary."""
+    """``heatmap3d models``: each packaged model, what it finds, how to run it, its card."""
+    from heatmap3d.io.model_folder import read_model_folder
+
     names = packaged.model_names()
     if not names:
         return "no packaged models in this install"
     lines = []
     for name in names:
         folder = packaged.model_folder(name)
-        lines += [f"{name}: {card_title(folder)}", f"  card: {folder / CARD_FILE}"]
+        model = read_model_folder(folder)
+        shown = ", ".join(model.landmarks[:3]) + (", ..." if len(model.landmarks) > 3 else "")
+        lines += [
+            f"{name}: {len(model.landmarks)} landmarks ({shown}), {len(model.stages)} stage(s)",
+            f"  predict: heatmap3d predict --model {name} SCANS --out DIR",
+            f"  card:    {folder / CARD_FILE} (its training data, measured accuracy, limits)",
+        ]
     return "\n".join(lines)
