@@ -67,11 +67,20 @@ def test_torchrun_two_processes_train_resume_predict_evaluate(dataset, tmp_path)
         "train/loss",
         "train/lr",
         "train/samples_per_s",
+        "train/data_wait",
+        "train/epoch_seconds",
         "val/mre_mm",
+        "val/seconds",
         "val/sdr_2mm",
         "val/sdr_4mm",
     } <= scalars
     assert "val/landmarks" in images
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(run_dir))
+    acc.Reload()
+    waits = [e.value for e in acc.Scalars("train/data_wait")]
+    assert len(waits) == 2 and all(0 <= w < 1 for w in waits)  # a share of each epoch
     # Every validation scan predicted once with best.pt and evaluated.
     preds = run_dir / "predictions"
     assert sorted(p.name for p in preds.glob("*.csv")) == [f"case00{i}.csv" for i in (4, 5, 6)]

@@ -21,9 +21,10 @@ from pathlib import Path
 
 from heatmap3d.errors import InputError
 
-PEERS = ("ants-quick", "ants", "landmarker", "monai", "heatmap3d")
+PEERS = ("ants-quick", "ants", "landmarker", "landmarker-adam", "monai", "heatmap3d")
 NEEDS = {"ants-quick": ("ants",), "ants": ("ants",), "landmarker": ("landmarker", "monai"),
-         "monai": ("monai",), "heatmap3d": ()}  # fmt: skip
+         "landmarker-adam": ("landmarker", "monai"), "monai": ("monai",),
+         "heatmap3d": ()}  # fmt: skip
 
 
 def rows_of(peer: str) -> list[str]:
@@ -53,10 +54,12 @@ def run_peer(peer: str, data, root: Path, args) -> list:
 
         mm = args.ants_mm or None
         return ants_peer.run(data, root, setting=peer, mm=mm, atlases=args.atlases)
-    if peer == "landmarker":
+    if peer.startswith("landmarker"):
         from benchmarks.peers import landmarker_peer
 
-        return landmarker_peer.run(data, root, minutes=args.minutes, mm=args.grid_mm, device=device)
+        optimizer = peer.partition("-")[2] or "guide"  # landmarker-adam: adam
+        return landmarker_peer.run(data, root, minutes=args.minutes, mm=args.grid_mm,
+                                   device=device, optimizer=optimizer)  # fmt: skip
     if peer == "monai":
         from benchmarks.peers import monai_peer
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -81,10 +82,11 @@ def to_world(voxels: np.ndarray, affine: np.ndarray) -> np.ndarray:
 def train_for(minutes: float, model, optimizer, loss_of: Callable) -> tuple[int, float]:
     """Optimiser steps, ``model`` in training mode, each on the loss ``loss_of(i)`` returns
     (a tensor: the ``i``-th batch's), until ``minutes`` of wall time have passed, at least
-    one; ``(steps, last loss)``."""
+    one, or until the loss is not finite (diverged: nothing more to learn); ``(steps, last
+    loss)``."""
     end, i, loss = time.perf_counter() + 60.0 * minutes, 0, float("nan")
     model.train()
-    while i == 0 or time.perf_counter() < end:
+    while i == 0 or (time.perf_counter() < end and math.isfinite(loss)):
         optimizer.zero_grad()
         value = loss_of(i)
         value.backward()

@@ -225,9 +225,12 @@ class Trainer:
         accumulate = self.cfg.train.accumulate
         device, step0 = self.world.device, epoch * math.ceil(len(self.loader) / accumulate)
         sums = torch.zeros(2, dtype=torch.float64, device=device)  # loss * n, n
-        start = time.perf_counter()
+        start = waited_from = time.perf_counter()
+        waited = 0.0  # seconds this rank spent waiting for the loader's next batches
         for i, group in enumerate(groups(self.loader, accumulate)):
+            waited += time.perf_counter() - waited_from
             loss = self.stepper.step(group, step0 + i)
+            waited_from = time.perf_counter()
             if loss is None:  # skipped: non-finite (train.nonfinite=skip)
                 continue
             n = sum(batch["image"].shape[0] for batch in group)
@@ -239,4 +242,8 @@ class Trainer:
         self.monitor.scalar("train/epoch_loss", mean_loss, epoch + 1)
         self.monitor.scalar("train/lr", self.state.opt.param_groups[0]["lr"], epoch + 1)
         self.monitor.scalar("train/samples_per_s", total[1].item() / seconds, epoch + 1)
+        # Rank 0's share of the epoch spent waiting for data: above a few percent, more
+        # loader workers (data.workers) or the cache would make training faster.
+        self.monitor.scalar("train/data_wait", waited / seconds, epoch + 1)
+        self.monitor.scalar("train/epoch_seconds", seconds, epoch + 1)
         return mean_loss

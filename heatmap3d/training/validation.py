@@ -13,6 +13,7 @@ case, so epochs are comparable).
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import numpy as np
@@ -73,6 +74,7 @@ class Validator:
 
         ``model`` is the bare model being trained; it is left in eval mode.
         """
+        start = time.perf_counter()
         predictor = Predictor.from_config(model, self.cfg, self.world.device)
         mine = {}
         for index in distributed.my_share(len(self.cases), self.world):
@@ -88,6 +90,7 @@ class Validator:
         )
         stats = summarize(errors, self.names)
         self._log_stats(stats, epoch)
+        self.monitor.scalar("val/seconds", time.perf_counter() - start, epoch)
         return stats
 
     def _locate(
