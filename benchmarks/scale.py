@@ -1,7 +1,7 @@
 """How each command's time, memory and disk grow with the number of cases (issue 46).
 
     python -m benchmarks.scale --cases 10 30 100 300 --work runs/scale
-    python -m benchmarks.scale --cases 4 8 --inplane 2.0 --epochs 2 --work /tmp/scale  # a look
+    python -m benchmarks.scale --cases 2 4 --inplane 1.2 --epochs 2 --work /tmp/scale  # a look
 
 One CT-like dataset (heatmap3d's synthetic CT: int16 gzip NIfTI with some NRRD and one
 DICOM series, in-plane ``--inplane`` mm, slices 2.5-3 mm) is generated once with the
@@ -254,6 +254,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--work", type=Path, default=Path("runs/scale"))
     args = p.parse_args(argv)
+    if not 0.3 <= args.inplane <= 1.2:  # the generator's slices are 2.5-3 mm, >= 2.5x this
+        p.error(f"--inplane {args.inplane:g}: the synthetic CT takes 0.3 to 1.2 mm")
     work = args.work.resolve()
     work.mkdir(parents=True, exist_ok=True)
     full = full_dataset(work, max(args.cases), args.val, args.test, args.inplane, args.seed)

@@ -9,6 +9,7 @@ The benchmarks are a package run from the repository root (``python -m benchmark
 from __future__ import annotations
 
 import json
+import math
 import sys
 import warnings
 from pathlib import Path
@@ -277,6 +278,38 @@ def test_train_for_steps_at_least_once_and_stops_when_the_minutes_are_over():
     steps, loss = grid.train_for(0.0, model, optimizer, loss_of)
     assert (steps, calls) == (1, [0]) and model.training
     assert loss > 1.0 and not torch.equal(model.weight, before)  # one step was taken
+
+
+def test_train_for_stops_at_the_first_loss_that_is_not_finite():
+    import torch
+
+    model = torch.nn.Linear(2, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    def loss_of(i: int) -> torch.Tensor:
+        bad = torch.tensor(float("nan") if i == 3 else 0.0)
+        return model(torch.ones(1, 2)).square().sum() + bad
+
+    steps, loss = grid.train_for(10.0, model, optimizer, loss_of)  # 10 minutes: not reached
+    assert steps == 4 and math.isnan(loss)
+
+
+def test_landmarker_s_optimisers_are_its_guide_s_and_adam():
+    import torch
+
+    from benchmarks.peers.landmarker_peer import make_optimizer
+
+    model, generator = torch.nn.Linear(2, 1), torch.nn.Module()
+    generator.sigmas = torch.nn.Parameter(torch.ones(3))
+    generator.rotation = torch.nn.Parameter(torch.zeros(3))
+    guide = make_optimizer("guide", model, generator)
+    assert isinstance(guide, torch.optim.SGD) and guide.defaults["lr"] == 1e-6
+    assert guide.defaults["momentum"] == 0.99 and guide.defaults["nesterov"]
+    adam = make_optimizer("adam", model, generator)
+    assert isinstance(adam, torch.optim.Adam) and adam.defaults["lr"] == 1e-4
+    assert [g["weight_decay"] for g in adam.param_groups] == [1e-3, 0, 0]
+    with pytest.raises(ValueError, match="guide or adam"):
+        make_optimizer("rmsprop", model, generator)
 
 
 def test_monai_heatmaps_decode_back_to_their_landmarks():

@@ -73,3 +73,10 @@ def test_the_table_has_each_command_at_each_n_and_its_slope():
     train = next(ln for ln in lines if ln.startswith("| train |"))
     assert train.endswith("| 1.00, 0.00 |")  # time linear, memory flat
     assert "| 10 | coarse | 3.0 | 1.0 | 4.00 | 2.0 % | 0.5 | 9 |" in text
+
+
+def test_an_in_plane_spacing_the_generator_cannot_make_is_refused(tmp_path, capsys):
+    with pytest.raises(SystemExit) as e:
+        scale.main(["--inplane", "2.5", "--work", str(tmp_path / "scale")])
+    assert e.value.code == 2 and "0.3 to 1.2 mm" in capsys.readouterr().err
+    assert not (tmp_path / "scale").exists()  # refused before anything is written
