@@ -126,6 +126,19 @@ def train_once(store: Path, key: str, model, fit: Callable[[], tuple[int, float]
     return {**record, "reused": False}
 
 
+def train_peer(row: str, train: list[Gridded], work: Path, minutes: float, model, optimizer,
+               loss_of: Callable, started: float) -> tuple[int, float, float, str]:  # fmt: skip
+    """A learned peer's training for ``minutes`` (:func:`train_for`), or the one saved for
+    the same grid and minutes (:func:`train_once`, under ``work.parent / "trained"``);
+    ``(steps, last loss, set-up minutes since ``started``, a note when it was reused)``."""
+    prep = (time.perf_counter() - started) / 60
+    trained = train_once(work.parent / "trained", training_key(row, train, minutes), model,
+                         lambda: train_for(minutes, model, optimizer, loss_of))  # fmt: skip
+    again = " (reused: trained so before on the same scans)" if trained["reused"] else ""
+    print(f"  {row}{again}: {trained['steps']} steps, last loss {trained['loss']:.4g}")
+    return trained["steps"], trained["loss"], prep + trained["minutes"], again
+
+
 def predict_each(data, mm: float, shape, model, decode: Callable) -> tuple[np.ndarray, float]:
     """``model`` (in evaluation mode, without gradients) on every test scan of ``data`` on
     the fixed grid, ``decode(model, (1, I, J, K) image) -> (K, 3)`` voxels; ``((V, K, 3)

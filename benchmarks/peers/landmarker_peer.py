@@ -35,7 +35,7 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.peers.grid import gridded_set, predict_each, train_for, train_once, training_key
+from benchmarks.peers.grid import gridded_set, predict_each, train_peer
 from benchmarks.peers.result import PeerResult
 from benchmarks.peers.sets import PeerSet
 
@@ -77,13 +77,8 @@ def run(
         heatmaps = generator(voxels[j : j + 1])
         return criterion(model(images[j : j + 1]), generator.sigmas, heatmaps)
 
-    key = training_key(row, train, minutes)
-    prep = (time.perf_counter() - start) / 60
-    trained = train_once(work.parent / "trained", key, model,
-                         lambda: train_for(minutes, model, optimizer, loss_of))  # fmt: skip
-    steps, loss, setup = trained["steps"], trained["loss"], prep + trained["minutes"]
-    again = " (reused: trained so before on the same scans)" if trained["reused"] else ""
-    print(f"  {row}{again}: {steps} steps, last loss {loss:.4g}, grid {shape} at {mm:g} mm")
+    steps, loss, setup, again = train_peer(row, train, work, minutes, model, optimizer,
+                                           loss_of, start)  # fmt: skip
 
     def decode(model, image: np.ndarray) -> np.ndarray:
         heatmap = model(torch.from_numpy(image[None]).to(device)).cpu()

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.peers.grid import gridded_set, predict_each, train_for, train_once, training_key
+from benchmarks.peers.grid import gridded_set, predict_each, train_peer
 from benchmarks.peers.result import PeerResult
 from benchmarks.peers.sets import PeerSet
 
@@ -75,13 +75,8 @@ def run(data: PeerSet, work: Path, *, minutes: float, mm: float, device: str) ->
             batch = next(batches)
         return loss_fn(model(batch["image"].to(device)), batch["heatmap"].to(device))
 
-    key = training_key("monai", train, minutes)
-    prep = (time.perf_counter() - start) / 60
-    trained = train_once(work.parent / "trained", key, model,
-                         lambda: train_for(minutes, model, optimizer, loss_of))  # fmt: skip
-    steps, loss, setup = trained["steps"], trained["loss"], prep + trained["minutes"]
-    again = " (reused: trained so before on the same scans)" if trained["reused"] else ""
-    print(f"  monai{again}: {steps} steps, last loss {loss:.4g}, grid {shape} at {mm:g} mm")
+    steps, loss, setup, again = train_peer("monai", train, work, minutes, model, optimizer,
+                                           loss_of, start)  # fmt: skip
 
     def decode(model, image: np.ndarray) -> np.ndarray:
         x = torch.from_numpy(image[None]).to(device)
