@@ -17,6 +17,11 @@ between the two versions' landmarks, mm.
     git worktree add --detach /tmp/base <commit>
     python -m benchmarks.predict_speed --base /tmp/base --views 4 --repeats 3
     python -m benchmarks.predict_speed --device cuda      # this code alone, on a GPU
+    python -m benchmarks.predict_speed --model runs/afids --base /tmp/base --precision auto
+
+``--precision`` is given to this code's ``load_pipeline`` only (the earlier code may not
+have it; it then runs as it did), so ``--base`` at this commit with ``--precision auto``
+measures bf16 prediction against float32 side by side.
 """
 
 from __future__ import annotations
@@ -80,7 +85,9 @@ def build_random_folder(work: Path, members: int = 3, seed: int = 0) -> Path:
     return folder
 
 
-def worker(model: Path, scans: Path, threads: int, device: str, pose: bool = True) -> None:
+def worker(
+    model: Path, scans: Path, threads: int, device: str, pose: bool = True, precision=None
+) -> None:
     """Load the model (``pose=False``: without the pose pass, ``--no-pose``), then for each
     line ``run`` on stdin predict every scan and print one JSON line
     ``{"seconds": [...], "points": [...]}``; stop at end of input."""
@@ -92,7 +99,8 @@ def worker(model: Path, scans: Path, threads: int, device: str, pose: bool = Tru
     from heatmap3d.inference.model_loading import load_pipeline
 
     torch.set_num_threads(threads)
-    pipeline = load_pipeline(model, torch.device(device), pose=pose)
+    more = {} if precision is None else {"precision": precision}
+    pipeline = load_pipeline(model, torch.device(device), pose=pose, **more)
     saved = np.load(scans)
     vols = [Volume(saved[f"data{i}"], saved[f"affine{i}"]) for i in range(int(saved["n"]))]
     pipeline.predict_volume(vols[0])  # warm-up (first-call allocations, any tracing)
@@ -122,10 +130,10 @@ def _this_script(code: Path, scratch: Path, *args: str | Path) -> dict:
 
 
 def _start(
-    code: Path, model: Path, scans: Path, threads: int, device: str, pose: bool = True
+    code: Path, model: Path, scans: Path, threads: int, device: str, pose: bool, more: list
 ) -> subprocess.Popen:
     args = ["--worker", model, "--scans", scans, "--threads", str(threads), "--device", device]
-    run = _this_script(code, scans.parent, *args, *([] if pose else ["--no-pose"]))
+    run = _this_script(code, scans.parent, *args, *([] if pose else ["--no-pose"]), *more)
     proc = subprocess.Popen(**run, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     ready = json.loads(proc.stdout.readline()).get("ready", "")
     assert ready.startswith(str(code)), f"{code}: the worker runs {ready}"
@@ -153,12 +161,15 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--no-pose", action="store_true", help="without the pose pass (both codes)")
+    p.add_argument("--precision", help="this code's --precision (auto, fp32, bf16)")
     p.add_argument("--worker", type=Path, help=argparse.SUPPRESS)
     p.add_argument("--scans", type=Path, help=argparse.SUPPRESS)
     p.add_argument("--build", type=Path, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.worker is not None:
-        return worker(args.worker, args.scans, args.threads, args.device, not args.no_pose)
+        return worker(
+            args.worker, args.scans, args.threads, args.device, not args.no_pose, args.precision
+        )
     if args.build is not None:
         return print(build_random_folder(args.build))
     from benchmarks.review import views
@@ -174,12 +185,14 @@ def main() -> None:
             arrays[f"data{i}"], arrays[f"affine{i}"] = vol.data, vol.affine
         np.savez(work / "scans.npz", **arrays)
         codes = [("before", base)] if base is not None else []
+        mine = [] if args.precision is None else ["--precision", args.precision]
         procs = {
             name: _start(
-                code, model, work / "scans.npz", args.threads, args.device, not args.no_pose
+                code, model, work / "scans.npz", args.threads, args.device, not args.no_pose,
+                mine if name == "after" else [],
             )
             for name, code in [*codes, ("after", ROOT)]
-        }
+        }  # fmt: skip
         times = {name: [] for name in procs}
         points = {}
         for _ in range(args.repeats):
@@ -194,6 +207,7 @@ def main() -> None:
     print(
         f"{len(scans)} scans x {args.repeats} repeats, {args.threads} threads, {args.device}, "
         f"{pose} the pose pass, model {args.model or 'random (plan of the AFIDs templates)'}"
+        f", this code's precision {args.precision or 'its default'}"
     )
     print(f"{'code':<8} {'median s/scan':>14} {'min s/scan':>11}")
     for name, t in times.items():

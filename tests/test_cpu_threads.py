@@ -61,6 +61,25 @@ def test_the_workers_run_under_the_callers_grad_mode(two_threads):
     assert split_forward(model, x).requires_grad
 
 
+def test_the_workers_run_under_the_callers_autocast(two_threads):
+    """bf16 prediction on a CPU enters autocast in the caller's thread; autocast is
+    thread-local, so a worker that did not take it over would run float32."""
+    seen: list[torch.dtype] = []
+
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        out = torch.nn.functional.linear(x, torch.eye(x.shape[1]))  # autocast casts linear
+        seen.append(out.dtype)
+        return out.float()
+
+    x = torch.randn(4, 3)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        split_forward(fn, x)
+    assert seen == [torch.bfloat16, torch.bfloat16]
+    seen.clear()
+    split_forward(fn, x)
+    assert seen == [torch.float32, torch.float32]
+
+
 def test_one_thread_runs_the_batch_as_it_is():
     before = torch.get_num_threads()
     torch.set_num_threads(1)

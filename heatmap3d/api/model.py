@@ -145,11 +145,13 @@ def load_model(
     review_below: float = 0.5,
     nifti_frame: str | None = None,
     runtime: str = "torch",
+    precision: str = "auto",
 ) -> Model:
     """A model folder, its export, a packaged model's name (``afids-t1``), or a checkpoint
     file (``refine``: a refinement checkpoint for a cascade), on ``device`` (``"auto"``:
     CUDA when available). Options as ``predict``'s; ``nifti_frame`` the frame to trust in
-    a NIfTI whose sform and qform disagree; ``runtime``: ``torch`` or ``onnxruntime``."""
+    a NIfTI whose sform and qform disagree; ``runtime``: ``torch`` or ``onnxruntime``;
+    ``precision``: ``auto`` (bf16 on a CPU with native bf16), ``fp32`` or ``bf16``."""
     path = packaged.resolve_model(Path(path))
     is_folder = path.is_dir()
     spec = ModelSpec(
@@ -160,6 +162,7 @@ def load_model(
         pose=pose,
         review_radius_mm=review_radius_mm,
         runtime=runtime,
+        precision=precision,
     )
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"

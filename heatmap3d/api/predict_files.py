@@ -32,7 +32,7 @@ from heatmap3d.evaluation.pictures import snapshot
 from heatmap3d.evaluation.report import write_report
 from heatmap3d.geometry import Volume
 from heatmap3d.inference.cohort import WAIT, Job, run_cohort
-from heatmap3d.inference.model_loading import load_pipeline
+from heatmap3d.inference.model_loading import load_pipeline, set_precision
 from heatmap3d.inference.pipeline import DEFAULT_REVIEW_RADIUS_MM, Pipeline
 from heatmap3d.inference.predictor import Prediction, Predictor
 from heatmap3d.inference.reading import check_workers, reading_workers
@@ -67,6 +67,9 @@ class ModelSpec:
         review_radius_mm: a landmark whose stated radius is above this is flagged, mm.
         runtime: what runs the networks' forward passes: ``torch``, or ``onnxruntime``
             for an export with ONNX networks (CPU; the rest of the pipeline is the same).
+        precision: what the networks run in: ``auto`` (bf16 on a CPU with native bf16,
+            else as trained), ``fp32`` or ``bf16``
+            (:func:`heatmap3d.precision.inference_autocast`).
     """
 
     model: Path | None = None
@@ -76,6 +79,7 @@ class ModelSpec:
     pose: bool = True
     review_radius_mm: float = DEFAULT_REVIEW_RADIUS_MM
     runtime: str = "torch"
+    precision: str = "auto"
 
     def __post_init__(self) -> None:
         if (self.model is None) == (self.checkpoint is None):
@@ -142,10 +146,11 @@ def load_model(spec: ModelSpec, device: torch.device) -> Pipeline:
             mirror=spec.mirror,
             pose=spec.pose,
             runtime=spec.runtime,
+            precision=spec.precision,
         )
-    predictor = _mirrored(Predictor.from_checkpoint(spec.checkpoint, device), spec.mirror)
+    predictor = _mirrored(Predictor.from_checkpoint(spec.checkpoint, device), spec)
     if spec.refine is not None:
-        fine = _mirrored(Predictor.from_checkpoint(spec.refine, device), spec.mirror)
+        fine = _mirrored(Predictor.from_checkpoint(spec.refine, device), spec)
         return Pipeline(Cascade(predictor, fine), review_radius_mm=spec.review_radius_mm)
     if predictor.settings.role != "whole_scan":
         raise InputError(
@@ -155,8 +160,10 @@ def load_model(spec: ModelSpec, device: torch.device) -> Pipeline:
     return Pipeline(predictor, review_radius_mm=spec.review_radius_mm)
 
 
-def _mirrored(predictor: Predictor, mirror: bool) -> Predictor:
-    if not mirror:
+def _mirrored(predictor: Predictor, spec: ModelSpec) -> Predictor:
+    """``predictor`` in ``spec``'s precision, without mirroring where ``spec`` says."""
+    set_precision(predictor, spec.precision)
+    if not spec.mirror:
         predictor.settings = dataclasses.replace(predictor.settings, mirror_axis=-1)
     return predictor
 
@@ -171,6 +178,11 @@ def predict_files(spec: ModelSpec, scans: Sequence[Path], options: PredictOption
         pipeline = load_model(spec, world.device)
         # What every radius and status written below rests on.
         log.info("\n".join(f"note: {line}" for line in pipeline.basis.sentences()))
+        cast = pipeline.last.settings.autocast
+        if cast is not None:
+            name = {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(cast, str(cast))
+            log.info(f"note: the networks run in {name} autocast on {world.device.type} "
+                     "(--precision fp32 for float32)")  # fmt: skip
         # Every rank lists the same scans: sorted folders, the arguments' order.
         found = _scans(scans)
         stems = output_stems(found)  # two scans named alike: refused before anything is written
@@ -246,6 +258,8 @@ def _model_identity(spec: ModelSpec, options: PredictOptions) -> str:
     }
     if options.nifti_frame is not None:  # only when given: earlier outputs stay current
         said["nifti_frame"] = options.nifti_frame
+    if spec.precision != "auto":  # the same
+        said["precision"] = spec.precision
     try:
         return resume.model_identity(files, said)
     except OSError as err:

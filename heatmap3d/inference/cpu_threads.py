@@ -13,8 +13,9 @@ The result is the same as one forward of the whole batch: every layer of the U-N
 batch only changes which thread computes an image, and a 1-thread convolution sums in
 the same order whatever the batch (``tests/test_cpu_threads.py``).
 
-Only the forward runs in the workers; grad mode is thread-local in torch, so each worker
-runs under the caller's.
+Only the forward runs in the workers; grad mode and autocast are thread-local in torch,
+so each worker runs under the caller's (bf16 prediction on a CPU,
+:func:`heatmap3d.precision.inference_autocast`, enters autocast in the caller's thread).
 """
 
 from __future__ import annotations
@@ -82,9 +83,11 @@ def split_forward(
     if x.device.type != "cpu" or threads < 2 or getattr(fn, "runs_own_threads", False):
         return fn(x, *rows)
     grad = torch.is_grad_enabled()
+    cast = torch.is_autocast_enabled("cpu")
+    cast_dtype = torch.get_autocast_dtype("cpu")
 
     def run(*share: torch.Tensor) -> torch.Tensor:
-        with torch.set_grad_enabled(grad):
+        with torch.set_grad_enabled(grad), torch.autocast("cpu", cast_dtype, enabled=cast):
             return fn(*share)
 
     shares = list(zip(*(t.tensor_split(threads) for t in (x, *rows)), strict=True))

@@ -18,12 +18,13 @@ from heatmap3d.inference.predictor import Predictor
 from heatmap3d.inference.refine import Cascade
 from heatmap3d.io.json_file import load_json
 from heatmap3d.io.model_folder import MODEL_FILE, ModelFolder, read_model_folder
+from heatmap3d.precision import INFERENCE_PRECISIONS, inference_autocast
 from heatmap3d.review.calibration import Calibration
 from heatmap3d.review.pose import Pose
 from heatmap3d.review.shape import ShapeModel
 from heatmap3d.review.shape_file import shape_from_dict
 
-__all__ = ["RUNTIMES", "load_pipeline", "read_extras"]
+__all__ = ["RUNTIMES", "load_pipeline", "read_extras", "set_precision"]
 
 RUNTIMES = ("torch", "onnxruntime")
 
@@ -36,18 +37,21 @@ def load_pipeline(
     mirror: bool = True,
     pose: bool = True,
     runtime: str = "torch",
+    precision: str = "fp32",
 ) -> Pipeline:
     """The model of a model folder (``heatmap3d predict --model``): its stages' ensembles,
     a cascade when there are two, its shape model, calibration and pose when it has them.
     ``mirror=False`` turns test-time mirroring off (``--no-mirror``), ``pose=False`` the
     pose pass (``--no-pose``). ``runtime="onnxruntime"``: an export's ONNX networks run
-    the forward passes (``--runtime``), everything else as with torch."""
+    the forward passes (``--runtime``), everything else as with torch. ``precision``:
+    what the networks run in (``--precision``: :func:`set_precision`)."""
     if runtime not in RUNTIMES:
         raise InputError(f"--runtime {runtime}: not one of {', '.join(RUNTIMES)}")
     found = read_model_folder(folder)
     stages = [_stage(found, entry, paths, device, runtime) for entry, paths in found.stages]
-    if not mirror:
-        for stage in stages:
+    for stage in stages:
+        set_precision(stage, precision, runtime)
+        if not mirror:
             stage.settings = dataclasses.replace(stage.settings, mirror_axis=-1)
     if len(stages) > 2:
         raise InputError(f"{folder}: {len(stages)} stages; prediction runs one or two")
@@ -68,6 +72,21 @@ def load_pipeline(
         review_radius_mm=review_radius_mm,
         pose=posed if pose else None,
     )
+
+
+def set_precision(stage: Predictor, precision: str, runtime: str = "torch") -> None:
+    """Run ``stage``'s networks in ``precision`` (``auto``, ``fp32`` or ``bf16``:
+    :func:`heatmap3d.precision.inference_autocast`); onnxruntime runs an export's float32
+    networks, so it takes ``auto`` or ``fp32`` only."""
+    if precision not in INFERENCE_PRECISIONS:
+        raise InputError(f"--precision {precision}: not one of {', '.join(INFERENCE_PRECISIONS)}")
+    if runtime != "torch":
+        if precision == "bf16":
+            raise InputError(f"--precision bf16 runs torch's networks, not --runtime {runtime}")
+        return
+    s = stage.settings
+    cast = inference_autocast(precision, s.autocast, s.param_dtype, stage.device)
+    stage.settings = dataclasses.replace(s, autocast=cast)
 
 
 def _stage(found: ModelFolder, entry, paths: list[Path], device, runtime: str) -> Predictor:
