@@ -80,3 +80,26 @@ def test_an_in_plane_spacing_the_generator_cannot_make_is_refused(tmp_path, caps
         scale.main(["--inplane", "2.5", "--work", str(tmp_path / "scale")])
     assert e.value.code == 2 and "0.3 to 1.2 mm" in capsys.readouterr().err
     assert not (tmp_path / "scale").exists()  # refused before anything is written
+
+
+def test_every_n_is_predicted_by_the_model_of_the_smallest_n(tmp_path, monkeypatch):
+    """One model for every cohort: per-scan work then depends on N alone (a model per N
+    posed more scans the better it trained, and looked superlinear)."""
+    calls = []
+    monkeypatch.setattr(scale, "full_dataset", lambda work, *a: work / "full")
+    monkeypatch.setattr(scale, "table", lambda results: "")
+    monkeypatch.setattr(
+        scale,
+        "one_n",
+        lambda n, full, work, epochs, predictor: calls.append((n, predictor)) or {"n": n},
+    )
+    scale.main(["--cases", "30", "10", "100", "--work", str(tmp_path)])
+    first = tmp_path.resolve() / "n0010" / "runs" / "data"
+    assert calls == [(10, None), (30, first), (100, first)]
+
+
+def test_thin_slices_take_finer_in_plane_spacing(tmp_path, capsys):
+    with pytest.raises(SystemExit) as e:
+        scale.main(["--inplane", "0.1", "--slices", "1", "2", "--work", str(tmp_path / "s")])
+    assert e.value.code == 2 and "0.3 to 5 mm" in capsys.readouterr().err
+    assert not (tmp_path / "s").exists()

@@ -13,6 +13,7 @@ from heatmap3d.data.synthetic_ct import (
     draw_ct_case,
     generate_ct_dataset,
 )
+from heatmap3d.errors import InputError
 from heatmap3d.geometry import inside_image, spacing_of, world_to_voxel
 from heatmap3d.io.landmarks import read_landmarks
 from heatmap3d.io.layout import find_image, find_landmark_file
@@ -96,3 +97,27 @@ def test_deterministic(tmp_path):
     assert np.array_equal(va.data, vb.data) and np.array_equal(va.affine, vb.affine)
     la = (a / "landmarks" / "case000.csv").read_text()
     assert la == (b / "landmarks" / "case000.csv").read_text()
+
+
+def test_slices_of_a_scan_as_clinics_store_them():
+    """``slice_mm`` gives thin slices (the scale benchmark's 512^2 x 150-300 scans); without
+    it the draw is the one it always was (slices 2.5-3 mm, at least 2.5x in-plane)."""
+    thin = [draw_ct_case(np.random.default_rng([1, i]), (0.6, 0.7), (1.0, 2.0)) for i in range(8)]
+    for case in thin:
+        sx, sy, sz = spacing_of(case.affine)
+        assert 0.6 <= sx == sy <= 0.7 and 1.0 <= sz <= 2.0
+        assert 414 <= case.shape[0] <= 534 and 155 <= case.shape[2] <= 350
+    for i in range(8):
+        old = draw_ct_case(np.random.default_rng([1, i]), (1.1, 1.2))
+        sx, _, sz = spacing_of(old.affine)
+        assert max(2.5, 2.5 * sx) <= sz <= 3.0
+        assert old.landmarks is not None
+
+
+@pytest.mark.parametrize("slices", [(2.0, 1.0), (0.1, 1.0), (1.0, float("nan")), (1.0,)])
+def test_a_bad_slice_range_is_refused_before_anything_is_written(tmp_path, slices):
+    with pytest.raises(InputError, match=r"slice_mm: two numbers 0.5 <= low <= high <= 10"):
+        generate_ct_dataset(
+            tmp_path / "d", n_train=1, n_val=0, n_test=0, seed=0, progress=False, slice_mm=slices
+        )
+    assert not (tmp_path / "d").exists()

@@ -144,8 +144,14 @@ def _template_landmarks(a: dict) -> np.ndarray:
     return np.array([pts[n] for n in CT_LANDMARK_NAMES], dtype=float)
 
 
-def draw_ct_case(rng: np.random.Generator, inplane_mm: tuple[float, float] = (0.9, 1.2)) -> CTCase:
-    """The geometry of one subject (anatomy, pose, grid, landmarks), no voxels."""
+def draw_ct_case(
+    rng: np.random.Generator,
+    inplane_mm: tuple[float, float] = (0.9, 1.2),
+    slice_mm: tuple[float, float] | None = None,
+) -> CTCase:
+    """The geometry of one subject (anatomy, pose, grid, landmarks), no voxels; slices
+    ``slice_mm`` mm apart (uniform in the range), or 2.5-3.0 mm and at least 2.5x in-plane
+    where it is None."""
     anatomy = _draw_anatomy(rng)
     axis = rng.normal(size=3)
     angle = np.deg2rad(rng.uniform(0, 10))
@@ -157,7 +163,8 @@ def draw_ct_case(rng: np.random.Generator, inplane_mm: tuple[float, float] = (0.
     world = pose.to_world(template)
 
     sp = float(rng.uniform(*inplane_mm))
-    sz = float(rng.uniform(max(2.5, 2.5 * sp), 3.0))
+    low, high = (max(2.5, 2.5 * sp), 3.0) if slice_mm is None else slice_mm
+    sz = float(rng.uniform(low, high))
     fov = float(rng.uniform(290, 320))
     extent = float(rng.uniform(310, 350))
     n_xy = int(np.ceil(fov / sp))
@@ -249,10 +256,12 @@ def render_ct_case(case: CTCase, rng: np.random.Generator) -> Volume:
 
 
 def generate_ct_case(
-    rng: np.random.Generator, inplane_mm: tuple[float, float] = (0.9, 1.2)
+    rng: np.random.Generator,
+    inplane_mm: tuple[float, float] = (0.9, 1.2),
+    slice_mm: tuple[float, float] | None = None,
 ) -> tuple[Volume, Landmarks, CTCase]:
     """One subject: its scan, its landmarks (world RAS mm, NaN = missing) and geometry."""
-    case = draw_ct_case(rng, inplane_mm)
+    case = draw_ct_case(rng, inplane_mm, slice_mm)
     return render_ct_case(case, rng), case.landmarks, case
 
 
@@ -273,20 +282,22 @@ def generate_ct_dataset(
     seed: int,
     progress: bool = True,
     inplane_mm: tuple[float, float] = (0.9, 1.2),
+    slice_mm: tuple[float, float] | None = None,
 ) -> Path:
     """Write a CT-like dataset to ``root``: images/, landmarks/, split.json (last).
 
-    ``inplane_mm`` is the range of in-plane spacings (slices are 2.5-3.0 mm, at least 2.5x
-    in-plane); finer spacing means more voxels (0.9 mm: ~16 M voxels, 1.2 mm: ~8 M).
+    ``inplane_mm`` is the range of in-plane spacings, ``slice_mm`` that of the slices
+    (None: 2.5-3.0 mm, at least 2.5x in-plane); finer spacing means more voxels (0.9 mm
+    in-plane: ~16 M voxels, 1.2 mm: ~8 M; 0.62 mm with 1.25 mm slices: 512^2 x ~270, ~70 M).
     """
     root = Path(root)
-    voxels = _most_voxels(inplane_mm)
+    voxels = _most_voxels(inplane_mm, slice_mm)
     ids = start_dataset(
         root, n_train, n_val, n_test, seed=seed, case_voxels=voxels, work_bytes=CT_WORK_BYTES
     )
     dicom_done = False
     for i, case_id in enumerate(tqdm(ids, desc="synthetic CT", disable=not progress)):
-        vol, lm, case = generate_ct_case(np.random.default_rng([seed, i]), inplane_mm)
+        vol, lm, case = generate_ct_case(np.random.default_rng([seed, i]), inplane_mm, slice_mm)
         if i % 5 == 4:
             image = root / "images" / f"{case_id}.nrrd"
             save_volume(image, vol)
@@ -301,13 +312,21 @@ def generate_ct_dataset(
     return finish_dataset(root, ids, n_train, n_val)
 
 
-def _most_voxels(inplane_mm: tuple[float, float]) -> int:
-    """The most voxels a scan at in-plane spacings ``inplane_mm`` (mm) has (a 320 mm field
-    of view, 350 mm along the body in slices of at least 2.5 mm); InputError unless
-    ``inplane_mm`` is two numbers with 0.2 <= low <= high <= 5 mm."""
-    values = list(inplane_mm) if isinstance(inplane_mm, (tuple, list)) else []
+def _most_voxels(inplane_mm: tuple[float, float], slice_mm: tuple[float, float] | None) -> int:
+    """The most voxels a scan at in-plane spacings ``inplane_mm`` and slices ``slice_mm``
+    (mm; None: at least 2.5 mm) has (a 320 mm field of view, 350 mm along the body);
+    InputError unless each is two numbers with 0.2 <= low <= high <= 5 mm (slices 0.5-10)."""
+    lo = _mm_range("inplane_mm", inplane_mm, 0.2, 5.0)
+    thinnest = 2.5 if slice_mm is None else _mm_range("slice_mm", slice_mm, 0.5, 10.0)
+    return int(np.ceil(320.0 / lo)) ** 2 * int(np.ceil(350.0 / thinnest))
+
+
+def _mm_range(name: str, given, smallest: float, largest: float) -> float:
+    """The low end of ``given``, two numbers ``smallest <= low <= high <= largest``."""
+    values = list(given) if isinstance(given, (tuple, list)) else []
     numbers = all(isinstance(v, (int, float)) and np.isfinite(v) for v in values)
-    if len(values) != 2 or not numbers or not 0.2 <= values[0] <= values[1] <= 5.0:
-        raise InputError(f"inplane_mm: two numbers 0.2 <= low <= high <= 5 (mm), got {inplane_mm}")
-    lo = float(values[0])
-    return int(np.ceil(320.0 / lo)) ** 2 * int(np.ceil(350.0 / 2.5))
+    if len(values) != 2 or not numbers or not smallest <= values[0] <= values[1] <= largest:
+        raise InputError(
+            f"{name}: two numbers {smallest:g} <= low <= high <= {largest:g} (mm), got {given}"
+        )
+    return float(values[0])
