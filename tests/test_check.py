@@ -19,6 +19,7 @@ import torch
 
 from heatmap3d.commands.main import main
 from heatmap3d.config import Config, DataConfig
+from heatmap3d.data import case_threads
 from heatmap3d.data.check import check_dataset
 from heatmap3d.data.setup import prepare_dataset
 from heatmap3d.data.synthetic import generate_case
@@ -98,6 +99,23 @@ def test_every_problem_is_reported_not_just_the_first(data, capsys):
     assert len(lines_about(out, renamed)) == 2  # a name missing and a name unexpected
     assert lines_about(out, data / "landmarks" / "case003")
     assert out.splitlines()[-1] == "5 cases, 4 errors, 0 warnings"
+
+
+def test_the_report_is_the_same_on_one_thread_and_on_many(data, capsys, monkeypatch):
+    """Cases are read on every core (heatmap3d.data.case_threads); each case's findings
+    are merged in the cases' order, so the report does not depend on the threads."""
+    raw = image(data, "case001").read_bytes()
+    image(data, "case001").write_bytes(raw[: len(raw) // 2])
+    edit_csv(data, "case002", "top_pole", "top_pol")
+    (data / "landmarks" / "case003.mrk.json").unlink()
+    seen = {}
+    for cpus in (1, 4):
+        monkeypatch.setattr(case_threads, "usable_cpus", lambda cpus=cpus: cpus)
+        seen[cpus] = check(data, capsys)
+        report = check_dataset(data)
+        seen[cpus] += ([(f.severity, str(f.path), f.message) for f in report.findings],)
+    assert seen[1] == seen[4]
+    assert seen[1][0] == 1 and seen[1][1].splitlines()[-1] == "5 cases, 4 errors, 0 warnings"
 
 
 # --------------------------------------------------------------------------------------

@@ -10,7 +10,8 @@ import torch
 from stand_ins import EchoNet, echo_predictor
 
 from heatmap3d.config import DataConfig
-from heatmap3d.data.loaders import seed_worker, train_loader, training_workers, usable_cpus
+from heatmap3d.data.case_threads import usable_cpus
+from heatmap3d.data.loaders import seed_worker, train_loader, training_workers
 from heatmap3d.data.synthetic import generate_case
 from heatmap3d.distributed import DistInfo
 from heatmap3d.errors import InputError

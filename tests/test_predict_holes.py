@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 
 from heatmap3d.commands.main import main
 from heatmap3d.config import Config, DataConfig, ModelConfig
-from heatmap3d.data.loaders import usable_cpus
+from heatmap3d.data.case_threads import usable_cpus
 from heatmap3d.distributed import DistInfo
 from heatmap3d.evaluation.report_data import read_cohort
 from heatmap3d.geometry import Volume

@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 from heatmap3d import distributed
-from heatmap3d.data.loaders import usable_cpus
+from heatmap3d.data.case_threads import usable_cpus
 from heatmap3d.errors import InputError
 from heatmap3d.evaluation.pictures import snapshot
 from heatmap3d.evaluation.report import write_report

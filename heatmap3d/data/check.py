@@ -46,11 +46,13 @@ from __future__ import annotations
 
 import itertools
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from heatmap3d.data.case_threads import map_cases
 from heatmap3d.data.findings import ERROR, WARNING, CheckReport, Collector, Finding
 from heatmap3d.data.frame_check import check_frame
 from heatmap3d.data.label_swaps import check_label_swaps
@@ -96,6 +98,7 @@ class _CaseData:
     shape: tuple[int, int, int] | None = None
     affine: np.ndarray | None = None
     landmarks: Landmarks | None = None
+    measured: object = None  # measure(volume), where the caller gave a measure
 
 
 def check_dataset(
@@ -104,14 +107,17 @@ def check_dataset(
     split_file: str = "split.json",
     landmarks: list[str] | None = None,
     nifti_frame: str | None = None,
+    measure: Callable[[Volume], object] | None = None,
 ) -> CheckReport:
     """Read every case of ``root/split_file`` (no ``split.json``: every case found, as
     training) and report every problem (see module doc).
 
     ``landmarks`` are the expected names (in channel order); None or [] means the most
     common name set in the dataset; ``nifti_frame`` the frame to trust in a NIfTI whose
-    sform and qform disagree (None: such a file is an error). Never raises
-    :class:`InputError` for a bad file: each one becomes a :class:`Finding`.
+    sform and qform disagree (None: such a file is an error); ``measure`` runs on each
+    image read (``CheckReport.measured``: case id -> its result), so that ``plan`` reads
+    each scan once. Never raises :class:`InputError` for a bad file: each one becomes a
+    :class:`Finding`.
     """
     root = Path(root)
     found = Collector(CheckReport(root))
@@ -128,6 +134,7 @@ def check_dataset(
         split_path=root / split_file,
         found=found,
         nifti_frame=nifti_frame,
+        measure=measure,
     )
     found.result.n_cases = len(ids)
     return found.result
@@ -140,6 +147,7 @@ def check_cases(
     split_path: Path,
     found: Collector | None = None,
     nifti_frame: str | None = None,
+    measure: Callable[[Volume], object] | None = None,
 ) -> CheckReport:
     """The case-level checks of ``heatmap3d check``, on cases already located.
 
@@ -151,7 +159,15 @@ def check_cases(
     found = found or Collector(CheckReport(split_path.parent))
     _check_split_members(split_path, {n: [c.case_id for c in cs] for n, cs in cases.items()}, found)
     unique = list({c.case_id: c for cs in cases.values() for c in cs}.values())
-    data = [_read_case(case, found, nifti_frame) for case in unique]
+    # Each case on its own collector, merged in the cases' order: the same report
+    # whatever the number of threads.
+    read = map_cases(
+        lambda case: _read_case_alone(case, nifti_frame, measure), unique, desc="check"
+    )
+    data = [d for d, _ in read]
+    for _, findings in read:
+        found.result.findings.extend(findings)
+    found.result.measured = {d.case.case_id: d.measured for d in data if d.measured is not None}
     names, source = reference_names([d.landmarks for d in data], landmarks)
     grids = [
         (d.shape, d.affine) if d.shape is not None and d.affine is not None else None for d in data
@@ -229,21 +245,33 @@ def _check_split_members(path: Path, split: dict[str, list[str]], report: Collec
 # --------------------------------------------------------------------------------------
 
 
-def _read_case(case: Case, report: Collector, nifti_frame: str | None = None) -> _CaseData:
+def _read_case(
+    case: Case, report: Collector, nifti_frame: str | None = None, measure=None
+) -> _CaseData:
     """Read one case's files (what could be read; problems become findings).
 
-    The checks that need the voxels run here, so that only the grid is kept: one image
-    is in memory at a time, however large the dataset.
+    The checks that need the voxels run here (and ``measure``, where given), so that only
+    the grid is kept: one image is in memory at a time per thread, however large the
+    dataset.
     """
     data = _CaseData(case)
     vol = _read_image(case.image, report, nifti_frame)
     data.landmarks = _read_landmark_file(case.landmarks, report)
     if vol is not None:
         data.shape, data.affine = vol.shape, vol.affine
+        data.measured = measure(vol) if measure is not None else None
         _check_spacing(case.image, vol, report)
         if data.landmarks is not None:
             check_frame(case, vol, data.landmarks, report)
     return data
+
+
+def _read_case_alone(
+    case: Case, nifti_frame: str | None, measure
+) -> tuple[_CaseData, list[Finding]]:
+    """:func:`_read_case` with its own collector: the case's data and findings."""
+    own = Collector(CheckReport(case.image.parent))
+    return _read_case(case, own, nifti_frame, measure), own.result.findings
 
 
 def _locate_case(root: Path, case_id: str, report: Collector) -> Case | None:

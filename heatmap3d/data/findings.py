@@ -34,6 +34,7 @@ class CheckReport:
         names: reference landmark names, in channel order ([] if none could be read).
         splits: split name -> the cases whose image and landmark file exist.
         findings: every problem, grouped by file.
+        measured: case id -> what the caller's ``measure`` returned for its image.
     """
 
     root: Path
@@ -41,6 +42,7 @@ class CheckReport:
     names: list[str] = field(default_factory=list)
     splits: dict[str, list[Case]] = field(default_factory=dict)
     findings: list[Finding] = field(default_factory=list)
+    measured: dict[str, object] = field(default_factory=dict)
 
     @property
     def errors(self) -> list[Finding]:

@@ -6,7 +6,6 @@ which :func:`build_cache` fills before the first epoch, using every rank of the 
 
 from __future__ import annotations
 
-import os
 import random
 
 import numpy as np
@@ -16,6 +15,7 @@ from torch.utils.data import DataLoader, DistributedSampler
 from heatmap3d import distributed
 from heatmap3d.config import DataConfig
 from heatmap3d.data.cache import build_entries
+from heatmap3d.data.case_threads import usable_cpus
 from heatmap3d.data.dataset import LandmarkDataset
 from heatmap3d.distributed import DistInfo
 from heatmap3d.errors import InputError
@@ -43,14 +43,6 @@ def build_cache(cases: list[Case], cfg: DataConfig, world: DistInfo) -> None:
         errors=(InputError, OSError),
         what="building the preprocessed-volume cache",
     )
-
-
-def usable_cpus() -> int:
-    """CPUs this process may run on (its affinity mask: cgroup/SLURM/taskset limits)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
 
 
 def training_workers(world: DistInfo) -> int:

@@ -19,7 +19,6 @@ from heatmap3d.data.check import check_dataset
 from heatmap3d.errors import InputError
 from heatmap3d.geometry import Volume, reorient_canonical
 from heatmap3d.io.landmarks import read_landmarks
-from heatmap3d.io.volumes import load_volume
 
 __all__ = ["CaseStats", "Fingerprint", "case_stats", "fingerprint_dataset", "modality_of"]
 
@@ -122,9 +121,11 @@ def fingerprint_dataset(
 
     Raises :class:`InputError` (one line) when ``heatmap3d check`` would report an error.
     """
+    # The statistics are taken while check has each scan in memory: one read per scan.
     report = check_dataset(
-        root, split_file=split_file, landmarks=landmarks, nifti_frame=nifti_frame
-    )
+        root, split_file=split_file, landmarks=landmarks, nifti_frame=nifti_frame,
+        measure=case_stats,
+    )  # fmt: skip
     if report.errors:
         first = report.errors[0]  # "<path>: <problem>", without the "error: " of check's list
         raise InputError(
@@ -137,7 +138,7 @@ def fingerprint_dataset(
     )
     stats, points = [], []
     for case in cases:
-        stats.append(case_stats(load_volume(case.image, nifti_frame=nifti_frame)))
+        stats.append(report.measured[case.case_id])
         lm = read_landmarks(case.landmarks).select(names, source=str(case.landmarks))
         points.append(lm.points)
     return _combine(str(root), names, len(report.splits.get("train", [])), stats, points)
