@@ -153,6 +153,10 @@ class TrainConfig:
     grad_clip: float = 1.0  # max gradient norm; 0 disables clipping
     seed: int = 0  # seed of the weights, the crops and the augmentation
     val_every: int = 5  # validate every N epochs (and after the last)
+    # Validation during training predicts at most this many validation cases (evenly
+    # spread over them, the same ones each time; 0 = all), so that a large validation
+    # split does not eat the budget; the final evaluation predicts every one.
+    val_max_cases: int = 32
     # last.pt (what --resume and a torchrun restart continue from) is written after an
     # epoch when this many minutes have passed since the last one was, and after the last
     # epoch; 0 = after every epoch. A process that dies loses at most this much training.

@@ -99,6 +99,7 @@ def validate(cfg: Config) -> None:
         (cfg.train.epochs >= 1 and cfg.train.batch_size >= 1, "train.epochs, batch_size: >= 1"),
         (cfg.train.budget_minutes >= 0, "train.budget_minutes: >= 0 (0 = train.epochs decides)"),
         (cfg.train.val_every >= 1, "train.val_every: >= 1"),
+        (cfg.train.val_max_cases >= 0, "train.val_max_cases: >= 0 (0: every validation case)"),
         (cfg.train.device in ("auto", "cuda", "cpu"), "train.device: auto, cuda or cpu"),
         (cfg.train.precision in PRECISIONS, f"train.precision: one of {', '.join(PRECISIONS)}"),
         (cfg.train.accumulate >= 1, "train.accumulate: >= 1"),

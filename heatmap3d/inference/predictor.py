@@ -5,7 +5,9 @@ and preprocessing settings. ``heatmap3d predict`` builds it from a checkpoint
 (:meth:`Predictor.from_checkpoint`); validation during training builds it around the live
 model (:meth:`Predictor.from_config`) from the same resolved config, so the validation
 error is the error of exactly this code path. Refinement models run through it too
-(:mod:`heatmap3d.inference.refine`).
+(:mod:`heatmap3d.inference.refine`). ``heatmap3d predict`` on a CPU with native bf16 runs
+this path under bf16 autocast by default (``--precision``:
+:func:`heatmap3d.inference.model_loading.set_precision`); validation stays float32.
 """
 
 from __future__ import annotations

@@ -67,17 +67,25 @@ class Validator:
         self.names = list(cfg.data.landmarks)
         self.volumes = PreprocessedCases(cases, self.names, cfg.data)
         self.monitor, self.run_dir = monitor, run_dir
+        self.during = during_training(len(cases), cfg.train.val_max_cases)
+        if len(self.during) < len(cases) and world.is_main:
+            log.info(
+                f"validation during training: {len(self.during)} of {len(cases)} validation "
+                f"cases (train.val_max_cases); the final evaluation predicts all {len(cases)}"
+            )
 
     @torch.no_grad()
     def validate(self, model: torch.nn.Module, epoch: int) -> list[LandmarkStats]:
-        """Statistics over the validation scans, each counted once (on every rank).
+        """Statistics over the validation scans of :attr:`during` (every one, or an even
+        spread of ``train.val_max_cases`` of them), each counted once (on every rank).
 
         ``model`` is the bare model being trained; it is left in eval mode.
         """
         start = time.perf_counter()
         predictor = Predictor.from_config(model, self.cfg, self.world.device)
         mine = {}
-        for index in distributed.my_share(len(self.cases), self.world):
+        for at in distributed.my_share(len(self.during), self.world):
+            index = self.during[at]
             vol, truth = self.volumes.volume(index)
             pred = self._locate(predictor, vol, truth, index, keep_heatmaps=index == 0)
             mine[self.cases[index].case_id] = (pred.landmarks.points, truth)
@@ -170,6 +178,14 @@ class Validator:
             prepared = predictor.prepare(vol)
             mine[case.case_id] = predictor.predict_preprocessed(prepared)
         return distributed.gather_by_key(mine)
+
+
+def during_training(n: int, most: int) -> list[int]:
+    """The validation cases (indices of ``n``) predicted during training: all of them, or
+    ``most`` spread evenly from the first to the last (``most`` 0: all)."""
+    if most <= 0 or n <= most:
+        return list(range(n))
+    return sorted({int(i) for i in np.linspace(0, n - 1, most).round()})
 
 
 def write_results(
