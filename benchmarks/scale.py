@@ -19,7 +19,9 @@ wall time, peak memory (of its whole process tree, sampled every 0.2 s) and disk
   smallest N (the same model at every N: the pose pass runs on the scans whose first
   pass can say their pose, 1.6 against 0.4 s a scan, and a better-trained model says it
   for more of them, which made a model per N look superlinear in N), and
-  ``heatmap3d report``.
+  ``heatmap3d report``;
+- the cache: the seconds of each stage's cache step (its log line) in the training run and
+  in a second run (one epoch) on the same scans, which reuses the first run's entries.
 
 Each N's figures are saved to ``<work>/results.json`` as they are measured (a later run
 goes on from there). The growth of each figure in N is fitted as ``N^slope`` (least
@@ -31,6 +33,8 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
+import shutil
 import subprocess
 import sys
 import time
@@ -154,6 +158,12 @@ def subset(full: Path, n: int, folder: Path) -> Path:
 # --------------------------------------------------------------- one N
 
 
+def cache_seconds(log: Path) -> list[float]:
+    """Seconds of each stage's cache step, as its ``cache: ... (S s, ...)`` line says."""
+    found = re.findall(r"^cache: .*\(([0-9.]+) s, ", log.read_text(encoding="utf-8"), re.M)
+    return [float(v) for v in found]
+
+
 def scalars(folder: Path) -> dict[str, list[float]]:
     """Every scalar of the TensorBoard events in ``folder``: tag -> values in step order."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -199,14 +209,19 @@ def one_n(n: int, full: Path, work: Path, epochs: int, predictor: Path | None = 
     got["check"] = measure([*py, "check", str(data)], logs / "check.txt")
     got["plan"] = measure([*py, "plan", str(data)], logs / "plan.txt")
     runs = here / "runs"
-    got["train"] = measure(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=1",
-         "train_ddp.py", "--data", str(data), f"train.epochs={epochs}", "train.val_every=1",
-         "train.budget_minutes=0", f"train.out_dir={runs}"],
-        logs / "train.txt",
-    )  # fmt: skip
+    train = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+             "--nproc_per_node=1", "train_ddp.py", "--data", str(data), "train.val_every=1",
+             "train.budget_minutes=0"]  # fmt: skip
+    got["train"] = measure([*train, f"train.epochs={epochs}", f"train.out_dir={runs}"],
+                           logs / "train.txt")  # fmt: skip
     got["train"].disk_mb = disk_mb(runs)
     got["cache_mb"] = disk_mb(data / ".cache")
+    got["cache_s"] = cache_seconds(logs / "train.txt")
+    # A second run on the same scans (one epoch): its cache is the first run's.
+    again = here / "runs_again"
+    measure([*train, "train.epochs=1", f"train.out_dir={again}"], logs / "train_again.txt")
+    got["cache_again_s"] = cache_seconds(logs / "train_again.txt")
+    shutil.rmtree(again)
     got["stages"] = training_figures(runs)
     train = set(json.loads((data / "split.json").read_text(encoding="utf-8"))["train"])
     scans = sorted(p for p in (data / "images").iterdir() if p.name.split(".")[0] in train)
@@ -250,14 +265,16 @@ def table(results: list[dict]) -> str:
         lines.append(f"| {c} | " + " | ".join(cells) + f" | {t:.2f}, {m:.2f} |")
     lines.append("")
     lines.append("| N | stage | first epoch s | steady epoch s | samples/s | data wait | "
-                 "one validation s | cache MB |")  # fmt: skip
-    lines.append("|---|---|---|---|---|---|---|---|")
+                 "one validation s | cache MB | cache s: first run, second run |")  # fmt: skip
+    lines.append("|---|---|---|---|---|---|---|---|---|")
     for r in results:
-        for stage, f in r["stages"].items():
+        first, again = r.get("cache_s", []), r.get("cache_again_s", [])
+        for i, (stage, f) in enumerate(r["stages"].items()):
+            cache = " / ".join(f"{v[i]:.1f}" if i < len(v) else "-" for v in (first, again))
             lines.append(
                 f"| {r['n']} | {stage} | {f['first_epoch_s']:.1f} | {f['steady_epoch_s']:.1f} "
                 f"| {f['samples_per_s']:.2f} | {100 * f['data_wait']:.1f} % "
-                f"| {f['validation_s']:.1f} | {r['cache_mb']:.0f} |"
+                f"| {f['validation_s']:.1f} | {r['cache_mb']:.0f} | {cache} |"
             )
     return "\n".join(lines)
 

@@ -103,3 +103,13 @@ def test_thin_slices_take_finer_in_plane_spacing(tmp_path, capsys):
         scale.main(["--inplane", "0.1", "--slices", "1", "2", "--work", str(tmp_path / "s")])
     assert e.value.code == 2 and "0.3 to 5 mm" in capsys.readouterr().err
     assert not (tmp_path / "s").exists()
+
+
+def test_the_cache_seconds_of_each_stage_are_read_from_the_training_log(tmp_path):
+    log = tmp_path / "train.txt"
+    log.write_text(
+        "epoch 1\ncache: rank 0 preprocessed 3 of its 3 scan(s), reused the others "
+        "(2.5 s, the data folder .cache)\nnot cache: (9 s, x)\n"
+        "cache: rank 0 preprocessed 0 of its 3 scan(s), reused the others (0.25 s, /c)\n"
+    )
+    assert scale.cache_seconds(log) == [2.5, 0.25]

@@ -7,6 +7,7 @@ which :func:`build_cache` fills before the first epoch, using every rank of the 
 from __future__ import annotations
 
 import random
+import time
 
 import numpy as np
 import torch
@@ -20,6 +21,9 @@ from heatmap3d.data.dataset import LandmarkDataset
 from heatmap3d.distributed import DistInfo
 from heatmap3d.errors import InputError
 from heatmap3d.io.layout import Case
+from heatmap3d.log import get_logger
+
+log = get_logger(__name__)
 
 
 def build_cache(cases: list[Case], cfg: DataConfig, world: DistInfo) -> None:
@@ -37,12 +41,19 @@ def build_cache(cases: list[Case], cfg: DataConfig, world: DistInfo) -> None:
     if not cfg.disk_cache:
         return
     images = [c.image for c in cases]
+    start, built = time.perf_counter(), []
     distributed.every_rank_tries(
         world,
-        lambda: build_entries(images, cfg, world.local_rank, world.local_world_size),
+        lambda: built.append(build_entries(images, cfg, world.local_rank, world.local_world_size)),
         errors=(InputError, OSError),
         what="building the preprocessed-volume cache",
     )
+    if world.is_main:  # what a second run on the same scans saves (benchmarks/scale.py)
+        mine = len(images[world.local_rank :: world.local_world_size])
+        log.info(
+            f"cache: rank 0 preprocessed {built[0]} of its {mine} scan(s), reused the others "
+            f"({time.perf_counter() - start:.1f} s, {cfg.cache_dir or 'the data folder .cache'})"
+        )
 
 
 def training_workers(world: DistInfo) -> int:
