@@ -276,21 +276,23 @@ def every_rank_tries(
     *,
     errors: tuple[type[BaseException], ...],
     what: str,
-) -> None:
-    """Every rank runs ``work``; if one of ``errors`` was raised anywhere, all raise it.
+) -> Any:
+    """Every rank runs ``work`` and gets its own result; if one of ``errors`` was raised
+    anywhere, all raise it.
 
     The first failing rank's message (``rank R: <what>: <error>``) is raised as
     :class:`InputError` on every rank. Also a barrier: no rank returns before all have
     finished.
     """
-    error = None
+    error, result = None, None
     try:
-        work()
+        result = work()
     except errors as err:
         error = f"rank {world.rank}: {what}: {err}"
     failed = [e for e in all_gather_objects(error) if e]
     if failed:
         raise InputError(failed[0])
+    return result
 
 
 def gather_by_key(mine: Mapping[str, T]) -> dict[str, T]:

@@ -12,7 +12,7 @@
 Prediction (``heatmap3d predict --precision``, :func:`inference_autocast`) may run a
 float32 model under bf16 autocast on a CPU whose oneDNN has native bf16 (AVX512-BF16 or
 AMX): on 2 AVX512-BF16 cores the refinement windows' forward took 0.5 against 1.0 s, and a
-trained AFIDs model's landmarks moved 0.012 mm median at the same accuracy
+trained AFIDs model's landmarks moved 0.008 mm median at the same accuracy
 (benchmarks/RESULTS.md). Training and validation on a CPU stay float32.
 """
 
@@ -39,6 +39,11 @@ def param_dtype(name: str) -> torch.dtype:
     """The weights' dtype under resolved precision ``name`` (autocast keeps float32
     master weights)."""
     return torch.float64 if name == "fp64" else torch.float32
+
+
+def autocast_name(dtype: torch.dtype) -> str:
+    """``bf16`` or ``fp16`` for an autocast dtype (its name in ``train.precision``)."""
+    return next((k for k, v in _AUTOCAST_DTYPES.items() if v == dtype), str(dtype))
 
 
 def autocast_dtype(name: str) -> torch.dtype | None:

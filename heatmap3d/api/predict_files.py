@@ -16,7 +16,6 @@ does not stop the others: the failures are listed at the end (:class:`InputError
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import os
 from collections.abc import Sequence
@@ -32,7 +31,7 @@ from heatmap3d.evaluation.pictures import snapshot
 from heatmap3d.evaluation.report import write_report
 from heatmap3d.geometry import Volume
 from heatmap3d.inference.cohort import WAIT, Job, run_cohort
-from heatmap3d.inference.model_loading import load_pipeline, set_precision
+from heatmap3d.inference.model_loading import load_pipeline, set_options
 from heatmap3d.inference.pipeline import DEFAULT_REVIEW_RADIUS_MM, Pipeline
 from heatmap3d.inference.predictor import Prediction, Predictor
 from heatmap3d.inference.reading import check_workers, reading_workers
@@ -44,6 +43,7 @@ from heatmap3d.io.model_folder import read_model_folder
 from heatmap3d.io.png import write_png
 from heatmap3d.log import get_logger
 from heatmap3d.packaged import catalogue as packaged
+from heatmap3d.precision import autocast_name
 from heatmap3d.predictions import resume
 from heatmap3d.predictions.scan_files import review_flags, write_heatmaps, write_prediction
 from heatmap3d.predictions.tables import check_tables
@@ -148,9 +148,12 @@ def load_model(spec: ModelSpec, device: torch.device) -> Pipeline:
             runtime=spec.runtime,
             precision=spec.precision,
         )
-    predictor = _mirrored(Predictor.from_checkpoint(spec.checkpoint, device), spec)
+    asked = {"mirror": spec.mirror, "precision": spec.precision}
+    predictor = Predictor.from_checkpoint(spec.checkpoint, device)
+    set_options(predictor, **asked)
     if spec.refine is not None:
-        fine = _mirrored(Predictor.from_checkpoint(spec.refine, device), spec)
+        fine = Predictor.from_checkpoint(spec.refine, device)
+        set_options(fine, **asked)
         return Pipeline(Cascade(predictor, fine), review_radius_mm=spec.review_radius_mm)
     if predictor.settings.role != "whole_scan":
         raise InputError(
@@ -158,14 +161,6 @@ def load_model(spec: ModelSpec, device: torch.device) -> Pipeline:
             "model as --checkpoint and this one as --refine"
         )
     return Pipeline(predictor, review_radius_mm=spec.review_radius_mm)
-
-
-def _mirrored(predictor: Predictor, spec: ModelSpec) -> Predictor:
-    """``predictor`` in ``spec``'s precision, without mirroring where ``spec`` says."""
-    set_precision(predictor, spec.precision)
-    if not spec.mirror:
-        predictor.settings = dataclasses.replace(predictor.settings, mirror_axis=-1)
-    return predictor
 
 
 def predict_files(spec: ModelSpec, scans: Sequence[Path], options: PredictOptions) -> None:
@@ -180,9 +175,8 @@ def predict_files(spec: ModelSpec, scans: Sequence[Path], options: PredictOption
         log.info("\n".join(f"note: {line}" for line in pipeline.basis.sentences()))
         cast = pipeline.last.settings.autocast
         if cast is not None:
-            name = {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(cast, str(cast))
-            log.info(f"note: the networks run in {name} autocast on {world.device.type} "
-                     "(--precision fp32 for float32)")  # fmt: skip
+            log.info(f"note: the networks run in {autocast_name(cast)} autocast on "
+                     f"{world.device.type} (--precision fp32 for float32)")  # fmt: skip
         # Every rank lists the same scans: sorted folders, the arguments' order.
         found = _scans(scans)
         stems = output_stems(found)  # two scans named alike: refused before anything is written

@@ -161,9 +161,7 @@ def check_cases(
     unique = list({c.case_id: c for cs in cases.values() for c in cs}.values())
     # Each case on its own collector, merged in the cases' order: the same report
     # whatever the number of threads.
-    read = map_cases(
-        lambda case: _read_case_alone(case, nifti_frame, measure), unique, desc="check"
-    )
+    read = map_cases(lambda case: _read_case(case, nifti_frame, measure), unique, desc="check")
     data = [d for d, _ in read]
     for _, findings in read:
         found.result.findings.extend(findings)
@@ -246,14 +244,16 @@ def _check_split_members(path: Path, split: dict[str, list[str]], report: Collec
 
 
 def _read_case(
-    case: Case, report: Collector, nifti_frame: str | None = None, measure=None
-) -> _CaseData:
-    """Read one case's files (what could be read; problems become findings).
+    case: Case, nifti_frame: str | None, measure: Callable[[Volume], object] | None
+) -> tuple[_CaseData, list[Finding]]:
+    """Read one case's files (what could be read); its data and its findings, collected on
+    its own so that threads never share a list.
 
     The checks that need the voxels run here (and ``measure``, where given), so that only
     the grid is kept: one image is in memory at a time per thread, however large the
     dataset.
     """
+    report = Collector(CheckReport(case.image.parent))
     data = _CaseData(case)
     vol = _read_image(case.image, report, nifti_frame)
     data.landmarks = _read_landmark_file(case.landmarks, report)
@@ -263,15 +263,7 @@ def _read_case(
         _check_spacing(case.image, vol, report)
         if data.landmarks is not None:
             check_frame(case, vol, data.landmarks, report)
-    return data
-
-
-def _read_case_alone(
-    case: Case, nifti_frame: str | None, measure
-) -> tuple[_CaseData, list[Finding]]:
-    """:func:`_read_case` with its own collector: the case's data and findings."""
-    own = Collector(CheckReport(case.image.parent))
-    return _read_case(case, own, nifti_frame, measure), own.result.findings
+    return data, report.result.findings
 
 
 def _locate_case(root: Path, case_id: str, report: Collector) -> Case | None:

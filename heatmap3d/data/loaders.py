@@ -41,17 +41,17 @@ def build_cache(cases: list[Case], cfg: DataConfig, world: DistInfo) -> None:
     if not cfg.disk_cache:
         return
     images = [c.image for c in cases]
-    start, built = time.perf_counter(), []
-    distributed.every_rank_tries(
+    start = time.perf_counter()
+    built = distributed.every_rank_tries(
         world,
-        lambda: built.append(build_entries(images, cfg, world.local_rank, world.local_world_size)),
+        lambda: build_entries(images, cfg, world.local_rank, world.local_world_size),
         errors=(InputError, OSError),
         what="building the preprocessed-volume cache",
     )
     if world.is_main:  # what a second run on the same scans saves (benchmarks/scale.py)
         mine = len(images[world.local_rank :: world.local_world_size])
         log.info(
-            f"cache: rank 0 preprocessed {built[0]} of its {mine} scan(s), reused the others "
+            f"cache: rank 0 preprocessed {built} of its {mine} scan(s), reused the others "
             f"({time.perf_counter() - start:.1f} s, {cfg.cache_dir or 'the data folder .cache'})"
         )
 

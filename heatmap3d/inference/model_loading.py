@@ -24,7 +24,7 @@ from heatmap3d.review.pose import Pose
 from heatmap3d.review.shape import ShapeModel
 from heatmap3d.review.shape_file import shape_from_dict
 
-__all__ = ["RUNTIMES", "load_pipeline", "read_extras", "set_precision"]
+__all__ = ["RUNTIMES", "load_pipeline", "read_extras", "set_options", "set_precision"]
 
 RUNTIMES = ("torch", "onnxruntime")
 
@@ -50,9 +50,7 @@ def load_pipeline(
     found = read_model_folder(folder)
     stages = [_stage(found, entry, paths, device, runtime) for entry, paths in found.stages]
     for stage in stages:
-        set_precision(stage, precision, runtime)
-        if not mirror:
-            stage.settings = dataclasses.replace(stage.settings, mirror_axis=-1)
+        set_options(stage, mirror=mirror, precision=precision, runtime=runtime)
     if len(stages) > 2:
         raise InputError(f"{folder}: {len(stages)} stages; prediction runs one or two")
     model = stages[0] if len(stages) == 1 else Cascade(stages[0], stages[1])
@@ -72,6 +70,14 @@ def load_pipeline(
         review_radius_mm=review_radius_mm,
         pose=posed if pose else None,
     )
+
+
+def set_options(stage: Predictor, *, mirror: bool, precision: str, runtime: str = "torch") -> None:
+    """``stage`` as prediction's options ask: test-time mirroring off where ``mirror`` is
+    False (``--no-mirror``), its networks in ``precision`` (:func:`set_precision`)."""
+    set_precision(stage, precision, runtime)
+    if not mirror:
+        stage.settings = dataclasses.replace(stage.settings, mirror_axis=-1)
 
 
 def set_precision(stage: Predictor, precision: str, runtime: str = "torch") -> None:
