@@ -12,7 +12,8 @@ first N training cases, validates on the same cases and is tested on the same on
 against the test landmarks) and its epochs per stage are saved to ``<work>/curve.json`` as
 each finishes (a later run goes on from there). ``--minutes`` gives each N its budget: the
 same for every N, or growing with N. The table and ``<work>/curve.png`` (MRE against N,
-one line per command's series) take every run saved.
+one line per command's series) take every run saved. ``--predict-again`` predicts the test
+scans again with every saved run's model (after a change to prediction, not to training).
 """
 
 from __future__ import annotations
@@ -54,18 +55,30 @@ def epochs(run: Path) -> dict[str, int]:
 
 def one_run(full: Path, work: Path, n: int, minutes: float) -> dict:
     """Plan, train ``minutes`` and predict the test cases with the first ``n`` cases."""
-    here = work / f"n{n:04d}-{minutes:g}min"
+    here = run_folder(work, {"n": n, "minutes": minutes})
     data = subset(full, n, here / "data")
-    split = json.loads((data / "split.json").read_text(encoding="utf-8"))
     tool("plan", data)
     start = time.perf_counter()
     train(data, minutes, here / "runs")
     trained = (time.perf_counter() - start) / 60
-    scans = sorted(p for p in (data / "images").iterdir() if p.name.split(".")[0] in split["test"])
-    tool("predict", "--model", here / "runs" / data.name, *scans, "--out", here / "pred")
-    errs = errors_mm(here / "pred", data / "landmarks", split["test"])
+    errors = errors_on_test_scans(here).tolist()
     return {"n": n, "minutes": minutes, "wall_minutes": trained,
-            "epochs": epochs(here / "runs"), "errors": errs.tolist()}  # fmt: skip
+            "epochs": epochs(here / "runs"), "errors": errors}  # fmt: skip
+
+
+def run_folder(work: Path, run: dict) -> Path:
+    return work / f"n{run['n']:04d}-{run['minutes']:g}min"
+
+
+def errors_on_test_scans(here: Path) -> np.ndarray:
+    """Predict the test scans with the model trained in ``here`` (a run's folder) as a
+    user does; their errors (:func:`errors_mm`)."""
+    data = here / "data"
+    split = json.loads((data / "split.json").read_text(encoding="utf-8"))
+    scans = sorted(p for p in (data / "images").iterdir() if p.name.split(".")[0] in split["test"])
+    out = here / "pred"
+    tool("predict", "--model", here / "runs" / data.name, *scans, "--out", out, "--overwrite")
+    return errors_mm(out, data / "landmarks", split["test"])
 
 
 def summary(run: dict) -> dict[str, float]:
@@ -133,6 +146,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--inplane", type=float, default=1.2, help="in-plane spacing, mm (0.3-1.2)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--work", type=Path, default=Path("runs/curve"))
+    p.add_argument("--predict-again", action="store_true",
+                   help="predict the test scans again with every saved run's model (after a "
+                   "change to prediction) and replace their errors")  # fmt: skip
     args = p.parse_args(argv)
     if len(args.minutes) != len(args.cases):
         p.error(
@@ -148,6 +164,10 @@ def main(argv: list[str] | None = None) -> None:
     runs, series = doc.get("runs", []), doc.get("series", [])
     this = {"cases": args.cases, "minutes": args.minutes}
     series += [] if this in series else [this]
+    if args.predict_again:  # the same models, prediction changed: their errors again
+        for run in runs:
+            if (run_folder(work, run) / "runs").is_dir():
+                run["errors"] = errors_on_test_scans(run_folder(work, run)).tolist()
     for n, minutes in zip(args.cases, args.minutes, strict=True):
         if not any(r["n"] == n and r["minutes"] == minutes for r in runs):
             runs.append(one_run(full, work, n, minutes))

@@ -239,23 +239,60 @@ def test_presence_threshold_from_the_chosen_rows_only():
         fit_calibration(["a"], errors, ones, confidence, present, threshold_rows=stored[:3])
 
 
-def test_training_calibration_counts_scans_and_takes_presence_from_them_as_stored():
+def held_out(conf: float):
+    """An uncalibrated held-out prediction of one landmark "a" with peak ``conf``."""
     from heatmap3d.inference.predictor import Prediction
     from heatmap3d.io.landmarks import Landmarks
+
+    return Prediction(
+        Landmarks(["a"], np.zeros((1, 3))),
+        np.array([conf]),
+        np.zeros((1, 3)),
+        presence=np.array([conf]),
+        signal_mm=np.ones(1),
+    )
+
+
+def test_training_calibration_counts_scans_and_takes_presence_from_them_as_stored():
     from heatmap3d.training.heldout import calibrate
 
-    def pred(conf: float) -> Prediction:
-        return Prediction(
-            Landmarks(["a"], np.zeros((1, 3))),
-            np.array([conf]),
-            np.zeros((1, 3)),
-            presence=np.array([conf]),
-            signal_mm=np.ones(1),
-        )
-
+    pred = held_out
     absent = np.full((1, 3), np.nan)
     results = {"s0": pred(0.9), "s1": pred(0.5), "s0@0": pred(0.3), "s1@0": pred(0.99)}
     truth = {"s0": np.zeros((1, 3)), "s1": absent, "s0@0": np.zeros((1, 3)), "s1@0": absent}
     cal = calibrate(results, truth, ["a"], stored={"s0", "s1"})
     assert (cal.n_cases, cal.n_scans) == (4, 2)
     assert cal.presence_threshold == pytest.approx(0.7)  # from s0 and s1 alone
+
+
+def test_held_out_pipelines_leave_out_what_the_calibration_will_declare_absent():
+    """The held-out scans are predicted before their calibration exists; the presence
+    threshold it will fit (from their peaks alone) is given to each pipeline first, so
+    their shape checks leave out what prediction's will, and a part whose scans hold a
+    landmark below it is predicted again (a part without one is not)."""
+    from types import SimpleNamespace
+
+    from heatmap3d.training.heldout import HeldOut, calibrate, with_threshold
+
+    pred = held_out
+
+    class Validator:
+        def __init__(self, ids):
+            self.cases, self.calls = [SimpleNamespace(case_id=c) for c in ids], 0
+
+        def predict_cases(self, pipeline):
+            self.calls += 1
+            return {c.case_id: pred(0.5 if c.case_id == "s1" else 0.9) for c in self.cases}
+
+    parts = [
+        (SimpleNamespace(shape=object(), held_out_threshold=0.0), SimpleNamespace(validator=v))
+        for v in (Validator(["s0", "s1"]), Validator(["s2"]))
+    ]
+    results = {"s0": pred(0.9), "s1": pred(0.5), "s2": pred(0.9)}
+    truth = {"s0": np.zeros((1, 3)), "s1": np.full((1, 3), np.nan), "s2": np.zeros((1, 3))}
+    held = HeldOut(results, [], "", {}, truth)
+    with_threshold(parts, held)
+    fitted = calibrate(held.results, truth, ["a"], stored=set(results)).presence_threshold
+    assert fitted == pytest.approx(0.7)
+    assert [p.held_out_threshold for p, _ in parts] == [fitted, fitted]
+    assert [t.validator.calls for _, t in parts] == [1, 0]

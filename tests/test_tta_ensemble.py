@@ -146,38 +146,73 @@ class FixedNet(torch.nn.Module):
         return out
 
 
+class ShapeScene:
+    """12 landmarks at random places (world mm, the first ``true[0]`` if given), a shape
+    model of 20 noisy copies, the grid of a 1.5 mm scan, and peaks drawn on it."""
+
+    def __init__(self, seed: int, first=None):
+        from heatmap3d.geometry import world_to_voxel
+        from heatmap3d.review.shape import ShapeModel
+
+        rng = np.random.default_rng(seed)
+        self.true = rng.uniform(-16, 16, (12, 3))
+        if first is not None:
+            self.true[0] = first
+        self.names = [f"p{k}" for k in range(len(self.true))]
+        noisy = self.true + rng.normal(0, 1.0, (20, *self.true.shape))
+        self.shape = ShapeModel.fit(self.names, noisy)
+        data = DataConfig(spacing=[1.5] * 3, normalization="none", landmarks=self.names)
+        self.cfg = Config(data=data)
+        self.cfg.train.channels_last = False
+        self.grid = Predictor.from_config(EchoNet(), self.cfg, torch.device("cpu")).prepare(
+            blob_scan(AFFINE, SHAPE, np.zeros(3))
+        )
+        axes = [np.arange(n) for n in self.grid.shape]
+        self.ijk = np.stack(np.meshgrid(*axes, indexing="ij"), -1)
+        self.to_voxel = lambda world: world_to_voxel(np.asarray(world, float), self.grid.affine)
+
+    def peak(self, world, height: float) -> np.ndarray:
+        d2 = (((self.ijk - self.to_voxel(world)) * 1.5) ** 2).sum(-1)
+        return height * np.exp(-d2 / (2 * 3.0**2))
+
+    def predictor(self, heat: np.ndarray) -> Predictor:
+        return Predictor.from_config(FixedNet(heat), self.cfg, torch.device("cpu"))
+
+
 def test_the_shape_model_sends_a_landmark_on_a_look_alike_back_to_the_peak_that_fits():
     """Landmark 0 of 12 has a higher peak on a look-alike 24 mm away and a lower one at the
     true place: the shape model of the training configurations flags the first and the
     pipeline takes the second (status moved)."""
-    from heatmap3d.geometry import world_to_voxel
-    from heatmap3d.review.shape import ShapeModel
-
-    rng = np.random.default_rng(0)
-    true = rng.uniform(-16, 16, (12, 3))
-    true[0] = [0.0, 0.0, -12.0]
-    names = [f"p{k}" for k in range(len(true))]
-    shape = ShapeModel.fit(names, true + rng.normal(0, 1.0, (20, *true.shape)))
-    cfg = Config(data=DataConfig(spacing=[1.5] * 3, normalization="none", landmarks=names))
-    cfg.train.channels_last = False
-    grid = Predictor.from_config(EchoNet(), cfg, torch.device("cpu")).prepare(
-        blob_scan(AFFINE, SHAPE, np.zeros(3))
-    )
-    ijk = np.stack(np.meshgrid(*[np.arange(n) for n in grid.shape], indexing="ij"), -1)
-
-    def peak(world, height):
-        d2 = (((ijk - world_to_voxel(np.asarray(world, float), grid.affine)) * 1.5) ** 2).sum(-1)
-        return height * np.exp(-d2 / (2 * 3.0**2))
-
-    heat = np.stack([peak(p, 0.9) for p in true])
-    heat[0] = np.maximum(peak(true[0], 0.6), peak([0.0, 0.0, 12.0], 0.95))
-    predictor = Predictor.from_config(FixedNet(heat), cfg, torch.device("cpu"))
+    scene = ShapeScene(0, first=[0.0, 0.0, -12.0])
+    true, grid = scene.true, scene.grid
+    heat = np.stack([scene.peak(p, 0.9) for p in true])
+    heat[0] = np.maximum(scene.peak(true[0], 0.6), scene.peak([0.0, 0.0, 12.0], 0.95))
+    predictor = scene.predictor(heat)
     plain = predictor.predict_preprocessed(grid)
     assert np.linalg.norm(plain.landmarks.points[0] - true[0]) > 20  # the look-alike wins
-    pred = Pipeline(predictor, shape=shape).predict_preprocessed(grid)
+    pred = Pipeline(predictor, shape=scene.shape).predict_preprocessed(grid)
     # The others stay where they are; without a calibration none states a radius, so
     # none is "ok" (issue 25): they are "review", not "moved".
     assert pred.status[0] == "moved" and list(pred.status[1:]) == ["review"] * 11
     np.testing.assert_allclose(pred.landmarks.points, true, atol=0.1)
-    np.testing.assert_allclose(pred.voxels, world_to_voxel(true, grid.affine), atol=0.1)
+    np.testing.assert_allclose(pred.voxels, scene.to_voxel(true), atol=0.1)
     assert pred.shape_residual_mm[0] > 15 and np.all(pred.shape_residual_mm[1:] < 5)
+
+
+def test_landmarks_declared_absent_stay_out_of_the_shape_check():
+    """Five of 12 landmarks are cut off by the field of view: their channels' faint peaks
+    lie together at the scan's edge. Declared absent (peak below the calibration's
+    threshold), they must not drag the shape fit: the seven found where they are stay
+    there, none moved. Left in, they made the check move two right ones 30-45 mm here (and
+    three by 57-247 mm on the CT-like set)."""
+    scene = ShapeScene(0)
+    true = scene.true
+    heat = np.stack([scene.peak(p, 0.9) for p in true])
+    heat[:5] = scene.peak([26.0, -18.0, 22.0], 0.3)  # the cut-off ones: faint, at the edge
+    cal = Calibration(scene.names, 0.9, np.ones(len(true)), 0.6, 20)
+    pipeline = Pipeline(scene.predictor(heat), shape=scene.shape, calibration=cal)
+    pred = pipeline.predict_preprocessed(scene.grid)
+    assert list(pred.status[:5]) == ["absent"] * 5
+    assert "moved" not in list(pred.status[5:])
+    np.testing.assert_allclose(pred.landmarks.points[5:], true[5:], atol=0.1)
+    assert np.isnan(pred.landmarks.points[:5]).all()

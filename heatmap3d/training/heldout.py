@@ -26,7 +26,7 @@ from heatmap3d.data.dataset import PreprocessedCases
 from heatmap3d.distributed import DistInfo
 from heatmap3d.evaluation.metrics import radial_errors
 from heatmap3d.evaluation.placements import Placements, random_placement
-from heatmap3d.inference.pipeline import Pipeline
+from heatmap3d.inference.pipeline import Pipeline, absent
 from heatmap3d.inference.predictor import Prediction, Predictor
 from heatmap3d.inference.refine import Cascade
 from heatmap3d.io.landmarks import read_landmarks
@@ -36,6 +36,7 @@ from heatmap3d.io.volumes import load_volume
 from heatmap3d.log import get_logger
 from heatmap3d.review.calibration import Calibration, fit_calibration
 from heatmap3d.review.pose import Pose, fit_pose
+from heatmap3d.review.presence import presence_threshold
 from heatmap3d.review.shape import ShapeModel
 from heatmap3d.review.shape_file import read_prior
 from heatmap3d.review.shape_power import measure_power
@@ -234,14 +235,17 @@ def held_out_predictions(runs, members, entries, model_dir, world, extras) -> He
             model = stage_model(world, model_dir, own)
             parts.append((Pipeline(model, fold_shape, pose=fold_pose), run[0]))
         label = f"{model_dir}, each fold's model on its own validation scans"
-    ranges = Placements(intensities=cfg.data.normalization != "ct")
     held = HeldOut({}, [], label, {}, {})
+    for pipeline, trainer in parts:
+        held.results.update(trainer.validator.predict_cases(pipeline))
+        held.cases += trainer.validator.cases
+    held.truth.update(truth_points(held.cases, names))
+    with_threshold(parts, held)
+    ranges = Placements(intensities=cfg.data.normalization != "ct")
     for pipeline, trainer in parts:
         cases = trainer.validator.cases
         if views:
             log.info(f"calibration: {views} random placements of {len(cases)} held-out scan(s)")
-        held.results.update(trainer.validator.predict_cases(pipeline))
-        held.cases += cases
         people = calibration_people(cfg, pipeline.shape)
         placed, truth = placed_predictions(
             pipeline,
@@ -256,8 +260,27 @@ def held_out_predictions(runs, members, entries, model_dir, world, extras) -> He
         )
         held.placed.update(placed)
         held.truth.update(truth)
-    held.truth.update(truth_points(held.cases, names))
     return held
+
+
+def with_threshold(parts: list, held: HeldOut) -> None:
+    """Give each pipeline of ``parts`` the presence threshold that :func:`calibrate` will
+    fit on ``held``'s scans as stored (it depends on their peaks alone), and predict again
+    the scans whose shape check it changes: those with a landmark below it. Prediction's
+    shape check leaves such landmarks out; the radii must be fitted on what it does. Every
+    rank decides alike (``held.results`` is gathered)."""
+    ids = sorted(held.results)
+    peaks = np.stack([held.results[c].presence for c in ids])
+    present = np.isfinite(np.stack([held.truth[c] for c in ids])).all(-1)
+    threshold = presence_threshold(peaks, present)
+    if threshold <= 0:
+        return
+    for pipeline, trainer in parts:
+        pipeline.held_out_threshold = threshold
+        ids = [c.case_id for c in trainer.validator.cases]
+        cut = any(absent(held.results[c].presence, threshold).any() for c in ids)
+        if pipeline.shape is not None and cut:
+            held.results.update(trainer.validator.predict_cases(pipeline))
 
 
 def calibration_people(cfg, shape) -> np.ndarray | None:
