@@ -181,7 +181,7 @@ class TrainConfig:
     device: str = "auto"  # "auto", "cuda" or "cpu"
     # "auto" (bf16 on CUDA when train.amp, else fp32), "bf16" (autocast), "fp16" (autocast +
     # GradScaler), "fp32", or "fp64" (float64 weights and inputs: slow; for exactness tests).
-    # CPU runs bf16 and fp16 as fp32.
+    # CPU runs fp16, and bf16 where the CPU lacks native bf16, as fp32.
     precision: str = "auto"
     accumulate: int = 1  # micro-batches per optimizer step (global batch x this)
     nonfinite: str = "stop"  # on a NaN/Inf loss: "stop" the run, or "skip" the step

@@ -9,6 +9,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from heatmap3d import precision
 from heatmap3d.config import ModelConfig
 from heatmap3d.model import build_model
 from heatmap3d.precision import Precision, resolve
@@ -48,9 +49,33 @@ def _assert_close(a, b, rtol: float, atol: float) -> None:
 def test_resolve_precision():
     assert resolve("auto", True, CUDA) == "bf16" and resolve("auto", False, CUDA) == "fp32"
     assert resolve("fp16", True, CUDA) == "fp16"
-    for name in ("auto", "bf16", "fp16", "fp32"):
-        assert resolve(name, True, CPU) == "fp32"  # CPU runs fp32
+    for name in ("auto", "fp16", "fp32"):
+        assert resolve(name, True, CPU) == "fp32"  # CPU runs fp32 unless bf16 is asked for
+    native = precision.cpu_has_native_bf16()
+    assert resolve("bf16", True, CPU) == ("bf16" if native else "fp32")
     assert resolve("fp64", True, CPU) == "fp64" == resolve("fp64", True, CUDA)
+
+
+@pytest.mark.skipif(not precision.cpu_has_native_bf16(), reason="needs a CPU with native bf16")
+def test_bf16_training_on_a_cpu_with_native_bf16_follows_float32():
+    """``train.precision=bf16`` on such a CPU: the forward in bf16, float32 weights, and
+    a loss and gradients that follow float32's (bf16 keeps 8 bits of mantissa)."""
+    image, coords = _batch()
+    bf16, model = Precision(resolve("bf16", True, CPU), CPU), _model()
+    assert bf16.name == "bf16" and bf16.param_dtype == torch.float32
+
+    def run(x):
+        with bf16.autocast():
+            out = model(x)
+        assert out.dtype == torch.bfloat16
+        return bf16.loss_dtype(out)
+
+    loss, grads = _loss_and_grads(model, image, coords, run=run)
+    ref_loss, ref_grads = _loss_and_grads(_model(), image, coords)
+    torch.testing.assert_close(loss, ref_loss, rtol=0.02, atol=0.0)
+    for name, g in grads.items():
+        cos = torch.nn.functional.cosine_similarity(g.flatten(), ref_grads[name].flatten(), 0)
+        assert cos > 0.98, name
 
 
 def test_activation_checkpointing_gives_the_same_gradients():
