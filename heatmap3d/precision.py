@@ -15,7 +15,7 @@ float32 model under bf16 autocast on a CPU whose oneDNN has native bf16 (AVX512-
 AMX): on 2 AVX512-BF16 cores the refinement windows' forward took 0.5 against 1.0 s, and a
 trained AFIDs model's landmarks moved 0.008 mm median at the same accuracy
 (benchmarks/RESULTS.md). Training on a CPU is float32 unless ``train.precision=bf16`` is
-asked for on such a CPU (a training step of the AFIDs CPU plan 1.65x faster); its
+asked for on such a CPU (a training step of the AFIDs CPU plan 1.55x faster); its
 validation and prediction then run under bf16 autocast too.
 """
 
@@ -33,8 +33,8 @@ def resolve(precision: str, amp: bool, device: torch.device) -> str:
         return "fp64"
     if device.type != "cuda":
         # Asked for by name, bf16 runs on a CPU whose oneDNN has it natively (the AFIDs CPU
-        # plan's step 1.65x faster); emulated elsewhere, it would be slower than float32.
-        # fp16 and "auto" stay float32 on a CPU.
+        # plan's step 1.55x faster, benchmarks/layout.py); emulated elsewhere, it would be
+        # slower than float32. fp16 and "auto" stay float32 on a CPU.
         return "bf16" if precision == "bf16" and cpu_has_native_bf16() else "fp32"
     if precision == "auto":
         return "bf16" if amp else "fp32"

@@ -74,6 +74,9 @@ def test_on_cuda_inference_runs_in_the_precision_training_ran_in(prec, amp):
         assert settings.autocast is None
 
 
-def test_on_cpu_nothing_autocasts():
+def test_on_cpu_only_bf16_asked_for_on_a_cpu_that_has_it_autocasts():
+    from heatmap3d.precision import cpu_has_native_bf16
+
     for prec in PRECISIONS:
-        assert InferenceSettings.from_config(_config(prec), CPU).autocast is None
+        want = torch.bfloat16 if prec == "bf16" and cpu_has_native_bf16() else None
+        assert InferenceSettings.from_config(_config(prec), CPU).autocast == want, prec
