@@ -55,7 +55,7 @@ def epochs(run: Path) -> dict[str, int]:
 
 def one_run(full: Path, work: Path, n: int, minutes: float) -> dict:
     """Plan, train ``minutes`` and predict the test cases with the first ``n`` cases."""
-    here = run_folder(work, {"n": n, "minutes": minutes})
+    here = run_folder(work, n, minutes)
     data = subset(full, n, here / "data")
     tool("plan", data)
     start = time.perf_counter()
@@ -66,8 +66,8 @@ def one_run(full: Path, work: Path, n: int, minutes: float) -> dict:
             "epochs": epochs(here / "runs"), "errors": errors}  # fmt: skip
 
 
-def run_folder(work: Path, run: dict) -> Path:
-    return work / f"n{run['n']:04d}-{run['minutes']:g}min"
+def run_folder(work: Path, n: int, minutes: float) -> Path:
+    return work / f"n{n:04d}-{minutes:g}min"
 
 
 def errors_on_test_scans(here: Path) -> np.ndarray:
@@ -166,8 +166,9 @@ def main(argv: list[str] | None = None) -> None:
     series += [] if this in series else [this]
     if args.predict_again:  # the same models, prediction changed: their errors again
         for run in runs:
-            if (run_folder(work, run) / "runs").is_dir():
-                run["errors"] = errors_on_test_scans(run_folder(work, run)).tolist()
+            here = run_folder(work, run["n"], run["minutes"])
+            if (here / "runs").is_dir():
+                run["errors"] = errors_on_test_scans(here).tolist()
     for n, minutes in zip(args.cases, args.minutes, strict=True):
         if not any(r["n"] == n and r["minutes"] == minutes for r in runs):
             runs.append(one_run(full, work, n, minutes))

@@ -269,7 +269,7 @@ def test_held_out_pipelines_leave_out_what_the_calibration_will_declare_absent()
     """The held-out scans are predicted before their calibration exists; the presence
     threshold it will fit (from their peaks alone) is given to each pipeline first, so
     their shape checks leave out what prediction's will, and a part whose scans hold a
-    landmark below it is predicted again (a part without one is not)."""
+    landmark below it has those scans predicted again (a part without one has none)."""
     from types import SimpleNamespace
 
     from heatmap3d.training.heldout import HeldOut, calibrate, with_threshold
@@ -280,9 +280,10 @@ def test_held_out_pipelines_leave_out_what_the_calibration_will_declare_absent()
         def __init__(self, ids):
             self.cases, self.calls = [SimpleNamespace(case_id=c) for c in ids], 0
 
-        def predict_cases(self, pipeline):
+        def predict_cases(self, pipeline, cases=None):
             self.calls += 1
-            return {c.case_id: pred(0.5 if c.case_id == "s1" else 0.9) for c in self.cases}
+            self.asked = [c.case_id for c in cases]
+            return {c.case_id: pred(0.5 if c.case_id == "s1" else 0.9) for c in cases}
 
     parts = [
         (SimpleNamespace(shape=object(), held_out_threshold=0.0), SimpleNamespace(validator=v))
@@ -296,3 +297,4 @@ def test_held_out_pipelines_leave_out_what_the_calibration_will_declare_absent()
     assert fitted == pytest.approx(0.7)
     assert [p.held_out_threshold for p, _ in parts] == [fitted, fitted]
     assert [t.validator.calls for _, t in parts] == [1, 0]
+    assert parts[0][1].validator.asked == ["s1"]

@@ -277,10 +277,12 @@ def with_threshold(parts: list, held: HeldOut) -> None:
         return
     for pipeline, trainer in parts:
         pipeline.held_out_threshold = threshold
-        ids = [c.case_id for c in trainer.validator.cases]
-        cut = any(absent(held.results[c].presence, threshold).any() for c in ids)
-        if pipeline.shape is not None and cut:
-            held.results.update(trainer.validator.predict_cases(pipeline))
+        if pipeline.shape is None:
+            continue
+        cases = trainer.validator.cases
+        cut = [c for c in cases if absent(held.results[c.case_id].presence, threshold).any()]
+        if cut:
+            held.results.update(trainer.validator.predict_cases(pipeline, cut))
 
 
 def calibration_people(cfg, shape) -> np.ndarray | None:

@@ -168,12 +168,15 @@ class Validator:
         )
         return distributed.broadcast_object(stats)
 
-    def predict_cases(self, predictor: ScanModel) -> dict[str, Prediction]:
-        """Every validation scan predicted from its file, by case id (on every rank; each
-        rank predicts its share)."""
+    def predict_cases(
+        self, predictor: ScanModel, cases: list[Case] | None = None
+    ) -> dict[str, Prediction]:
+        """Every validation scan (or those of ``cases``) predicted from its file, by case id
+        (on every rank; each rank predicts its share)."""
+        cases = self.cases if cases is None else cases
         mine = {}
-        for index in distributed.my_share(len(self.cases), self.world):
-            case = self.cases[index]
+        for index in distributed.my_share(len(cases), self.world):
+            case = cases[index]
             vol = load_volume(case.image, nifti_frame=self.cfg.data.nifti_frame or None)
             prepared = predictor.prepare(vol)
             mine[case.case_id] = predictor.predict_preprocessed(prepared)
