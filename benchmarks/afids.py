@@ -37,7 +37,7 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks.common import REAL, TRAIN, colin27, moved, require_real, rigid, template_folder
-from heatmap3d.config import load_config
+from heatmap3d.config_io import load_config
 from heatmap3d.evaluation.metrics import format_table, radial_errors, summarize
 from heatmap3d.inference.predictor import Predictor
 from heatmap3d.io.landmarks import read_landmarks, write_landmarks

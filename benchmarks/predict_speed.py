@@ -46,7 +46,7 @@ def build_random_folder(work: Path, members: int = 3, seed: int = 0) -> Path:
     import torch
 
     from heatmap3d.checkpoint import Checkpoint, save
-    from heatmap3d.config import to_dict
+    from heatmap3d.config_io import to_dict
     from heatmap3d.io.landmarks import read_landmarks
     from heatmap3d.io.model_folder import StageEntry, write_model_folder
     from heatmap3d.model import build_model

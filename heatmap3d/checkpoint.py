@@ -31,7 +31,8 @@ from typing import Any
 
 import torch
 
-from heatmap3d.config import Config, from_dict
+from heatmap3d.config import Config
+from heatmap3d.config_io import from_dict
 from heatmap3d.errors import InputError, first_line
 from heatmap3d.io.atomic import atomic_write, remove_stale
 
@@ -46,7 +47,7 @@ class Checkpoint:
 
     Attributes:
         model: the unwrapped model's state dict.
-        config: the resolved config as nested plain dicts (:func:`heatmap3d.config.to_dict`).
+        config: the resolved config as nested plain dicts (:func:`heatmap3d.config_io.to_dict`).
         landmarks: names, in output-channel order.
         role: "whole_scan" or "refiner" (``model.role``).
         epoch: epochs completed. best_mre: best validation MRE so far, mm.

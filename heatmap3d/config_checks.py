@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 
 
 class ConfigValueError(InputError):
-    """A config value out of range; :func:`heatmap3d.config.from_dict` adds the file
+    """A config value out of range; :func:`heatmap3d.config_io.from_dict` adds the file
     (a YAML file or a checkpoint's stored config) in front of the key."""
 
 

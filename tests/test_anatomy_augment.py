@@ -466,7 +466,7 @@ def test_a_bad_anatomy_prior_is_refused_before_training_writes_anything(
 
 
 def test_an_anatomy_share_outside_0_1_is_a_config_error():
-    from heatmap3d.config import load_config
+    from heatmap3d.config_io import load_config
 
     with pytest.raises(InputError, match=r"augment\.anatomy: between 0 and 1"):
         load_config(None, ["augment.anatomy=1.5"])

@@ -214,7 +214,8 @@ def tiny_checkpoint(tmp: Path, *, channels: int = 2) -> Path:
     import torch
 
     from heatmap3d.checkpoint import Checkpoint, save
-    from heatmap3d.config import Config, DataConfig, ModelConfig, to_dict
+    from heatmap3d.config import Config, DataConfig, ModelConfig
+    from heatmap3d.config_io import to_dict
     from heatmap3d.model import build_model
 
     cfg = Config(data=DataConfig(landmarks=["a"]), model=ModelConfig(channels=2, depth=2))

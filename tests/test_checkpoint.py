@@ -226,7 +226,8 @@ def test_init_from_loads_matching_weights_and_reports_the_head():
 
 def _format_1_payload(model, landmark_crops: float) -> dict:
     """A checkpoint as heatmap3d wrote it before the schema (``"format": 1``, no role)."""
-    from heatmap3d.config import Config, to_dict
+    from heatmap3d.config import Config
+    from heatmap3d.config_io import to_dict
 
     cfg = to_dict(Config())
     del cfg["model"]["role"]  # that version had no such key
@@ -288,7 +289,8 @@ def test_checkpoints_get_the_umask_mode_not_0600(tmp_path):
 
 
 def test_a_stored_config_that_does_not_describe_the_weights_is_one_line(tmp_path):
-    from heatmap3d.config import Config, to_dict
+    from heatmap3d.config import Config
+    from heatmap3d.config_io import to_dict
     from heatmap3d.inference.predictor import Predictor
 
     cfg = to_dict(Config())  # channels 16 ...

@@ -1,6 +1,6 @@
 import pytest
 
-from heatmap3d.config import from_dict, load_config, to_dict
+from heatmap3d.config_io import from_dict, load_config, to_dict
 from heatmap3d.errors import InputError
 
 

@@ -28,7 +28,8 @@ from assertions import one_error, run
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from heatmap3d.config import Config, TrainConfig, from_dict, load_config
+from heatmap3d.config import Config, TrainConfig
+from heatmap3d.config_io import from_dict, load_config
 from heatmap3d.data.synthetic import MARKER_FILE, generate_dataset
 from heatmap3d.data.synthetic_ct import generate_ct_dataset
 from heatmap3d.errors import InputError

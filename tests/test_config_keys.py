@@ -6,7 +6,8 @@ from __future__ import annotations
 import dataclasses
 
 from heatmap3d.commands.main import main
-from heatmap3d.config import Config, load_config
+from heatmap3d.config import Config
+from heatmap3d.config_io import load_config
 from heatmap3d.config_keys import config_keys, keys_text
 
 

@@ -455,7 +455,8 @@ def test_a_model_trained_at_a_tiny_spacing_is_refused_per_scan(tmp_path: Path, c
     import torch
 
     from heatmap3d.checkpoint import Checkpoint, save
-    from heatmap3d.config import Config, DataConfig, ModelConfig, to_dict
+    from heatmap3d.config import Config, DataConfig, ModelConfig
+    from heatmap3d.config_io import to_dict
     from heatmap3d.model import build_model
 
     cfg = Config(

@@ -12,7 +12,7 @@ import pytest
 
 from heatmap3d.commands.main import main
 from heatmap3d.commands.plan import add_plan_arguments, plan_command
-from heatmap3d.config import from_dict
+from heatmap3d.config_io import from_dict
 from heatmap3d.errors import InputError
 from heatmap3d.io.landmarks import read_landmarks
 from heatmap3d.planning.fingerprint import Fingerprint, fingerprint_dataset

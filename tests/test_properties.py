@@ -23,7 +23,8 @@ import yaml
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from heatmap3d.config import Config, load_config
+from heatmap3d.config import Config
+from heatmap3d.config_io import load_config
 from heatmap3d.errors import InputError
 from heatmap3d.inference.model_loading import read_extras
 from heatmap3d.io.landmarks import Landmarks, read_landmarks

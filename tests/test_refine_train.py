@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from heatmap3d.commands.main import main
-from heatmap3d.config import load_config
+from heatmap3d.config_io import load_config
 from heatmap3d.data.synthetic import LANDMARK_NAMES, generate_dataset
 from heatmap3d.training.trainer import run
 

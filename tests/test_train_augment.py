@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from heatmap3d.config import load_config
+from heatmap3d.config_io import load_config
 from heatmap3d.data.synthetic import generate_dataset
 from heatmap3d.training.trainer import run
 

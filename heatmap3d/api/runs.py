@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from heatmap3d.config import load_config
+from heatmap3d.config_io import load_config
 from heatmap3d.errors import InputError
 from heatmap3d.evaluation.metrics import LandmarkStats
 from heatmap3d.io.destination import Destination

@@ -30,7 +30,8 @@ from pathlib import Path
 from typing import Any
 
 from heatmap3d import __version__
-from heatmap3d.config import Config, apply_override, from_dict
+from heatmap3d.config import Config
+from heatmap3d.config_io import apply_override, from_dict
 from heatmap3d.errors import InputError, first_line
 from heatmap3d.io.atomic import atomic_write_bytes
 from heatmap3d.io.case_ids import case_id_problem
@@ -260,7 +261,7 @@ def stage_configs(
     budget_minutes: float | None,
 ) -> list[tuple[str, Config]]:
     """``[(name, Config), ...]``: each stage with ``data.root``, then the user's
-    ``section.key=value`` overrides on top (as :func:`heatmap3d.config.load_config`).
+    ``section.key=value`` overrides on top (as :func:`heatmap3d.config_io.load_config`).
 
     The total budget is ``budget_minutes`` or, when that is None, a
     ``train.budget_minutes=`` override: either way it is the whole plan's, and each stage

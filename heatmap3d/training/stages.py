@@ -16,7 +16,8 @@ import json
 from pathlib import Path
 
 from heatmap3d import distributed
-from heatmap3d.config import Config, load_config, sets_key
+from heatmap3d.config import Config
+from heatmap3d.config_io import load_config, sets_key
 from heatmap3d.data.setup import require_validation
 from heatmap3d.distributed import DistInfo
 from heatmap3d.errors import InputError

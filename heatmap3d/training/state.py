@@ -17,7 +17,8 @@ from torch.nn.parallel import DistributedDataParallel
 
 from heatmap3d import checkpoint, distributed, precision
 from heatmap3d.checkpoint import Checkpoint
-from heatmap3d.config import Config, to_dict
+from heatmap3d.config import Config
+from heatmap3d.config_io import to_dict
 from heatmap3d.distributed import DistInfo
 from heatmap3d.errors import InputError
 from heatmap3d.io.destination import Destination

@@ -1,0 +1,152 @@
+"""A :class:`~heatmap3d.config.Config` read from YAML and ``section.key=value`` overrides,
+or from the plain dicts a checkpoint stores, and back.
+
+Unknown keys are errors (a typo such as ``train.epoch=50`` must not be silently ignored),
+so is a key given twice in a file (:mod:`heatmap3d.io.yaml_file`, the one YAML reader), and
+values are checked against the field's type. The resolved config is stored in every
+checkpoint as plain Python types (:func:`to_dict`), so ``heatmap3d predict`` needs nothing
+but the checkpoint.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import reprlib
+import types
+import typing
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from heatmap3d.config import Config
+from heatmap3d.config_checks import ConfigValueError
+from heatmap3d.errors import InputError
+from heatmap3d.io.yaml_file import load_yaml, parse_yaml
+
+
+def to_dict(cfg: Config) -> dict[str, Any]:
+    """The config as nested plain dicts/lists/scalars (safe for ``weights_only`` loading)."""
+    return dataclasses.asdict(cfg)
+
+
+def from_dict(raw: dict[str, Any], *, source: str = "config") -> Config:
+    """Build a :class:`Config` from nested dicts; unknown keys and wrong types are errors,
+    and values out of range (:func:`~heatmap3d.config_checks.validate`), each one line
+    naming ``source`` (unless it is the defaults with overrides) and the key."""
+    try:
+        return _build(Config, raw or {}, source, prefix="")
+    except ConfigValueError as err:
+        if source in ("defaults", "config"):
+            raise
+        raise InputError(f"{source}: {err}") from None
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
+    """Read a YAML config (or the defaults when ``path`` is None) and apply overrides.
+
+    Overrides are ``section.key=value`` strings; the value is parsed as YAML, so
+    ``train.epochs=50``, ``data.spacing=[2,2,2]`` and ``train.amp=false`` all work.
+    """
+    raw: dict[str, Any] = {}
+    source = "defaults"
+    if path is not None:
+        source = str(path)
+        # load_yaml: a folder, FIFO, binary or non-UTF-8 file, a key given twice, text that
+        # is not YAML or nests too deeply: each one line naming the file.
+        raw = load_yaml(path, what="config file", max_bytes=2**20) or {}  # a few kB
+        if not isinstance(raw, dict):
+            raise InputError(f"{path}: a config must be a mapping of sections")
+    for item in overrides or []:
+        apply_override(raw, item)
+    return from_dict(raw, source=source)
+
+
+def _split_override(item: str) -> tuple[list[str], str]:
+    """``section.key=value`` as ``([section, key], value)``; InputError when malformed."""
+    key, sep, value = item.partition("=")
+    parts = key.strip().split(".")
+    if not sep or len(parts) != 2 or not all(parts):
+        shown = _shown(item)  # an override may be long (a nested list); one line
+        raise InputError(f"override {shown}: expected section.key=value, e.g. train.epochs=50")
+    return parts, value
+
+
+def sets_key(overrides: Sequence[str], dotted: str) -> bool:
+    """Whether one of ``overrides`` (``section.key=value``) sets ``dotted`` (``train.name``)."""
+    return any(".".join(_split_override(item)[0]) == dotted for item in overrides)
+
+
+def apply_override(raw: dict[str, Any], item: str) -> None:
+    """Set one ``section.key=value`` in the nested ``raw`` dict, the value read as YAML
+    (the one place an override is parsed); InputError (one line) when malformed."""
+    shown = _shown(item)
+    parts, value = _split_override(item)
+    section = raw.setdefault(parts[0], {})
+    if not isinstance(section, dict):
+        raise InputError(f"override {shown}: {parts[0]} is not a section")
+    try:  # the one YAML reader: {a: 1, a: 2} is refused here as in a file
+        section[parts[1]] = parse_yaml(value, "value", what="override value")
+    except InputError as err:
+        why = str(err).removeprefix("value: ")
+        raise InputError(f"override {shown}: cannot parse the value: {why}") from None
+
+
+def _build(cls: type, raw: Any, source: str, prefix: str) -> Any:
+    if not isinstance(raw, dict):
+        raise InputError(f"{source}: {prefix.rstrip('.') or 'config'} must be a mapping")
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(map(str, set(raw) - names))
+    if unknown:
+        # str: YAML keys may be numbers; split/join: a key may hold a newline
+        keys = ", ".join(" ".join((prefix + k).split()) for k in unknown)
+        raise InputError(f"{source}: unknown config key(s) {keys}; known: {sorted(names)}")
+    kwargs = {}
+    for name, value in raw.items():
+        hint = hints[name]
+        if dataclasses.is_dataclass(hint):
+            kwargs[name] = _build(hint, value, source, f"{prefix}{name}.")
+        else:
+            kwargs[name] = _coerce(value, hint, f"{prefix}{name}", source)
+    return cls(**kwargs)
+
+
+def _coerce(value: Any, hint: Any, key: str, source: str) -> Any:
+    """Check ``value`` against a simple type hint (scalars and ``list[scalar]``)."""
+    origin = typing.get_origin(hint)
+    if origin in (list, types.GenericAlias) or origin is list:
+        (inner,) = typing.get_args(hint)
+        if not isinstance(value, (list, tuple)):
+            raise InputError(f"{source}: {key} must be a list, got {_shown(value)}")
+        return [_coerce(v, inner, key, source) for v in value]
+    if hint is float and isinstance(value, int) and not isinstance(value, bool):
+        try:
+            return float(value)
+        except OverflowError:  # an integer of 400 digits
+            raise InputError(
+                f"{source}: {key} must be a finite number, got {_shown(value)}"
+            ) from None
+    if hint is str and isinstance(value, (int, float)) and not isinstance(value, bool):
+        try:
+            return str(value)
+        except ValueError:  # an integer of more than 4300 digits (a hostile checkpoint)
+            raise InputError(f"{source}: {key} must be text, got {_shown(value)}") from None
+    if not isinstance(value, hint) or (hint is not bool and isinstance(value, bool)):
+        raise InputError(f"{source}: {key} must be {hint.__name__}, got {_shown(value)}")
+    return value
+
+
+_REPR = reprlib.Repr()
+_REPR.maxlevel, _REPR.maxlist, _REPR.maxdict, _REPR.maxstring, _REPR.maxother = 3, 4, 4, 60, 60
+_REPR.maxlong = 60
+
+
+def _shown(value: Any) -> str:
+    """A wrong value, as Python writes it but bounded: YAML aliases can make a list whose
+    full repr has billions of items (``&a [x, x]``, ``&b [*a, *a]``, ...), and a file's
+    text may hold a newline (the message stays one line)."""
+    try:
+        text = " ".join(_REPR.repr(value).split())
+    except ValueError:  # an integer of more than 4300 digits cannot be printed
+        return "a number too long to print"
+    return text if len(text) <= 100 else text[:97] + "..."
