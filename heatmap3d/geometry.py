@@ -46,7 +46,9 @@ __all__ = [
     "reorient_canonical",
     "resample_to_grid",
     "resample_to_spacing",
+    "resampled_grid",
     "resampled_shape",
+    "same_spacing",
     "spacing_of",
     "window_start",
     "voxel_to_world",
@@ -153,7 +155,12 @@ def resampled_shape(
     return np.maximum(1.0, np.rint(old_extent / np.asarray(spacing, dtype=np.float64)))
 
 
-def _resampled_grid(
+def same_spacing(a: Sequence[float], b: Sequence[float]) -> bool:
+    """Whether two ``(3,)`` spacings (mm) are equal within 1e-6 mm: no resampling needed."""
+    return bool(np.allclose(a, b, rtol=0.0, atol=_SPACING_ATOL))
+
+
+def resampled_grid(
     affine: np.ndarray, shape: Sequence[int], spacing: np.ndarray
 ) -> tuple[np.ndarray, tuple[int, int, int]]:
     """Affine and shape of a grid with ``spacing`` covering the same field of view.
@@ -178,7 +185,7 @@ def resample_to_spacing(vol: Volume, spacing: Sequence[float], *, order: int = 1
     """Resample ``vol`` to voxels of ``spacing`` mm ``(3,)``, keeping world positions.
 
     The new grid keeps the input's axis directions and covers the same field of view
-    (see :func:`_resampled_grid`). Values come from :func:`scipy.ndimage.affine_transform`
+    (see :func:`resampled_grid`). Values come from :func:`scipy.ndimage.affine_transform`
     with spline ``order`` (0 nearest, 1 trilinear, 3 cubic) and ``mode='nearest'``: new
     sample points lie at most half an old voxel beyond the outermost old voxel centres, so
     repeating the edge value is the right extrapolation there, whereas a constant 0 would
@@ -188,9 +195,9 @@ def resample_to_spacing(vol: Volume, spacing: Sequence[float], *, order: int = 1
     target = np.asarray(spacing, dtype=np.float64).reshape(3)
     if not np.all(np.isfinite(target)) or np.any(target <= 0):
         raise ValueError(f"spacing must be 3 positive numbers in mm, got {spacing!r}")
-    if np.allclose(vol.spacing, target, rtol=0.0, atol=_SPACING_ATOL):
+    if same_spacing(vol.spacing, target):
         return vol.copy()
-    new_affine, new_shape = _resampled_grid(vol.affine, vol.shape, target)
+    new_affine, new_shape = resampled_grid(vol.affine, vol.shape, target)
     # New voxel -> old voxel. Directions are shared, so the linear part is diagonal
     # (target / old spacing); passing the diagonal lets scipy use its faster zoom-like path.
     new_to_old = np.linalg.inv(vol.affine) @ new_affine

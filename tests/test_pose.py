@@ -88,6 +88,8 @@ class BallFinder:
         self.data = SimpleNamespace(spacing=(1.5, 1.5, 1.5))
         self.presence = presence or []  # per call: (K,) whole-scan peaks (default all 1)
 
+    prepares_on_device = False
+
     def prepare(self, vol: Volume) -> Volume:
         return vol
 
@@ -161,10 +163,12 @@ def test_transform_refuses_too_few_points_or_a_configuration_that_does_not_match
 # --------------------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("device", [None, "cpu"])
 @pytest.mark.parametrize("kind", list(LINEAR))
-def test_place_puts_the_anatomy_where_the_transform_says(kind):
+def test_place_puts_the_anatomy_where_the_transform_says(kind, device):
     """A linear intensity field is reproduced exactly by trilinear sampling: the posed
-    volume at pose-world y must hold the scan's field at T^-1 y, whatever the scan's axes."""
+    volume at pose-world y must hold the scan's field at T^-1 y, whatever the scan's axes
+    (scipy, or torch on a device: ``--preprocess device``)."""
     gradient, offset = np.array([0.7, -1.3, 0.4]), 50.0
     affine, shape = grid_over(LINEAR[kind], np.full(3, -60.0), np.full(3, 60.0))
     ijk = np.stack(np.meshgrid(*[np.arange(n) for n in shape], indexing="ij"), -1).reshape(-1, 3)
@@ -172,7 +176,7 @@ def test_place_puts_the_anatomy_where_the_transform_says(kind):
     vol = Volume(data.reshape(shape).astype(np.float32), affine)
     t = placement(25.0)
     pose = Pose(list(NAMES), REFERENCE, np.array([[-30.0, -25, -20], [30, 25, 20]]), 1)
-    posed = pose.place(vol, t, 1.5)
+    posed = pose.place(vol, t, 1.5, device=device)
     assert np.allclose(posed.affine[:3, :3], np.diag([1.5] * 3))
     np.testing.assert_allclose(posed.affine[:3, 3], [-30.0, -25, -20])
     ijk = np.stack(np.meshgrid(*[np.arange(n) for n in posed.shape], indexing="ij"), -1)
@@ -181,11 +185,12 @@ def test_place_puts_the_anatomy_where_the_transform_says(kind):
     np.testing.assert_allclose(posed.data.reshape(-1), expected, atol=2e-3)
 
 
-def test_place_fills_beyond_the_scan_with_its_background():
+@pytest.mark.parametrize("device", [None, "cpu"])
+def test_place_fills_beyond_the_scan_with_its_background(device):
     vol = Volume(np.full((10, 10, 10), 7.0, np.float32), np.eye(4))
     vol.data[0, 0, 0] = 3.0  # the scan's minimum: its background
     pose = Pose(list(NAMES), REFERENCE, np.array([[-50.0] * 3, [50.0] * 3]), 1)
-    posed = pose.place(vol, np.eye(4), 2.0)
+    posed = pose.place(vol, np.eye(4), 2.0, device=device)
     assert posed.data[0, 0, 0] == pytest.approx(3.0)  # far outside the 10 mm scan
 
 

@@ -146,12 +146,15 @@ def load_model(
     nifti_frame: str | None = None,
     runtime: str = "torch",
     precision: str = "auto",
+    preprocess: str = "workers",
 ) -> Model:
     """A model folder, its export, a packaged model's name (``afids-t1``), or a checkpoint
     file (``refine``: a refinement checkpoint for a cascade), on ``device`` (``"auto"``:
     CUDA when available). Options as ``predict``'s; ``nifti_frame`` the frame to trust in
     a NIfTI whose sform and qform disagree; ``runtime``: ``torch`` or ``onnxruntime``;
-    ``precision``: ``auto`` (bf16 on a CPU with native bf16), ``fp32`` or ``bf16``."""
+    ``precision``: ``auto`` (bf16 on a CPU with native bf16), ``fp32`` or ``bf16``;
+    ``preprocess="device"``: each scan resampled and normalised on ``device`` by torch
+    (``workers``, the default: by scipy on the CPU)."""
     path = packaged.resolve_model(Path(path))
     is_folder = path.is_dir()
     spec = ModelSpec(
@@ -163,6 +166,7 @@ def load_model(
         review_radius_mm=review_radius_mm,
         runtime=runtime,
         precision=precision,
+        preprocess=preprocess,
     )
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"

@@ -70,6 +70,9 @@ class ModelSpec:
         precision: what the networks run in: ``auto`` (bf16 on a CPU with native bf16,
             else as trained), ``fp32`` or ``bf16``
             (:func:`heatmap3d.precision.inference_autocast`).
+        preprocess: where each scan is resampled and normalised: ``workers`` (scipy, in
+            the reading processes) or ``device`` (torch, on the model's device, by the
+            process that runs the model; the workers then only read).
     """
 
     model: Path | None = None
@@ -80,6 +83,7 @@ class ModelSpec:
     review_radius_mm: float = DEFAULT_REVIEW_RADIUS_MM
     runtime: str = "torch"
     precision: str = "auto"
+    preprocess: str = "workers"
 
     def __post_init__(self) -> None:
         if (self.model is None) == (self.checkpoint is None):
@@ -147,8 +151,9 @@ def load_model(spec: ModelSpec, device: torch.device) -> Pipeline:
             pose=spec.pose,
             runtime=spec.runtime,
             precision=spec.precision,
+            preprocess=spec.preprocess,
         )
-    asked = {"mirror": spec.mirror, "precision": spec.precision}
+    asked = {"mirror": spec.mirror, "precision": spec.precision, "preprocess": spec.preprocess}
     predictor = Predictor.from_checkpoint(spec.checkpoint, device)
     set_options(predictor, **asked)
     if spec.refine is not None:
@@ -254,6 +259,8 @@ def _model_identity(spec: ModelSpec, options: PredictOptions) -> str:
         said["nifti_frame"] = options.nifti_frame
     if spec.precision != "auto":  # the same
         said["precision"] = spec.precision
+    if spec.preprocess != "workers":  # the same (float32 rounding apart from scipy's)
+        said["preprocess"] = spec.preprocess
     try:
         return resume.model_identity(files, said)
     except OSError as err:

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from heatmap3d.api.predict_files import ModelSpec, PredictOptions, predict_files
 from heatmap3d.errors import InputError
+from heatmap3d.inference.model_loading import PREPROCESS
 from heatmap3d.precision import INFERENCE_PRECISIONS
 
 
@@ -116,6 +117,14 @@ def add_predict_arguments(p: argparse.ArgumentParser) -> None:
         help="what the networks compute in: auto (bf16 on a CPU with native bf16, about "
         "twice as fast, landmarks within hundredths of a mm; else as trained), fp32 or bf16",
     )
+    p.add_argument(
+        "--preprocess",
+        choices=PREPROCESS,
+        default="workers",
+        help="where each scan is resampled and normalised: workers (the reading processes, "
+        "on the CPU) or device (torch on --device, in the process that runs the model; "
+        "for a GPU whose CPUs cannot keep up)",
+    )
 
 
 def _finite(text: str) -> float:
@@ -157,6 +166,7 @@ def predict_command(args: argparse.Namespace) -> None:
         review_radius_mm=args.review_radius,
         runtime=args.runtime,
         precision=args.precision,
+        preprocess=args.preprocess,
     )
     options = PredictOptions(
         out=args.out,

@@ -24,9 +24,12 @@ from heatmap3d.review.pose import Pose
 from heatmap3d.review.shape import ShapeModel
 from heatmap3d.review.shape_file import shape_from_dict
 
-__all__ = ["RUNTIMES", "load_pipeline", "read_extras", "set_options", "set_precision"]
+__all__ = ["PREPROCESS", "RUNTIMES", "load_pipeline", "read_extras", "set_options", "set_precision"]
 
 RUNTIMES = ("torch", "onnxruntime")
+# Where a scan is resampled and normalised: by scipy in the reading workers (CPU), or on
+# the model's device by the process that runs it (heatmap3d.data.tensor_preprocess).
+PREPROCESS = ("workers", "device")
 
 
 def load_pipeline(
@@ -38,19 +41,23 @@ def load_pipeline(
     pose: bool = True,
     runtime: str = "torch",
     precision: str = "fp32",
+    preprocess: str = "workers",
 ) -> Pipeline:
     """The model of a model folder (``heatmap3d predict --model``): its stages' ensembles,
     a cascade when there are two, its shape model, calibration and pose when it has them.
     ``mirror=False`` turns test-time mirroring off (``--no-mirror``), ``pose=False`` the
     pose pass (``--no-pose``). ``runtime="onnxruntime"``: an export's ONNX networks run
     the forward passes (``--runtime``), everything else as with torch. ``precision``:
-    what the networks run in (``--precision``: :func:`set_precision`)."""
+    what the networks run in (``--precision``: :func:`set_precision`); ``preprocess``:
+    where scans are resampled and normalised (``--preprocess``: :data:`PREPROCESS`)."""
     if runtime not in RUNTIMES:
         raise InputError(f"--runtime {runtime}: not one of {', '.join(RUNTIMES)}")
     found = read_model_folder(folder)
     stages = [_stage(found, entry, paths, device, runtime) for entry, paths in found.stages]
     for stage in stages:
-        set_options(stage, mirror=mirror, precision=precision, runtime=runtime)
+        set_options(
+            stage, mirror=mirror, precision=precision, runtime=runtime, preprocess=preprocess
+        )
     if len(stages) > 2:
         raise InputError(f"{folder}: {len(stages)} stages; prediction runs one or two")
     model = stages[0] if len(stages) == 1 else Cascade(stages[0], stages[1])
@@ -72,12 +79,24 @@ def load_pipeline(
     )
 
 
-def set_options(stage: Predictor, *, mirror: bool, precision: str, runtime: str = "torch") -> None:
+def set_options(
+    stage: Predictor,
+    *,
+    mirror: bool,
+    precision: str,
+    runtime: str = "torch",
+    preprocess: str = "workers",
+) -> None:
     """``stage`` as prediction's options ask: test-time mirroring off where ``mirror`` is
-    False (``--no-mirror``), its networks in ``precision`` (:func:`set_precision`)."""
+    False (``--no-mirror``), its networks in ``precision`` (:func:`set_precision`), its
+    scans prepared on its device where ``preprocess`` is ``device``."""
+    if preprocess not in PREPROCESS:
+        raise InputError(f"--preprocess {preprocess}: not one of {', '.join(PREPROCESS)}")
     set_precision(stage, precision, runtime)
     if not mirror:
         stage.settings = dataclasses.replace(stage.settings, mirror_axis=-1)
+    if preprocess == "device":
+        stage.settings = dataclasses.replace(stage.settings, prepare_on_device=True)
 
 
 def set_precision(stage: Predictor, precision: str, runtime: str = "torch") -> None:

@@ -93,6 +93,11 @@ class Pipeline:
     def last(self) -> Predictor:
         return self.model.fine if isinstance(self.model, Cascade) else self.model
 
+    @property
+    def prepares_on_device(self) -> bool:
+        """Whether :meth:`prepare` runs on the model's device (``--preprocess device``)."""
+        return self.model.prepares_on_device
+
     def prepare(self, vol):
         """What :meth:`predict_preprocessed` takes: the model's input; with a pose, the
         scan as read too (the pose pass resamples it)."""
@@ -119,7 +124,8 @@ class Pipeline:
         # posed volume as it is, one interpolation from the scan (half its spacing cost
         # 1.4x the time for the same landmarks on AFIDs).
         spacing = max(float(raw.spacing.min()), float(min(self.last.data.spacing)))
-        posed = self.pose.place(raw, to_pose, spacing)
+        device = self.first.device if self.prepares_on_device else None
+        posed = self.pose.place(raw, to_pose, spacing, device=device)
         # Whether a landmark is in the scan at all is the stored scan's question: the posed
         # grid reaches beyond the scan's field of view, and a landmark that the field of
         # view cuts off lies beyond that cut, where the whole-scan model found cut-off

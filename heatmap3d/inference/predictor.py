@@ -22,6 +22,7 @@ import torch
 from heatmap3d import checkpoint
 from heatmap3d.config import Config, DataConfig
 from heatmap3d.data.preprocess import outside_value, preprocess
+from heatmap3d.data.tensor_preprocess import preprocess_tensor
 from heatmap3d.errors import InputError, first_line
 from heatmap3d.geometry import Volume, pad_to_multiple, voxel_to_world
 from heatmap3d.inference.cpu_threads import split_forward
@@ -293,9 +294,20 @@ class Predictor:
             presence=confidence.copy(),
         )
 
+    @property
+    def prepares_on_device(self) -> bool:
+        """Whether :meth:`prepare` runs on the model's device (then in the process that
+        runs the model, not in a reading worker)."""
+        return self.settings.prepare_on_device
+
     def prepare(self, vol: Volume) -> Volume:
-        """A raw volume (any orientation and spacing) preprocessed as in training (CPU)."""
-        return preprocess(vol, self.data)
+        """A raw volume (any orientation and spacing) preprocessed as in training: by
+        scipy on the CPU, or on the model's device (:attr:`prepares_on_device`; only the
+        result crosses back, a fraction of the scan's bytes at the model's spacing)."""
+        if not self.settings.prepare_on_device:
+            return preprocess(vol, self.data)
+        data, affine = preprocess_tensor(vol, self.data, self.device)
+        return Volume(data.cpu().numpy(), affine)
 
     def predict_volume(self, vol: Volume, *, keep_heatmaps: bool = False) -> Prediction:
         """Landmarks of a raw volume (any orientation and spacing), in its world mm."""

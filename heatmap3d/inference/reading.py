@@ -5,7 +5,8 @@ current and resampling it to the model's grid take seconds of CPU per scan of re
 size, the network on a GPU a fraction of that. A torch :class:`~torch.utils.data.DataLoader`
 over the scan list runs :class:`ScanReads` in ``workers`` processes, several scans at a
 time, and hands the results back in order; the volumes travel as tensors in shared
-memory. ``workers=0`` reads in the main process (no overlap).
+memory. ``workers=0`` reads in the main process (no overlap). A model that prepares scans on
+its device (``--preprocess device``) gets the raw volumes: the workers only read.
 
 Each item is ``(scan, outcome)`` with outcome a :class:`~heatmap3d.inference.scans.Read`
 (with the input's SHA-256), a :class:`~heatmap3d.inference.scans.Skipped` (outputs already
@@ -96,8 +97,10 @@ class ScanReads(Dataset):
             if self.is_current is not None and self.is_current(scan, sha):
                 return n, Skipped(time.perf_counter() - start)
             raw = load_volume(scan, series=self.series, nifti_frame=self.nifti_frame)
-            prepared = self.predictor.prepare(raw)
-            read = Read(_pack(raw, self.keep_raw), _pack(prepared), 0.0, sha)
+            if self.predictor.prepares_on_device:  # the consumer prepares the raw voxels
+                read = Read(_pack(raw), None, 0.0, sha)
+            else:
+                read = Read(_pack(raw, self.keep_raw), _pack(self.predictor.prepare(raw)), 0.0, sha)
             read.seconds = time.perf_counter() - start
             return n, read
         except InputError as err:

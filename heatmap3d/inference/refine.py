@@ -149,8 +149,12 @@ class Cascade:
             )
         self.coarse, self.fine = coarse, fine
 
+    @property
+    def prepares_on_device(self) -> bool:
+        return self.coarse.prepares_on_device
+
     def prepare(self, vol: Volume) -> tuple[Volume, Volume]:
-        """A raw volume preprocessed for each model (CPU only)."""
+        """A raw volume preprocessed for each model (:meth:`Predictor.prepare`)."""
         return self.coarse.prepare(vol), self.fine.prepare(vol)
 
     def predict_preprocessed(

@@ -29,6 +29,9 @@ class ScanPredictor(Protocol):
     """What :func:`predict_files` needs: a :class:`~heatmap3d.inference.predictor.Predictor`,
     or a :class:`heatmap3d.inference.refine.Cascade`."""
 
+    @property
+    def prepares_on_device(self) -> bool: ...
+
     def prepare(self, vol: Volume) -> Any: ...
 
     def predict_preprocessed(self, prepared: Any, *, keep_heatmaps: bool = False) -> Prediction: ...
@@ -47,7 +50,7 @@ class Read:
     """A scan as read (``raw``: its own grid and intensities), and as the model takes it."""
 
     raw: Volume
-    prepared: Any
+    prepared: Any  # None: the consumer prepares it (ScanPredictor.prepares_on_device)
     seconds: float  # reading + preprocessing
     input_sha256: str = ""  # of the scan's bytes, where the reader computed it
 
@@ -199,7 +202,10 @@ def predict_files(
             try:
                 if isinstance(read, InputError):
                     raise read
-                pred = predictor.predict_preprocessed(read.prepared, keep_heatmaps=keep_heatmaps)
+                prepared = read.prepared
+                if prepared is None:  # on the model's device, here
+                    prepared = predictor.prepare(read.raw)
+                pred = predictor.predict_preprocessed(prepared, keep_heatmaps=keep_heatmaps)
                 write(stems[scan], pred, read.raw)
                 results[stems[scan]] = pred
             except caught as err:

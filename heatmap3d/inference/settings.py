@@ -46,6 +46,9 @@ class InferenceSettings:
         mirror_axis: test-time mirroring along this array axis (``augment.mirror_axis``
             where the model trained with mirroring and ``inference.mirror``), -1 = off.
         mirror_perm: ``(K,)`` channel order after mirroring (left/right pairs swapped).
+        prepare_on_device: scans are resampled and normalised on the model's device by
+            the process that runs the model (:mod:`heatmap3d.data.tensor_preprocess`),
+            not by scipy in the reading workers (``--preprocess device``).
     """
 
     role: str
@@ -61,6 +64,7 @@ class InferenceSettings:
     search_mm: float
     mirror_axis: int = -1
     mirror_perm: tuple[int, ...] = ()
+    prepare_on_device: bool = False
 
     @classmethod
     def from_config(cls, cfg: Config, device: torch.device) -> InferenceSettings:

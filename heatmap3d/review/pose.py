@@ -26,9 +26,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 from nibabel.affines import apply_affine
 from scipy.spatial.transform import Rotation
 
+from heatmap3d.data.tensor_preprocess import resample_grid_tensor
 from heatmap3d.geometry import Volume, grid_corners, resample_to_grid
 from heatmap3d.review.shape_align import similarity
 
@@ -82,20 +84,30 @@ class Pose:
             res = np.linalg.norm(apply_affine(t, points[ok]) - self.reference[ok], axis=1)
         return t if float(np.median(res)) <= MAX_MEDIAN_MM else None
 
-    def place(self, vol: Volume, transform: np.ndarray, spacing: float) -> Volume:
+    def place(
+        self,
+        vol: Volume,
+        transform: np.ndarray,
+        spacing: float,
+        *,
+        device: torch.device | None = None,
+    ) -> Volume:
         """``vol`` resampled (trilinear) onto the axis-aligned grid of ``spacing`` mm over
         :attr:`box_mm`, in the training pose's world: the volume's world is
         ``transform`` (world -> pose) applied to the scan's. Outside the scan: its
-        minimum (its background, as the network saw it in training)."""
+        minimum (its background, as the network saw it in training). With ``device``,
+        resampled there (:func:`~heatmap3d.data.tensor_preprocess.resample_grid_tensor`)."""
         lo, hi = self.box_mm
         shape = tuple(int(n) for n in np.floor((hi - lo) / spacing).astype(int) + 1)
         grid = np.diag([spacing, spacing, spacing, 1.0])
         grid[:3, 3] = lo
         # The grid's voxels in the scan's world: pose -> scan is the inverse transform.
-        placed = resample_to_grid(
-            vol, np.linalg.inv(transform) @ grid, shape, fill=float(vol.data.min())
-        )
-        return Volume(placed.data, grid, vol.source)
+        in_scan, fill = np.linalg.inv(transform) @ grid, float(vol.data.min())
+        if device is None:
+            return Volume(resample_to_grid(vol, in_scan, shape, fill=fill).data, grid, vol.source)
+        data = torch.from_numpy(np.ascontiguousarray(vol.data)).to(device)
+        placed = resample_grid_tensor(data, vol.affine, in_scan, shape, fill=fill)
+        return Volume(placed.cpu().numpy(), grid, vol.source)
 
     def to_dict(self) -> dict:
         return {
