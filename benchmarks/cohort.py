@@ -154,20 +154,32 @@ def waits(output: str) -> list[tuple[float, float]]:
     return [(float(w), float(s)) for w, s in re.findall(r"rank \d+ (\d+)% of ([\d.]+) s", line)]
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def cohort_arguments(parser: argparse.ArgumentParser, shape: str, model_mm: float) -> None:
+    """The cohort's options: its scans (``shape`` voxels by default), the model's grid
+    (``model_mm``), the loader workers and the folder to keep."""
     parser.add_argument("--n-scans", type=int, default=40)
-    parser.add_argument("--shape", default="256,256,180", help="voxels I,J,K")
+    parser.add_argument("--shape", default=shape, help="voxels I,J,K")
     parser.add_argument("--spacing", type=float, default=1.0, help="the scans' mm")
-    parser.add_argument("--model-spacing", type=float, default=2.0, help="the model's mm")
+    parser.add_argument("--model-spacing", type=float, default=model_mm, help="the model's mm")
     parser.add_argument("--workers", type=int, help="loader workers per rank (default: predict's)")
     parser.add_argument("--work", type=Path, help="keep scans, model and outputs here")
+
+
+def scans_and_model(args: argparse.Namespace, work: Path) -> tuple[list[Path], Path]:
+    """The cohort's scans and model in ``work`` (:func:`cohort_arguments`' options)."""
+    shape = tuple(int(s) for s in args.shape.split(","))
+    scans = make_scans(work / "scans", args.n_scans, shape, args.spacing)
+    return scans, make_model(work / "model.pt", args.model_spacing, 32)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    cohort_arguments(parser, "256,256,180", 2.0)
     args = parser.parse_args()
     shape = tuple(int(s) for s in args.shape.split(","))
     with tempfile.TemporaryDirectory() as tmp:
         work = args.work or Path(tmp)
-        scans = make_scans(work / "scans", args.n_scans, shape, args.spacing)
-        model = make_model(work / "model.pt", args.model_spacing, 32)
+        scans, model = scans_and_model(args, work)
         steps = step_times(model, scans, work / "steps")
         print(
             f"{args.n_scans} scans of {shape} at {args.spacing} mm, "

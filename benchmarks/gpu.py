@@ -11,20 +11,25 @@ On a machine with CUDA it runs, one after another, each as its own process:
    compiled training loss against a read pass of its input (``benchmarks/heatmaps.py``'s
    ``cuda_vs_fill`` and ``cuda_loss_vs_read``, with its CPU figures);
 4. prediction per scan of the whole model (``benchmarks/predict_speed.py --device cuda``);
-5. DDP on every visible GPU: a synthetic dataset trained for a few epochs with
+5. preprocessing a scan (resampling, normalisation) by scipy on one CPU thread against
+   torch on the GPU (``benchmarks/preprocess_speed.py --device cuda``);
+6. a cohort of 256^3 scans predicted with the scans preprocessed by the reading workers
+   against on the GPU (``benchmarks/cohort_device.py``: scans per second, data wait);
+7. DDP on every visible GPU: a synthetic dataset trained for a few epochs with
    ``torchrun --nproc_per_node=1`` and ``=N`` (wall time, so the scaling with start-up);
-6. where the real AFIDs data is at hand (``../shared/data/real`` or
+8. where the real AFIDs data is at hand (``../shared/data/real`` or
    ``HEATMAP3D_REAL_DATA``): the README's path trained on the GPU and scored under hard
    placements (``benchmarks/review.py --folds 0 --device cuda``; 20 minutes, 2.5 with
    ``--quick``).
 
 ``--only throughput,ddp`` runs a subset (the keys: tests, throughput, heatmaps, predict,
-ddp, afids); ``--model FOLDER`` times a trained model folder instead of random weights;
-``--step-timeout S`` stops a step that hangs. The steps run with the repository first on
-``PYTHONPATH`` (no install needed). It appends its figures to ``--results`` as a dated
-section (through the project's atomic writer: a reader sees the old file or the new one).
-Without CUDA it says so in one line and exits 0 without writing anything. A step that fails
-is recorded with its exit status and the tail of its output; the others still run.
+preprocess, cohort, ddp, afids); ``--model FOLDER`` times a trained model folder instead
+of random weights; ``--step-timeout S`` stops a step that hangs. The steps run with the
+repository first on ``PYTHONPATH`` (no install needed). It appends its figures to
+``--results`` as a dated section (through the project's atomic writer: a reader sees the
+old file or the new one). Without CUDA it says so in one line and exits 0 without writing
+anything. A step that fails is recorded with its exit status and the tail of its output;
+the others still run.
 """
 
 from __future__ import annotations
@@ -85,7 +90,7 @@ def wall_only(output: str) -> str:
     return ""
 
 
-KEYS = ("tests", "throughput", "heatmaps", "predict", "ddp", "afids")
+KEYS = ("tests", "throughput", "heatmaps", "predict", "preprocess", "cohort", "ddp", "afids")
 
 
 def plan(
@@ -114,6 +119,13 @@ def plan(
         Step("prediction, whole model", [py, "-m", "benchmarks.predict_speed", "--device", "cuda",
              "--views", "2" if quick else "4", "--repeats", "1" if quick else "3", *trained],
              last_line("after"), key="predict"),
+        Step("preprocessing, scipy against the GPU", [py, "-m", "benchmarks.preprocess_speed",
+             "--device", "cuda", "--repeats", "2" if quick else "5"],
+             last_line("preprocess:"), key="preprocess"),
+        Step("cohort of 256^3 scans, workers against the GPU preprocessing",
+             [py, "-m", "benchmarks.cohort_device", "--device", "cuda",
+              "--n-scans", "8" if quick else "40", "--work", str(work / "cohort")],
+             last_line("cohort_device:"), key="cohort"),
         Step("synthetic dataset", [py, "-m", "heatmap3d", "synth", str(data),
              "--n-train", "8", "--n-val", "2", "--n-test", "0"], wall_only, key="ddp"),
     ]  # fmt: skip

@@ -29,20 +29,27 @@ def test_the_plan_runs_every_measurement_and_ddp_on_every_gpu(tmp_path):
     names = [s.name for s in steps]
     assert names[:4] == ["CUDA tests", "throughput", "heatmap kernel", "prediction, whole model"]
     assert steps[0].argv[1:6] == ["-m", "pytest", "-q", "-m", "cuda"]
-    assert "--device" in steps[3].argv and "cuda" in steps[3].argv
+    assert names[4:6] == [
+        "preprocessing, scipy against the GPU",
+        "cohort of 256^3 scans, workers against the GPU preprocessing",
+    ]
+    for step in steps[3:6]:
+        assert step.argv[step.argv.index("--device") + 1] == "cuda"
     ddp = [s for s in steps if s.name.startswith("DDP")]
     assert [s.name for s in ddp] == ["DDP, 1 GPU(s)", "DDP, 4 GPU(s)"]
     assert "--nproc_per_node=4" in ddp[1].argv and "train.device=cuda" in ddp[1].argv
     data = str(tmp_path / "ddp_data")
-    assert data in steps[4].argv and f"data.root={data}" in ddp[0].argv
+    assert data in steps[6].argv and f"data.root={data}" in ddp[0].argv
     # One GPU: one DDP run, not the same one twice.
     assert [s.name for s in gpu.plan(1, tmp_path) if s.name.startswith("DDP")] == ["DDP, 1 GPU(s)"]
-    for step in steps[1:4]:  # the plan runs benchmarks that exist, as modules
+    for step in steps[1:6]:  # the plan runs benchmarks that exist, as modules
         assert module_file(step.argv).is_file()
-    assert [s.argv[2] for s in steps[1:4]] == [
+    assert [s.argv[2] for s in steps[1:6]] == [
         "benchmarks.throughput",
         "benchmarks.heatmaps",
         "benchmarks.predict_speed",
+        "benchmarks.preprocess_speed",
+        "benchmarks.cohort_device",
     ]
     assert all((ROOT / s.argv[5]).is_file() for s in ddp)  # train_ddp.py
     # The AFIDs training step only where the real data is.
@@ -124,3 +131,19 @@ def test_the_steps_import_this_checkout_first_and_keep_the_path_they_were_given(
     monkeypatch.setenv("PYTHONPATH", "/opt/site")
     paths = gpu.child_env()["PYTHONPATH"].split(":")
     assert paths == [str(ROOT), "/opt/site"]
+
+
+@pytest.mark.slow
+def test_the_cohort_step_runs_both_ways_on_a_cpu(tmp_path):
+    """``cohort_device.py`` as the GPU step runs it, on small scans and the CPU: both
+    ways predict every scan and it prints its figures."""
+    done = subprocess.run(
+        [sys.executable, "-m", "benchmarks.cohort_device", "--device", "cpu", "--n-scans", "2",
+         "--shape", "40,40,32", "--work", str(tmp_path)],
+        cwd=ROOT, capture_output=True, text=True, timeout=300, env=gpu.child_env(),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    figures = gpu.last_line("cohort_device:")(done.stdout)
+    assert figures.startswith("workers=") and "device=" in figures and "diff=" in figures
+    for way in ("workers", "device"):
+        assert len(list((tmp_path / way).glob("scan*.csv"))) == 2
