@@ -81,6 +81,9 @@ def test_predict_with_device_preprocessing_writes_the_same_landmarks(tmp_path):
         points(out / "s.csv"), points(tmp_path / "workers" / "s.csv"), atol=1e-3
     )
     assert "0 predicted, 1 skipped" in again.stdout, again.stdout
+    # The readers only read: the time they took is said to be that.
+    assert "(read " in device.stdout and "read+preprocess" not in device.stdout, device.stdout
+    assert "(read+preprocess " in first.stdout, first.stdout
     # The place is part of what makes an output current: another one predicts again.
     assert "1 predicted, 0 skipped" in other.stdout, other.stdout
 

@@ -182,7 +182,8 @@ def predict_files(
     Returns stem -> prediction, and the scans that failed (unreadable, or their outputs
     could not be written) with one-line reasons; the others still complete. The time per
     scan is printed: wall time between consecutive results (the throughput), then its
-    two parts, read+preprocess (in the background) and inference+writing.
+    two parts, read+preprocess (in the background; read alone where the model prepares
+    scans on its device) and inference+writing.
     """
     from tqdm import tqdm
 
@@ -216,8 +217,11 @@ def predict_files(
                 tqdm.write(f"{say}error: {err}")
             now = time.perf_counter()
             if progress and stems[scan] in results:
+                # With --preprocess device the readers only read; the inference time holds
+                # the preprocessing.
+                read_part = "read" if read.prepared is None else "read+preprocess"
                 tqdm.write(
-                    f"{say}{scan}: {now - last:.2f} s (read+preprocess {read.seconds:.2f} s, "
+                    f"{say}{scan}: {now - last:.2f} s ({read_part} {read.seconds:.2f} s, "
                     f"overlapped; inference {now - start:.2f} s)"
                 )
             last = now
