@@ -2,14 +2,14 @@
 
 ``heatmap3d.data.preprocess.preprocess`` (scipy's ``affine_transform`` and numpy) against
 ``heatmap3d.data.tensor_preprocess.preprocess_tensor`` on the CPU (every torch thread)
-and, with ``--device cuda``, on the GPU (the stored int16 voxels copied there, then
+and, with ``--device cuda``, on the GPU (the scan's voxels as read copied there, then
 resampled and normalised there; synchronised before the clock stops). Scans:
 
 - ``brain``: a real 1 mm T1 (Colin27, 181 x 217 x 181) to the 1.5 mm grid of a fine
   stage, MR normalisation (skipped without the real data);
 - ``ct``: a synthetic CT of the size clinics store (512 x 512 x 240 at 0.7 x 0.7 x 1.5 mm,
-  int16) to the 2 mm grid of the plan's fine stage on a CPU, CT window;
-- ``cube``: a 256^3 int16 scan at 1 mm to 1.5 mm, MR normalisation (the cohort target's
+  int16 values) to the 2 mm grid of the plan's fine stage on a CPU, CT window;
+- ``cube``: a 256^3 scan of int16 values at 1 mm to 1.5 mm, MR normalisation (the cohort target's
   scan size).
 
 Methods take turns (scipy, torch, scipy, ...) after a warm-up; medians of ``--repeats``.

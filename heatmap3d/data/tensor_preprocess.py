@@ -170,8 +170,8 @@ def preprocess_tensor(
 ) -> tuple[torch.Tensor, np.ndarray]:
     """:func:`heatmap3d.data.preprocess.preprocess` with the resampling and normalisation
     on ``device``: the float32 ``(I, J, K)`` tensor there and its ``(4, 4)`` affine.
-    Only the canonical reordering (no arithmetic) runs on the CPU, on the stored dtype, so
-    an int16 scan crosses to the device at half the bytes of float32."""
+    Only the canonical reordering (no arithmetic: the voxels are reordered) runs on the
+    CPU; the scan as read crosses to the device once."""
     check_grid(vol, cfg.spacing)
     vol = reorient_canonical(vol)
     data = torch.from_numpy(np.ascontiguousarray(vol.data)).to(device)
