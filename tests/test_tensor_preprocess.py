@@ -139,3 +139,26 @@ def test_resampling_onto_the_same_grid_is_the_identity():
     vol = _scan((9, 7, 5), AFFINES["oblique"], dtype=np.float32)
     got = resample_grid_tensor(torch.from_numpy(vol.data), vol.affine, vol.affine, vol.shape)
     np.testing.assert_allclose(got.numpy(), vol.data, rtol=0, atol=1e-3)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("name", sorted(AFFINES))
+def test_on_cuda_the_same_volume_as_the_cpu_path(name):
+    """What ``predict --preprocess device`` does on a GPU: scipy's grid and values."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    vol = _scan((40, 36, 14), AFFINES[name], seed=1)
+    for normalization in ("mr", "ct"):
+        cfg = DataConfig(spacing=(1.2, 1.2, 1.2), normalization=normalization)
+        expected = preprocess(vol, cfg)
+        data, affine = preprocess_tensor(vol, cfg, "cuda")
+        assert data.is_cuda
+        np.testing.assert_array_equal(affine, expected.affine)
+        np.testing.assert_allclose(data.cpu().numpy(), expected.data, rtol=0, atol=5e-5)
+    target = np.diag([1.3, 1.3, 1.3, 1.0])
+    target[:3, 3] = vol.affine[:3, 3] - 5
+    on_gpu = resample_grid_tensor(
+        torch.from_numpy(vol.data).cuda(), vol.affine, target, (25, 25, 25)
+    )
+    scipy = resample_to_grid(vol, target, (25, 25, 25))
+    np.testing.assert_allclose(on_gpu.cpu().numpy(), scipy.data, rtol=0, atol=0.05)
