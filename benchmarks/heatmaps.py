@@ -18,10 +18,12 @@ Run with ``python -m benchmarks.heatmaps [--repeats N]``. Per case, on float32 o
 Methods are run round-robin (one call of each per repeat) after warm-up, and each
 reports the median time, so ratios are measured side by side in the same run. The
 last line is ``heatmaps: fresh_vs_numpy_1=F1 fresh_vs_numpy_2=F2 cpu_vs_fill=R
-loss_vs_read=L [cuda_vs_fill=C cuda_loss_vs_read=CL]``: (c) over (b) in cases 1 and 2,
+loss_vs_read=L [cuda_vs_fill=C cuda_graph_vs_fill=G cuda_loss_vs_read=CL]``: (c) over (b)
+in cases 1 and 2,
 (c) over (e) in case 1 (K=16, one 128^3 volume), the CPU loss's forward over a read pass
-in case 1; on CUDA the kernel over ``fill_`` and the compiled loss's forward over a read
-pass (case 2).
+in case 1; on CUDA the kernel over ``fill_`` (its wall time as called, and replayed as a
+CUDA graph: its device work alone) and the compiled loss's forward over a read pass
+(case 2).
 
 The paths this benchmark compared before issue 43 (box writes into zeroed numpy memory,
 a preallocated ``out=``, ``compat=True``) were deleted for want of a production caller.
@@ -111,6 +113,17 @@ def loss_fns(pred: torch.Tensor, coords: torch.Tensor, tag: str) -> dict:
     }
 
 
+def graphed(fn: Callable[[], object]) -> Callable[[], object]:
+    """``fn`` captured once in a CUDA graph (after a warm-up call); returns its replay:
+    the same device work without the host's launches."""
+    fn()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph.replay
+
+
 def run_case(label: str, n_batch: int, n_lmk: int, side: int, repeats: int) -> dict:
     shape = (side, side, side)
     full = (n_batch, n_lmk, *shape)
@@ -133,8 +146,10 @@ def run_case(label: str, n_batch: int, n_lmk: int, side: int, repeats: int) -> d
         coords_c = coords.cuda()
         fill_c = torch.empty(full, device="cuda")
         pred_c = torch.rand(full, device="cuda")
+        replay = graphed(lambda: gaussian_heatmaps(coords_c, shape, **kw))
         cuda_fns = {
             "gaussian_heatmaps cuda (d)": lambda: gaussian_heatmaps(coords_c, shape, **kw),
+            "cuda (d) as a CUDA graph": replay,
             "cuda fill_ floor": lambda: fill_c.fill_(1.0),
             **loss_fns(pred_c, coords_c, " cuda"),
         }
@@ -232,7 +247,9 @@ def main() -> None:
         case2 = results[-1]
         cuda = case2["gaussian_heatmaps cuda (d)"] / case2["cuda fill_ floor"]
         loss = case2["loss forward cuda"] / case2["pred.sum() read cuda"]
-        line += f" cuda_vs_fill={cuda:.2f} cuda_loss_vs_read={loss:.2f}"
+        graph = case2["cuda (d) as a CUDA graph"] / case2["cuda fill_ floor"]
+        line += f" cuda_vs_fill={cuda:.2f} cuda_graph_vs_fill={graph:.2f}"
+        line += f" cuda_loss_vs_read={loss:.2f}"
     print(line)
 
 

@@ -27,6 +27,7 @@ them, so they were a second implementation to keep exact for no user.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 
@@ -211,6 +212,20 @@ def as_spacing(spacing: Triple, device: torch.device) -> Tensor:
         values = [float(v) for v in spacing]
     if len(values) != 3 or not all(math.isfinite(v) and v > 0 for v in values):
         raise ValueError(f"spacing must be 3 positive finite values in mm, got {spacing!r}")
+    return _constant(tuple(values), torch.device(device))
+
+
+def _constant(values: tuple[float, ...], device: torch.device) -> Tensor:
+    """float64 ``values`` on ``device``; on a GPU made once per process and reused, so a
+    call copies nothing from the host (a host copy per call also breaks CUDA graph
+    capture). Callers treat the tensor as read-only."""
+    if device.type == "cpu":
+        return torch.tensor(values, dtype=torch.float64)
+    return _device_constant(values, device)
+
+
+@functools.lru_cache(maxsize=256)
+def _device_constant(values: tuple[float, ...], device: torch.device) -> Tensor:
     return torch.tensor(values, dtype=torch.float64, device=device)
 
 
@@ -219,7 +234,7 @@ def as_sigma(sigma: float | Tensor, n_landmarks: int, device: torch.device) -> T
     if isinstance(sigma, (int, float)):  # the common case: checked without tensor ops
         if not (math.isfinite(sigma) and sigma > 0):
             raise ValueError(f"sigma must be positive and finite (mm), got {sigma}")
-        return torch.full((n_landmarks,), float(sigma), dtype=torch.float64, device=device)
+        return _constant((float(sigma),) * n_landmarks, torch.device(device))
     sig = torch.as_tensor(sigma, dtype=torch.float64, device=device)
     if sig.ndim == 0:
         sig = sig.expand(n_landmarks)

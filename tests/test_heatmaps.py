@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from heatmap3d import heatmaps as hm
-from heatmap3d.heatmaps import gaussian_heatmaps, sigma_vox
+from heatmap3d.heatmaps import as_spacing, gaussian_heatmaps, sigma_vox
 from heatmap3d.inference.decode import decode_heatmaps
 from heatmap3d.training import loss as hm_loss
 from heatmap3d.training.loss import heatmap_loss
@@ -444,3 +444,28 @@ def test_chunked_exp_equals_one_exp(dtype):
     for n in (1, 2047, 2048, 2049, 6144, 6145, hm._SERIAL_ELEMS, hm._SERIAL_ELEMS + 1):
         x = -60.0 * torch.rand(n, generator=gen, dtype=dtype)
         assert torch.equal(hm._exp_(x.clone()), torch.exp(x)), n
+
+
+def test_spacing_constants_on_the_cpu_are_fresh_tensors():
+    """Only a GPU's constants are cached: a CPU caller may write its copy in place."""
+    a = as_spacing((0.8, 1.3, 2.0), torch.device("cpu"))
+    a.mul_(2)
+    assert as_spacing((0.8, 1.3, 2.0), torch.device("cpu")).tolist() == [0.8, 1.3, 2.0]
+
+
+@pytest.mark.cuda
+@cuda
+def test_cuda_targets_copy_nothing_from_the_host_so_a_cuda_graph_captures_them():
+    """With a float sigma the call is device work alone: it captures in a CUDA graph, and
+    the graph replayed on new coordinates gives the eager call's values."""
+    gen = torch.Generator().manual_seed(11)
+    coords = (torch.rand(2, 5, 3, generator=gen) * 30).cuda()
+    eager = gaussian_heatmaps(coords, (32, 32, 24), sigma=3.0, spacing=SPACING)  # warm-up
+    graph = torch.cuda.CUDAGraph()
+    torch.cuda.synchronize()
+    with torch.cuda.graph(graph):
+        out = gaussian_heatmaps(coords, (32, 32, 24), sigma=3.0, spacing=SPACING)
+    coords.copy_((torch.rand(2, 5, 3, generator=gen) * 30).cuda())
+    graph.replay()
+    eager = gaussian_heatmaps(coords, (32, 32, 24), sigma=3.0, spacing=SPACING)
+    assert torch.equal(out, eager)
