@@ -178,6 +178,10 @@ class TrainConfig:
     nonfinite: str = "stop"  # on a NaN/Inf loss: "stop" the run, or "skip" the step
     timeout_min: float = 10.0  # collective timeout, minutes: how soon a dead peer ends the job
     compile: bool = False  # torch.compile the model (first steps are slow while it compiles)
+    # torch.compile's mode when train.compile: "default", "reduce-overhead" (the compiled
+    # forward and backward replayed as CUDA graphs: fewer kernel launches on a GPU),
+    # "max-autotune" or "max-autotune-no-cudagraphs".
+    compile_mode: str = "default"
     # channels_last_3d memory format for the U-Net: 2.35x faster training steps on the
     # 2-core CPU (oneDNN's native layout; benchmarks/layout.py); the layout cuDNN's
     # tensor-core convolutions use on GPUs.

@@ -34,6 +34,7 @@ MAX_SPACING_MM = 100.0
 MAX_PATCH = 1024
 MAX_DEPTH = 8
 MAX_CHANNELS = 1024
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 # Counts that hang or exhaust a machine long before they fail: each bound is far beyond
 # what any run uses (a value past it is a typo or a unit mistake, refused naming the key).
 MAX_WORKERS = 256  # loader processes per rank: more than any machine has cores
@@ -84,6 +85,10 @@ def validate(cfg: Config) -> None:
             "data.nifti_frame: sform, qform or empty (refuse disagreeing frames)",
         ),
         (0 <= cfg.data.landmark_crops <= 1, "data.landmark_crops: between 0 and 1"),
+        (
+            cfg.train.compile_mode in COMPILE_MODES,
+            f"train.compile_mode: one of {', '.join(COMPILE_MODES)}",
+        ),
         (cfg.data.crop_jitter_mm >= 0, "data.crop_jitter_mm: >= 0 (mm)"),
         (len(set(cfg.data.landmarks)) == len(cfg.data.landmarks), "data.landmarks: duplicated"),
         (cfg.model.norm in ("instance", "group"), "model.norm: instance or group"),

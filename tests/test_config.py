@@ -71,6 +71,7 @@ IMPOSSIBLE_VALUES = [
     ("data.ct_window=[400, -100]", "data.ct_window"),
     ("data.prefetch_factor=0", "data.prefetch_factor"),
     ("data.crop_jitter_mm=-1", "data.crop_jitter_mm"),
+    ("train.compile_mode=fast", "train.compile_mode"),  # not one of torch.compile's modes
     ("train.lr=-0.001", "train.lr"),
     ("train.weight_decay=-1e-5", "train.weight_decay"),
     ("train.grad_clip=-1", "train.grad_clip"),

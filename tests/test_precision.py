@@ -172,6 +172,25 @@ def test_bf16_and_fp16_training_steps_on_cuda():
         assert all(torch.isfinite(p).all() for p in model.parameters())
 
 
+@pytest.mark.cuda
+@pytest.mark.parametrize("mode", ["default", "reduce-overhead"])
+def test_compiled_training_steps_on_cuda_follow_eager_ones(mode, monkeypatch):
+    """train.compile with each mode: the compiled model's loss and gradients, called
+    three times (recorded, then replayed as CUDA graphs under reduce-overhead), are the
+    eager model's, on inputs that change between calls."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)  # the same sums both ways
+    image, coords = (t.cuda() for t in _batch())
+    model = _model().cuda()
+    net = torch.compile(model, mode=mode)
+    for call in range(3):
+        moved = image.roll(call, dims=-1)
+        eager = _loss_and_grads(model, moved, coords)
+        compiled = _loss_and_grads(model, moved, coords, run=net)
+        _assert_close(eager, compiled, rtol=1e-3, atol=1e-5)
+
+
 # -- heatmap3d gpus ---------------------------------------------------------------------------
 
 

@@ -126,7 +126,7 @@ class TrainState:
         if cfg.train.channels_last:
             set_layout(net, channels_last=True)
         if cfg.train.compile:
-            net = torch.compile(net)
+            net = torch.compile(net, mode=cfg.train.compile_mode)
         if world.is_distributed:  # a single process has no process group to wrap in
             cuda = world.device.type == "cuda"
             net = DistributedDataParallel(net, device_ids=[world.local_rank] if cuda else None)
