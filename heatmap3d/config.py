@@ -37,6 +37,10 @@ class DataConfig:
     # and is validated that way.
     landmark_crops: float = 0.0
     crop_jitter_mm: float = 10.0  # uniform in +-this per axis; about the coarse model's error
+    # Training crops drawn from each scan each time the loader visits it: a step then sees
+    # train.batch_size x this crops from one read of each scan. On a GPU the small step is
+    # bound by kernel launches, not arithmetic, so more crops per step cost little time.
+    crops_per_scan: int = 1
     normalization: str = "mr"  # "mr" (percentile clip + z-score), "ct" (HU window), "none"
     percentiles: list[float] = field(default_factory=lambda: [0.5, 99.5])  # for "mr"
     ct_window: list[float] = field(default_factory=lambda: [-1000.0, 1000.0])  # HU, for "ct"

@@ -85,6 +85,7 @@ def validate(cfg: Config) -> None:
             "data.nifti_frame: sform, qform or empty (refuse disagreeing frames)",
         ),
         (0 <= cfg.data.landmark_crops <= 1, "data.landmark_crops: between 0 and 1"),
+        (cfg.data.crops_per_scan >= 1, "data.crops_per_scan: at least 1"),
         (
             cfg.train.compile_mode in COMPILE_MODES,
             f"train.compile_mode: one of {', '.join(COMPILE_MODES)}",
@@ -128,6 +129,10 @@ def _bound_checks(cfg: Config) -> list[tuple[bool, str]]:
         (d.num_workers <= MAX_WORKERS, f"data.num_workers: at most {MAX_WORKERS}"),
         (d.prefetch_factor <= MAX_PREFETCH, f"data.prefetch_factor: at most {MAX_PREFETCH}"),
         (t.batch_size <= MAX_BATCH, f"train.batch_size: at most {MAX_BATCH} (per process)"),
+        (
+            t.batch_size * d.crops_per_scan <= MAX_BATCH,
+            f"train.batch_size x data.crops_per_scan: at most {MAX_BATCH} crops per step",
+        ),
         (i.batch <= MAX_BATCH, f"inference.batch: at most {MAX_BATCH} windows"),
         (t.accumulate <= MAX_ACCUMULATE, f"train.accumulate: at most {MAX_ACCUMULATE}"),
         (a.elastic_grid <= MAX_ELASTIC_GRID, f"augment.elastic_grid: at most {MAX_ELASTIC_GRID}"),

@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 import torch
 
-from heatmap3d.config import DataConfig
+from heatmap3d.config import Config, DataConfig, TrainConfig
+from heatmap3d.config_checks import ConfigValueError
 from heatmap3d.data.dataset import LandmarkDataset
 from heatmap3d.data.synthetic import LANDMARK_NAMES
 from heatmap3d.geometry import voxel_to_world
@@ -73,3 +74,40 @@ def test_landmark_crops_put_a_landmark_near_the_centre(cases, jitter_mm, tmp_pat
         offsets.append(np.abs(coords - middle)[near.argmin()])
     if jitter_mm:  # the jitter is used, not only allowed
         assert np.max(offsets) > 0.5 + 0.5 * jitter_mm / spacing
+
+
+def test_crops_per_scan_stacks_independent_crops_and_the_loader_flattens_them(cases, tmp_path):
+    """data.crops_per_scan=C: one item holds C crops of its scan, each drawn as a single
+    crop would be (same RNG stream), and a loader batch of B scans holds B * C crops."""
+    from heatmap3d.data.loaders import train_loader
+    from heatmap3d.distributed import DistInfo
+
+    root, found = cases
+    base = dict(root=str(root), spacing=[4.0] * 3, patch_size=[16, 16, 16])
+    cfg = DataConfig(**base, crops_per_scan=3, cache_dir=str(tmp_path / "cache"))
+    one = LandmarkDataset(found, LANDMARK_NAMES, DataConfig(**base, cache_dir=cfg.cache_dir))
+    dataset = LandmarkDataset(found, LANDMARK_NAMES, cfg)
+    k = len(LANDMARK_NAMES)
+    torch.manual_seed(7)
+    item = dataset[1]
+    assert tuple(item["image"].shape) == (3, 1, 16, 16, 16)
+    assert item["coords"].shape == (3, k, 3) and item["mask"].shape == (3, k)
+    torch.manual_seed(7)
+    singles = [one[1] for _ in range(3)]  # the same draws, one crop at a time
+    for c, single in enumerate(singles):
+        for key in ("image", "coords", "mask"):
+            torch.testing.assert_close(item[key][c], single[key], equal_nan=True)
+    assert not torch.equal(item["image"][0], item["image"][1])  # crops at different places
+
+    world = DistInfo(0, 0, 1, 1, torch.device("cpu"))
+    loader, _ = train_loader(dataset, 2, world, workers=0, seed=0)
+    batch = next(iter(loader))
+    assert tuple(batch["image"].shape) == (6, 1, 16, 16, 16)
+    assert batch["coords"].shape == (6, k, 3) and batch["mask"].shape == (6, k)
+
+
+def test_crops_per_scan_below_one_or_above_the_step_bound_is_refused():
+    with pytest.raises(ConfigValueError, match="crops_per_scan: at least 1"):
+        Config(data=DataConfig(crops_per_scan=0))
+    with pytest.raises(ConfigValueError, match="crops per step"):
+        Config(data=DataConfig(crops_per_scan=4096), train=TrainConfig(batch_size=2))

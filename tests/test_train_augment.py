@@ -49,3 +49,38 @@ def test_training_with_augmentation_converges(tmp_path):
     # The demo's accuracy target is 2 voxels of the training grid: 8 mm here. An untrained
     # detector is 30-40 mm off; measured runs reach 4.9 mm (1.2 voxels) after 150 epochs.
     assert stats[-1].mre < 2 * SPACING and stats[-1].missed == 0
+
+
+def test_each_step_trains_on_batch_size_times_crops_per_scan_augmented_crops(tmp_path, monkeypatch):
+    """data.crops_per_scan=3, batch 2: every optimizer step's forward pass sees 6 crops,
+    each augmented (the augmentation draws per crop)."""
+    from heatmap3d.training import steps
+
+    root = generate_dataset(tmp_path / "data", n_train=4, n_val=1, n_test=0, seed=5, progress=False)
+    seen: list[int] = []
+    inner = steps.heatmap_loss
+
+    def spy(pred, coords, **kwargs):
+        seen.append(pred.shape[0])
+        return inner(pred, coords, **kwargs)
+
+    monkeypatch.setattr(steps, "heatmap_loss", spy)
+    cfg = load_config(
+        None,
+        [
+            f"data.root={root}",
+            "data.spacing=[8,8,8]",
+            "data.patch_size=[16,16,16]",
+            "data.num_workers=0",
+            "data.crops_per_scan=3",
+            "model.depth=2",
+            "model.channels=4",
+            "train.batch_size=2",
+            "train.epochs=2",
+            f"train.out_dir={tmp_path / 'runs'}",
+            "train.device=cpu",
+            "augment.enabled=true",
+        ],
+    )
+    run(cfg)
+    assert seen == [6, 6, 6, 6]  # 4 scans / batch 2 = 2 steps an epoch, 2 epochs

@@ -89,7 +89,8 @@ class LandmarkDataset(Dataset):
     - ``mask``: bool ``(K,)``, landmark present and inside the crop.
 
     The crop is at a random position when ``data.random_crop`` (else centred), or centred
-    near one landmark for a share ``data.landmark_crops`` of the items.
+    near one landmark for a share ``data.landmark_crops`` of the items. Each visit of a
+    scan yields ``data.crops_per_scan`` crops of it (see :meth:`__getitem__`).
     """
 
     def __init__(self, cases: list[Case], names: list[str], cfg: DataConfig) -> None:
@@ -107,6 +108,16 @@ class LandmarkDataset(Dataset):
         return crop_or_pad(vol, self.cfg.patch_size, start=start, fill=fill), world
 
     def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        """One crop of case ``index`` (the class docstring's dict); with
+        ``data.crops_per_scan`` = C above 1, C crops of it stacked on a new first axis
+        (``image`` ``(C, 1, I, J, K)``, ...), which :func:`collate_crops` flattens."""
+        crops = self.cfg.crops_per_scan
+        if crops == 1:
+            return self._crop(index)
+        items = [self._crop(index) for _ in range(crops)]
+        return {key: torch.stack([item[key] for item in items]) for key in items[0]}
+
+    def _crop(self, index: int) -> dict[str, torch.Tensor]:
         crop, world = self.sample(index)
         coords = world_to_voxel(world, crop.affine)
         inside = np.isfinite(coords).all(1) & (
@@ -139,3 +150,10 @@ class LandmarkDataset(Dataset):
             int(torch.randint(min(0, n - p), max(0, n - p) + 1, ()).item())
             for n, p in zip(vol.shape, self.cfg.patch_size)
         ]
+
+
+def collate_crops(items: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """A batch of items that hold C crops each: the crops of every item in one batch,
+    ``image`` ``(B * C, 1, I, J, K)``, ``coords`` ``(B * C, K, 3)``, ``mask`` ``(B * C, K)``,
+    an item's crops adjacent."""
+    return {key: torch.cat([item[key] for item in items]) for key in items[0]}

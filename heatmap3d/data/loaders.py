@@ -17,7 +17,7 @@ from heatmap3d import distributed
 from heatmap3d.config import DataConfig
 from heatmap3d.data.cache import build_entries
 from heatmap3d.data.case_threads import usable_cpus
-from heatmap3d.data.dataset import LandmarkDataset
+from heatmap3d.data.dataset import LandmarkDataset, collate_crops
 from heatmap3d.distributed import DistInfo
 from heatmap3d.errors import InputError
 from heatmap3d.io.layout import Case
@@ -96,7 +96,8 @@ def training_loader(
 def train_loader(
     dataset: LandmarkDataset, batch_size: int, world: DistInfo, workers: int, seed: int
 ) -> tuple[DataLoader, DistributedSampler]:
-    """Shuffled, rank-disjoint batches; call ``sampler.set_epoch(epoch)`` every epoch.
+    """Shuffled, rank-disjoint batches of ``batch_size`` scans (``batch_size`` x
+    ``data.crops_per_scan`` crops); call ``sampler.set_epoch(epoch)`` every epoch.
 
     Workers persist across epochs (no re-fork, and their open cache maps survive) and each
     keeps ``data.prefetch_factor`` batches ready; on CUDA the batches are pinned, so the
@@ -114,7 +115,15 @@ def train_loader(
         persistent_workers=workers > 0,
         prefetch_factor=max(1, dataset.cfg.prefetch_factor) if workers > 0 else None,
         worker_init_fn=seed_worker,
+        collate_fn=collate_crops if _crops_per_item(dataset) > 1 else None,
         generator=torch.Generator().manual_seed(seed + world.rank),
         drop_last=False,
     )
     return loader, sampler
+
+
+def _crops_per_item(dataset: torch.utils.data.Dataset) -> int:
+    """Crops stacked in each item: ``data.crops_per_scan`` for a :class:`LandmarkDataset`,
+    1 for a dataset without a data config."""
+    cfg = getattr(dataset, "cfg", None)
+    return cfg.crops_per_scan if isinstance(cfg, DataConfig) else 1
