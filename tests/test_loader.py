@@ -110,3 +110,67 @@ def test_two_scans_with_the_same_name_are_refused_before_any_is_predicted(tmp_pa
         (tmp_path / folder).mkdir()
     with pytest.raises(InputError, match="would write the same outputs scan"):
         output_stems([tmp_path / "a" / "scan.nii.gz", tmp_path / "b" / "scan.nii.gz"])
+
+
+class Indices(torch.utils.data.Dataset):
+    """Item i is i: batches show which indices they hold."""
+
+    cfg = DataConfig(prefetch_factor=2)
+
+    def __len__(self) -> int:
+        return 7
+
+    def __getitem__(self, index: int) -> int:
+        return index
+
+
+def _stream(rank: int, workers: int):
+    from heatmap3d.data.epoch_stream import EpochBatches, EpochStream
+    from heatmap3d.data.loaders import _options, _sampler
+
+    w = DistInfo(rank, rank, 2, 2, torch.device("cpu"))
+    batches = EpochBatches(_sampler(Indices(), w, seed=3), batch_size=2)
+    loader = torch.utils.data.DataLoader(
+        Indices(), batch_sampler=batches, **_options(Indices(), w, workers, seed=3)
+    )
+    return EpochStream(loader, batches), w
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_the_epoch_stream_gives_each_epoch_the_per_epoch_loaders_batches(workers):
+    """Epoch after epoch from one iterator, the batches a per-epoch DataLoader with
+    set_epoch gives: the same shuffles, the same short last batch, ranks disjoint."""
+    seen = {}
+    for rank in (0, 1):
+        stream, w = _stream(rank, workers)
+        loader, sampler = train_loader(Indices(), 2, w, workers=0, seed=3)
+        assert len(stream) == len(loader) == 2  # 7 items on 2 ranks: 4 each, batches of 2
+        iterators = set()
+        for epoch in range(4):
+            sampler.set_epoch(epoch)
+            expected = [b.tolist() for b in loader]
+            got = [b.tolist() for b in stream.epoch(epoch)]
+            assert got == expected
+            seen[rank, epoch] = {i for b in got for i in b}
+            iterators.add(id(stream._iterator))
+        assert len(iterators) == 1  # made once, for epoch 0
+    for epoch in range(4):  # the sampler pads 7 to 8: together the ranks hold every item
+        assert seen[0, epoch] | seen[1, epoch] == set(range(7))
+    assert seen[0, 0] != seen[0, 1]  # reshuffled
+
+
+def test_the_epoch_stream_keeps_one_iterator_until_an_epoch_is_skipped_or_left_unfinished():
+    stream, _ = _stream(0, workers=0)
+    list(stream.epoch(0))
+    first = stream._iterator
+    list(stream.epoch(1))
+    assert stream._iterator is first  # consecutive epochs: one iterator
+    resumed = [b.tolist() for b in stream.epoch(5)]  # a resumed run: a new iterator there
+    assert stream._iterator is not first
+    fresh, _ = _stream(0, workers=0)
+    assert resumed == [b.tolist() for b in fresh.epoch(5)]
+    part = stream.epoch(6)
+    next(part)  # epoch 6 left after one batch (an error in its step)
+    again = stream._iterator
+    list(stream.epoch(6))
+    assert stream._iterator is not again

@@ -18,6 +18,7 @@ from heatmap3d.config import DataConfig
 from heatmap3d.data.cache import build_entries
 from heatmap3d.data.case_threads import usable_cpus
 from heatmap3d.data.dataset import LandmarkDataset, collate_crops
+from heatmap3d.data.epoch_stream import EpochBatches, EpochStream
 from heatmap3d.distributed import DistInfo
 from heatmap3d.errors import InputError
 from heatmap3d.io.layout import Case
@@ -85,12 +86,18 @@ def training_loader(
     batch_size: int,
     world: DistInfo,
     seed: int,
-) -> tuple[DataLoader, DistributedSampler]:
-    """:func:`train_loader` over a :class:`LandmarkDataset` of ``cases``, with
-    ``data.num_workers`` workers (-1: :func:`training_workers`)."""
+) -> EpochStream:
+    """The training batches of a :class:`LandmarkDataset` of ``cases``, epoch after epoch
+    from one loader iterator (:mod:`heatmap3d.data.epoch_stream`), with
+    ``data.num_workers`` workers (-1: :func:`training_workers`); otherwise as
+    :func:`train_loader`."""
     workers = cfg.num_workers if cfg.num_workers >= 0 else training_workers(world)
     dataset = LandmarkDataset(cases, names, cfg)
-    return train_loader(dataset, batch_size, world, workers, seed)
+    batches = EpochBatches(_sampler(dataset, world, seed), batch_size)
+    return EpochStream(
+        DataLoader(dataset, batch_sampler=batches, **_options(dataset, world, workers, seed)),
+        batches,
+    )
 
 
 def train_loader(
@@ -103,23 +110,29 @@ def train_loader(
     keeps ``data.prefetch_factor`` batches ready; on CUDA the batches are pinned, so the
     trainer's ``non_blocking`` copies overlap with compute.
     """
-    sampler = DistributedSampler(
+    sampler = _sampler(dataset, world, seed)
+    options = _options(dataset, world, workers, seed)
+    loader = DataLoader(dataset, batch_size=batch_size, sampler=sampler, drop_last=False, **options)
+    return loader, sampler
+
+
+def _sampler(dataset: torch.utils.data.Dataset, world: DistInfo, seed: int) -> DistributedSampler:
+    return DistributedSampler(
         dataset, num_replicas=world.world_size, rank=world.rank, shuffle=True, seed=seed
     )
-    loader = DataLoader(
-        dataset,
-        batch_size=batch_size,
-        sampler=sampler,
-        num_workers=workers,
-        pin_memory=world.device.type == "cuda",
-        persistent_workers=workers > 0,
-        prefetch_factor=max(1, dataset.cfg.prefetch_factor) if workers > 0 else None,
-        worker_init_fn=seed_worker,
-        collate_fn=collate_crops if _crops_per_item(dataset) > 1 else None,
-        generator=torch.Generator().manual_seed(seed + world.rank),
-        drop_last=False,
-    )
-    return loader, sampler
+
+
+def _options(dataset: torch.utils.data.Dataset, world: DistInfo, workers: int, seed: int) -> dict:
+    """The DataLoader's arguments besides the batching (see :func:`train_loader`)."""
+    return {
+        "num_workers": workers,
+        "pin_memory": world.device.type == "cuda",
+        "persistent_workers": workers > 0,
+        "prefetch_factor": max(1, dataset.cfg.prefetch_factor) if workers > 0 else None,
+        "worker_init_fn": seed_worker,
+        "collate_fn": collate_crops if _crops_per_item(dataset) > 1 else None,
+        "generator": torch.Generator().manual_seed(seed + world.rank),
+    }
 
 
 def _crops_per_item(dataset: torch.utils.data.Dataset) -> int:

@@ -124,7 +124,7 @@ class Trainer:
         )
         # Every scan decoded, resampled and normalised once, before the first epoch.
         build_cache(train_cases + val_cases, cfg.data, world)
-        self.loader, self.sampler = training_loader(
+        self.batches = training_loader(
             train_cases, names, cfg.data, cfg.train.batch_size, world, cfg.train.seed
         )
         self.monitor = make_monitor(world, self.run_dir)
@@ -184,7 +184,6 @@ class Trainer:
     def _epoch(self, plan: EpochPlan) -> dict[str, str]:
         """Train one epoch, validate when due, save the checkpoints; the progress postfix."""
         state, epoch = self.state, self.state.epoch
-        self.sampler.set_epoch(epoch)  # a different, reproducible shuffle every epoch
         postfix = {"loss": f"{self._train_epoch(epoch):.3g}"}
         state.epoch = epoch + 1
         if plan.after_epoch():  # also moves the planned end under a time budget
@@ -223,11 +222,12 @@ class Trainer:
     def _train_epoch(self, epoch: int) -> float:
         self.stepper.net.train()
         accumulate = self.cfg.train.accumulate
-        device, step0 = self.world.device, epoch * math.ceil(len(self.loader) / accumulate)
+        device, step0 = self.world.device, epoch * math.ceil(len(self.batches) / accumulate)
         sums = torch.zeros(2, dtype=torch.float64, device=device)  # loss * n, n
         start = waited_from = time.perf_counter()
         waited = 0.0  # seconds this rank spent waiting for the loader's next batches
-        for i, group in enumerate(groups(self.loader, accumulate)):
+        # A different, reproducible shuffle every epoch (the sampler's set_epoch).
+        for i, group in enumerate(groups(self.batches.epoch(epoch), accumulate)):
             waited += time.perf_counter() - waited_from
             loss = self.stepper.step(group, step0 + i)
             waited_from = time.perf_counter()

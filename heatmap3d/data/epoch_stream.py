@@ -1,0 +1,68 @@
+"""Training batches of one epoch after another from a single loader iterator.
+
+A DataLoader's workers start preparing an epoch's batches only when that epoch's iterator
+is made, so the first batches of every epoch are waited for. On a small dataset an epoch
+is a step or two (the AFIDs templates: one step of two scans), and that wait was most of
+it: on an H200 the GPU waited 18-32 % of each epoch. Here one iterator runs over every
+epoch, so the workers prepare the next epoch's batches while this one's steps run.
+
+Each epoch's batches are those of ``DistributedSampler.set_epoch(epoch)`` cut into
+batches in order, the last one possibly short, as a per-epoch DataLoader makes them:
+shuffles are the same, rank-disjoint, and a resumed run continues with its epoch's.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+
+from torch.utils.data import DataLoader, DistributedSampler, Sampler
+
+
+class EpochBatches(Sampler[list[int]]):
+    """Index batches of epoch ``start``, ``start + 1``, ... without end (for one loader
+    iterator over every epoch); ``sampler`` is reshuffled with ``set_epoch`` for each."""
+
+    def __init__(self, sampler: DistributedSampler, batch_size: int) -> None:
+        self.sampler, self.batch_size, self.start = sampler, batch_size, 0
+
+    def per_epoch(self) -> int:
+        """Batches an epoch holds on this rank (every rank holds as many)."""
+        return math.ceil(len(self.sampler) / self.batch_size)
+
+    def __iter__(self) -> Iterator[list[int]]:
+        epoch = self.start
+        while True:
+            self.sampler.set_epoch(epoch)
+            order = list(self.sampler)
+            for first in range(0, len(order), self.batch_size):
+                yield order[first : first + self.batch_size]
+            epoch += 1
+
+
+class EpochStream:
+    """The batches of each epoch, asked for in order, from one iterator of ``loader``
+    (whose batch sampler is ``batches``).
+
+    Asking for an epoch other than the one after the last fully taken (the first epoch,
+    a resumed run, an epoch left unfinished by an error) starts a new iterator there.
+    """
+
+    def __init__(self, loader: DataLoader, batches: EpochBatches) -> None:
+        self.loader, self.batches = loader, batches
+        self._iterator: Iterator[dict] | None = None
+        self._next: int | None = None  # the epoch the iterator stands at, if known
+
+    def __len__(self) -> int:
+        """Batches in one epoch."""
+        return self.batches.per_epoch()
+
+    def epoch(self, epoch: int) -> Iterator[dict]:
+        """The batches of ``epoch`` (``len(self)`` of them)."""
+        if self._iterator is None or epoch != self._next:
+            self.batches.start = epoch
+            self._iterator = iter(self.loader)
+        self._next = None  # until every batch of this epoch has been taken
+        for _ in range(len(self)):
+            yield next(self._iterator)
+        self._next = epoch + 1
