@@ -1,0 +1,42 @@
+"""The small benchmark scripts run and print the lines their docstrings promise."""
+
+from __future__ import annotations
+
+import re
+
+from benchmarks import epoch_wait, run_figures, step_speed
+from heatmap3d.config_io import load_config
+from heatmap3d.data.synthetic import generate_dataset
+from heatmap3d.training.trainer import run
+
+
+def test_step_speed_times_the_training_step_by_crops(capsys):
+    step_speed.main(
+        ["--device", "cpu", "--crops", "2", "4", "--modes", "eager", "--steps", "2",
+         "--warmup", "1", "--channels", "2"]
+    )  # fmt: skip
+    out = capsys.readouterr().out.splitlines()
+    assert re.fullmatch(
+        r"step: mode=eager crops=2 ms=[\d.]+ crops_per_s=\d+ first_s=[\d.]+", out[1]
+    )
+    assert re.fullmatch(r"step_speed: eager/2=\d+ eager/4=\d+", out[-1])
+
+
+def test_epoch_wait_compares_per_epoch_loaders_with_the_stream(capsys):
+    epoch_wait.main(["--epochs", "3", "--workers", "1", "--step-ms", "1"])
+    last = capsys.readouterr().out.splitlines()[-1]
+    assert re.fullmatch(r"epoch_wait: per_epoch=[\d.]+% stream=[\d.]+%", last)
+
+
+def test_run_figures_reads_each_stage_folders_events(tmp_path, capsys):
+    root = generate_dataset(tmp_path / "data", n_train=2, n_val=1, n_test=0, seed=2, progress=False)
+    overrides = [
+        f"data.root={root}", "data.spacing=[8,8,8]", "data.patch_size=[16,16,16]",
+        "data.num_workers=0", "model.depth=2", "model.channels=2", "train.epochs=3",
+        f"train.out_dir={tmp_path / 'runs'}", "train.device=cpu",
+    ]  # fmt: skip
+    run(load_config(None, overrides))
+    run_figures.main([str(tmp_path / "runs")])
+    [line] = capsys.readouterr().out.splitlines()
+    assert line.startswith("run: runs/demo epochs=3 epoch_s=")
+    assert re.search(r"samples_per_s=[\d.]+ data_wait=[\d.]+% \(max [\d.]+%\) best_val_mm=", line)
