@@ -228,13 +228,26 @@ def test_refinement_exactly_when_the_rule_says():
     small = fake(spacing=[1.0] * 3, fov=[120.0] * 3, extent=[60.0] * 3, names=["a", "b"], nn=9)
     assert region_of_interest_mm(small) / 32 <= 4.0
     assert len(_check_sane(small).stages) == 1
-    # A GPU plans the same stages (measured best there too), only wider.
+    # A GPU plans the same stages (measured best there too), only wider, with more crops
+    # of each scan a step.
     for fp in (small, MR_HEAD):
         cpu, gpu = _check_sane(fp), _check_sane(fp, "cuda", 80.0)
         assert [s.name for s in gpu.stages] == [s.name for s in cpu.stages]
         for c, g in zip(cpu.stages, gpu.stages, strict=True):
-            assert g.config["data"] == c.config["data"]
+            assert g.config["data"] == {**c.config["data"], "crops_per_scan": 8}
+            assert "crops_per_scan" not in c.config["data"]
             assert (c.config["model"]["channels"], g.config["model"]["channels"]) == (8, 32)
+
+
+def test_crops_per_scan_on_a_gpu_halve_until_the_step_fits():
+    from heatmap3d.planning.sizing import crops_per_scan
+
+    assert crops_per_scan("cpu", 32, 8, 1000.0) == 1
+    assert crops_per_scan("cuda", 32, 32, 1000.0) == 8
+    fits = [crops_per_scan("cuda", 32, 32, gib) for gib in (0.1, 0.7, 1.4, 2.7)]
+    assert fits == [1, 2, 4, 8]  # 16 crops of 32^3 at 32 channels: 2.66 GiB
+    for crops, gib in zip(fits, (0.1, 0.7, 1.4, 2.7), strict=True):
+        assert crops == 1 or activation_gb(32, 32, 3, 2 * crops) <= gib
 
 
 def test_gpu_memory_budget_shrinks_the_patch():
@@ -242,6 +255,7 @@ def test_gpu_memory_budget_shrinks_the_patch():
     small = _check_sane(MR_HEAD, "cuda", 0.05).stages[0].config
     assert big["model"]["channels"] == 32 and big["data"]["patch_size"] == [32] * 3
     assert small["data"]["patch_size"][0] < 32
+    assert small["data"].get("crops_per_scan", 1) < big["data"]["crops_per_scan"] == 8
     assert activation_gb(32, 8, 3, 2) < activation_gb(64, 8, 3, 2) < activation_gb(64, 16, 3, 2)
 
 

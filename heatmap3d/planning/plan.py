@@ -31,6 +31,7 @@ from heatmap3d.planning.sizing import (
     DEPTH,
     activation_gb,
     choose_model,
+    crops_per_scan,
     default_memory_gb,
     width_reason,
 )
@@ -239,14 +240,25 @@ def augmentation(b: _Builder, pairs: list[list[str]], how: str, modality: str) -
 
 
 def _common(
-    fp: Fingerprint, b: _Builder, device: str, channels: int, patch: int, pairs, how: str
+    fp: Fingerprint, b: _Builder, device: str, model: tuple[int, int, float], pairs, how: str
 ) -> None:
+    """The keys both stages set; ``model``: (channels, patch, memory budget in GiB)."""
+    channels, patch, memory_gb = model
     b.set("data.landmarks", list(fp.names), "channel order, fixed so mirror pairs match")
     normalization(fp, b)
     b.set("model.channels", channels, width_reason(device))
     bottom = patch // 2**DEPTH
     b.set("model.depth", DEPTH, f"{DEPTH} 2x downsamplings: {bottom}^3 voxels at the bottom")
     b.set("train.batch_size", BATCH, "per process; 1 costs 5.6x more per sample on CPU")
+    crops = crops_per_scan(device, patch, channels, memory_gb)
+    if crops > 1:
+        gib = activation_gb(patch, channels, DEPTH, BATCH * crops)
+        b.set(
+            "data.crops_per_scan",
+            crops,
+            f"{BATCH * crops} crops a step ({gib:.2f} GiB of activations): a GPU step is "
+            "bound by kernel launches, not arithmetic",
+        )
     b.set("train.lr", LR, "AdamW with cosine decay: trained the demo and AFIDs")
     b.set("train.checkpoint_minutes", CHECKPOINT_MINUTES, CHECKPOINT_WHY)
     augmentation(b, pairs, how, fp.modality)
@@ -273,7 +285,7 @@ def coarse_stage(fp, device, memory_gb, pairs, how, share) -> tuple[Stage, float
     )
     b.set("data.landmark_crops", 0.0, "random crops: learns every landmark in context")
     b.set("inference.sliding_window", False, "whole scans in one pass, as trained")
-    _common(fp, b, device, channels, patch, pairs, how)
+    _common(fp, b, device, (channels, patch, memory_gb), pairs, how)
     b.set("model.role", "whole_scan", "finds every landmark in a whole scan")
     _heatmap(fp, b, spacing, patch)
     return Stage("coarse", share, b.config, b.reasons), spacing, patch
@@ -297,7 +309,7 @@ def fine_stage(fp, device, memory_gb, pairs, how, coarse_mm, share) -> Stage:
         f"the coarse model's error, ~{JITTER_COARSE_VOXELS:g} of its voxels, "
         f"at most {JITTER_WINDOW_SHARE:g} of the window",
     )
-    _common(fp, b, device, channels, patch, pairs, how)
+    _common(fp, b, device, (channels, patch, memory_gb), pairs, how)
     b.set("model.role", "refiner", "places each landmark again near the coarse estimate")
     _heatmap(fp, b, spacing, patch)
     return Stage("fine", share, b.config, b.reasons)

@@ -7,7 +7,7 @@ the device's memory (:func:`default_memory_gb`).
 
 from __future__ import annotations
 
-__all__ = ["activation_gb", "choose_model", "default_memory_gb"]
+__all__ = ["activation_gb", "choose_model", "crops_per_scan", "default_memory_gb"]
 
 DEPTH = 3  # 2x downsamplings: 32^3 -> 4^3 at the bottom, enough context at 32^3 (demo, AFIDs)
 # Features at full resolution on a CPU. At 20 minutes on AFIDs (hard placements, one run
@@ -18,6 +18,11 @@ CPU_CHANNELS = 8
 # is bound by launches there, not by the width. One 96^3 stage at 2 mm (the earlier GPU
 # rule) gave 26.9 mm after 4 minutes (RESULTS.md).
 GPU_CHANNELS = 32
+# Crops of each scan a GPU step trains on: the step is bound by kernel launches, so on an
+# H200 16 crops (batch 2 x 8) took 27 ms against 17 ms for 2, 6x the crops a second in
+# AFIDs training; in 1 minute the refiner's validation reached 0.61-0.74 mm against 1.08
+# with 1 crop a scan (RESULTS.md). On a CPU a crop costs its arithmetic: 1.
+GPU_CROPS_PER_SCAN = 8
 PATCH = 32  # voxels per axis: a 32^3 step at batch 2 takes ~155 ms on 2 cores (RESULTS.md)
 CPU_MEMORY_GB = 4.0  # what a CPU run may spend on activations when no budget is given
 BATCH = 2  # per process: a batch of 1 costs 5.6x more per sample on the CPU (RESULTS.md)
@@ -73,3 +78,12 @@ def _fit(patch: int, channels: int, memory_gb: float) -> int:
     while patch > step and activation_gb(patch, channels, DEPTH, BATCH) > memory_gb:
         patch -= step
     return patch
+
+
+def crops_per_scan(device: str, patch: int, channels: int, memory_gb: float) -> int:
+    """Crops of each scan per step: ``GPU_CROPS_PER_SCAN`` on a GPU, halved until the
+    step's activations (``BATCH`` x crops patches) fit in ``memory_gb``; 1 on a CPU."""
+    crops = GPU_CROPS_PER_SCAN if device == "cuda" else 1
+    while crops > 1 and activation_gb(patch, channels, DEPTH, BATCH * crops) > memory_gb:
+        crops //= 2
+    return crops
