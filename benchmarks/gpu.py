@@ -15,15 +15,18 @@ On a machine with CUDA it runs, one after another, each as its own process:
    torch on the GPU (``benchmarks/preprocess_speed.py --device cuda``);
 6. a cohort of 256^3 scans predicted with the scans preprocessed by the reading workers
    against on the GPU (``benchmarks/cohort_device.py``: scans per second, data wait);
-7. DDP on every visible GPU: a synthetic dataset trained for a few epochs with
+7. the training step alone by crops a step, eager, and compiled as CUDA graphs
+   (``benchmarks/step_speed.py``: milliseconds a step, crops a second);
+8. DDP on every visible GPU: a synthetic dataset trained for a few epochs with
    ``torchrun --nproc_per_node=1`` and ``=N`` (wall time, so the scaling with start-up);
-8. where the real AFIDs data is at hand (``../shared/data/real`` or
+9. where the real AFIDs data is at hand (``../shared/data/real`` or
    ``HEATMAP3D_REAL_DATA``): the README's path trained on the GPU and scored under hard
-   placements (``benchmarks/review.py --folds 0 --device cuda``; 20 minutes, 2.5 with
-   ``--quick``).
+   placements (``benchmarks/review.py --folds 0 --device cuda``) with budgets of 1 and 2.5
+   minutes (1 with ``--quick``); each takes about 2 minutes more than its budget (start-up,
+   calibration, 8 placements predicted five ways).
 
 ``--only throughput,ddp`` runs a subset (the keys: tests, throughput, heatmaps, predict,
-preprocess, cohort, ddp, afids); ``--model FOLDER`` times a trained model folder instead
+preprocess, cohort, step, ddp, afids); ``--model FOLDER`` times a trained model folder instead
 of random weights; ``--step-timeout S`` stops a step that hangs. The steps run with the
 repository first on ``PYTHONPATH`` (no install needed). It appends its figures to
 ``--results`` as a dated section (through the project's atomic writer: a reader sees the
@@ -90,7 +93,17 @@ def wall_only(output: str) -> str:
     return ""
 
 
-KEYS = ("tests", "throughput", "heatmaps", "predict", "preprocess", "cohort", "ddp", "afids")
+KEYS = (
+    "tests",
+    "throughput",
+    "heatmaps",
+    "predict",
+    "preprocess",
+    "cohort",
+    "step",
+    "ddp",
+    "afids",
+)
 
 
 def plan(
@@ -126,6 +139,12 @@ def plan(
              [py, "-m", "benchmarks.cohort_device", "--device", "cuda",
               "--n-scans", "8" if quick else "40", "--work", str(work / "cohort")],
              last_line("cohort_device:"), key="cohort"),
+        Step("training step, eager, by crops a step", [py, "-m", "benchmarks.step_speed",
+             "--device", "cuda", "--modes", "eager", "--crops", "2", "8", "16", "32"],
+             last_line("step_speed:"), key="step"),
+        Step("training step, compiled as CUDA graphs, 16 crops", [py, "-m",
+             "benchmarks.step_speed", "--device", "cuda", "--modes", "reduce-overhead",
+             "--crops", "16"], last_line("step_speed:"), key="step"),
         Step("synthetic dataset", [py, "-m", "heatmap3d", "synth", str(data),
              "--n-train", "8", "--n-val", "2", "--n-test", "0"], wall_only, key="ddp"),
     ]  # fmt: skip
@@ -150,8 +169,9 @@ def plan(
                 key="ddp",
             )  # fmt: skip
         )
-    if real_data is not None:
-        budget = "2.5" if quick else "20"
+    for budget in ["1"] if quick else ["1", "2.5"]:
+        if real_data is None:
+            break
         steps.append(
             Step(
                 f"AFIDs, the README's path, {budget} min",

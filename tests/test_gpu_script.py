@@ -38,8 +38,10 @@ def test_the_plan_runs_every_measurement_and_ddp_on_every_gpu(tmp_path):
     ddp = [s for s in steps if s.name.startswith("DDP")]
     assert [s.name for s in ddp] == ["DDP, 1 GPU(s)", "DDP, 4 GPU(s)"]
     assert "--nproc_per_node=4" in ddp[1].argv and "train.device=cuda" in ddp[1].argv
+    assert [s.key for s in steps[6:8]] == ["step", "step"]
+    assert [module_file(s.argv).name for s in steps[6:8]] == ["step_speed.py"] * 2
     data = str(tmp_path / "ddp_data")
-    assert data in steps[6].argv and f"data.root={data}" in ddp[0].argv
+    assert data in steps[8].argv and f"data.root={data}" in ddp[0].argv
     # One GPU: one DDP run, not the same one twice.
     assert [s.name for s in gpu.plan(1, tmp_path) if s.name.startswith("DDP")] == ["DDP, 1 GPU(s)"]
     for step in steps[1:6]:  # the plan runs benchmarks that exist, as modules
@@ -56,7 +58,9 @@ def test_the_plan_runs_every_measurement_and_ddp_on_every_gpu(tmp_path):
     assert not [s for s in steps if s.key == "afids"]
     afids = [s for s in gpu.plan(1, tmp_path, quick=True, real_data=tmp_path) if s.key == "afids"]
     assert len(afids) == 1 and module_file(afids[0].argv) == ROOT / "benchmarks" / "review.py"
-    assert afids[0].argv[afids[0].argv.index("--budget") + 1] == "2.5"
+    assert afids[0].argv[afids[0].argv.index("--budget") + 1] == "1"  # the minute
+    full = [s for s in gpu.plan(1, tmp_path, real_data=tmp_path) if s.key == "afids"]
+    assert [s.argv[s.argv.index("--budget") + 1] for s in full] == ["1", "2.5"]
     assert afids[0].argv[afids[0].argv.index("--device") + 1] == "cuda"
     assert afids[0].parse("x\n+ pose pass   3.10  2.03\n") == "3.10  2.03"
 
