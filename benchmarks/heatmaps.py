@@ -18,12 +18,13 @@ Run with ``python -m benchmarks.heatmaps [--repeats N]``. Per case, on float32 o
 Methods are run round-robin (one call of each per repeat) after warm-up, and each
 reports the median time, so ratios are measured side by side in the same run. The
 last line is ``heatmaps: fresh_vs_numpy_1=F1 fresh_vs_numpy_2=F2 cpu_vs_fill=R
-loss_vs_read=L [cuda_vs_fill=C cuda_graph_vs_fill=G cuda_loss_vs_read=CL]``: (c) over (b)
-in cases 1 and 2,
+loss_vs_read=L [cuda_vs_fill=C cuda_graph_vs_fill=G outer_vs_fill=O outer_bmm_vs_fill=M
+outer_compiled_vs_fill=P cuda_loss_vs_read=CL]``: (c) over (b) in cases 1 and 2,
 (c) over (e) in case 1 (K=16, one 128^3 volume), the CPU loss's forward over a read pass
 in case 1; on CUDA the kernel over ``fill_`` (its wall time as called, and replayed as a
-CUDA graph: its device work alone) and the compiled loss's forward over a read pass
-(case 2).
+CUDA graph: its device work alone), the final write alone (the outer product of the
+factors: as the package does it, as a batched matrix product, compiled by inductor) and the
+compiled loss's forward over a read pass (case 2).
 
 The paths this benchmark compared before issue 43 (box writes into zeroed numpy memory,
 a preallocated ``out=``, ``compat=True``) were deleted for want of a production caller.
@@ -39,7 +40,7 @@ import numpy as np
 import torch
 
 from benchmarks.common import interleaved, one_thread
-from heatmap3d.heatmaps import gaussian_heatmaps
+from heatmap3d.heatmaps import gaussian_heatmaps, outer, target_factors
 from heatmap3d.inference.decode import decode_heatmaps
 from heatmap3d.training.loss import heatmap_loss
 
@@ -124,6 +125,15 @@ def graphed(fn: Callable[[], object]) -> Callable[[], object]:
     return graph.replay
 
 
+def outer_bmm(gi: torch.Tensor, gj: torch.Tensor, gk: torch.Tensor) -> torch.Tensor:
+    """:func:`heatmap3d.heatmaps.outer` as a batched matrix product of each ``(I*J, 1)``
+    plane with its ``(1, K)`` factor (a candidate for the final write on a GPU)."""
+    plane = gi[..., :, None] * gj[..., None, :]
+    lead, (i, j, k) = plane.shape[:-2], (gi.shape[-1], gj.shape[-1], gk.shape[-1])
+    out = torch.bmm(plane.reshape(-1, i * j, 1), gk.reshape(-1, 1, k))
+    return out.view(*lead, i, j, k)
+
+
 def run_case(label: str, n_batch: int, n_lmk: int, side: int, repeats: int) -> dict:
     shape = (side, side, side)
     full = (n_batch, n_lmk, *shape)
@@ -147,9 +157,17 @@ def run_case(label: str, n_batch: int, n_lmk: int, side: int, repeats: int) -> d
         fill_c = torch.empty(full, device="cuda")
         pred_c = torch.rand(full, device="cuda")
         replay = graphed(lambda: gaussian_heatmaps(coords_c, shape, **kw))
+        gi, gj, gk, _ = target_factors(coords_c, shape, **kw)
+        compiled = torch.compile(outer)
+        for name, other in (("bmm", outer_bmm), ("compiled", compiled)):
+            gap = (other(gi, gj, gk) - outer(gi, gj, gk)).abs().max().item()
+            print(f"outer as {name}: largest difference from the package's {gap:.3g}")
         cuda_fns = {
             "gaussian_heatmaps cuda (d)": lambda: gaussian_heatmaps(coords_c, shape, **kw),
             "cuda (d) as a CUDA graph": replay,
+            "outer product alone": lambda: outer(gi, gj, gk),
+            "outer as bmm": lambda: outer_bmm(gi, gj, gk),
+            "outer compiled": lambda: compiled(gi, gj, gk),
             "cuda fill_ floor": lambda: fill_c.fill_(1.0),
             **loss_fns(pred_c, coords_c, " cuda"),
         }
@@ -249,6 +267,9 @@ def main() -> None:
         loss = case2["loss forward cuda"] / case2["pred.sum() read cuda"]
         graph = case2["cuda (d) as a CUDA graph"] / case2["cuda fill_ floor"]
         line += f" cuda_vs_fill={cuda:.2f} cuda_graph_vs_fill={graph:.2f}"
+        for name, key in (("outer product alone", "outer"), ("outer as bmm", "outer_bmm")):
+            line += f" {key}_vs_fill={case2[name] / case2['cuda fill_ floor']:.2f}"
+        line += f" outer_compiled_vs_fill={case2['outer compiled'] / case2['cuda fill_ floor']:.2f}"
         line += f" cuda_loss_vs_read={loss:.2f}"
     print(line)
 

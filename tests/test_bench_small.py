@@ -40,3 +40,14 @@ def test_run_figures_reads_each_stage_folders_events(tmp_path, capsys):
     [line] = capsys.readouterr().out.splitlines()
     assert line.startswith("run: runs/demo epochs=3 epoch_s=")
     assert re.search(r"samples_per_s=[\d.]+ data_wait=[\d.]+% \(max [\d.]+%\) best_val_mm=", line)
+
+
+def test_the_bmm_outer_product_candidate_gives_the_packages_values():
+    import torch
+
+    from benchmarks.heatmaps import outer_bmm
+    from heatmap3d.heatmaps import outer, target_factors
+
+    coords = torch.tensor([[[3.2, 4.7, 1.1], [6.0, 2.5, 5.5]]])
+    gi, gj, gk, _ = target_factors(coords, (9, 8, 7), sigma=2.0, spacing=(1.0, 1.2, 0.8))
+    assert torch.equal(outer_bmm(gi, gj, gk), outer(gi, gj, gk))
