@@ -37,7 +37,7 @@ def test_run_figures_reads_each_stage_folders_events(tmp_path, capsys):
     ]  # fmt: skip
     run(load_config(None, overrides))
     run_figures.main([str(tmp_path / "runs")])
-    [line] = capsys.readouterr().out.splitlines()
+    [line] = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("run: ")]
     assert line.startswith("run: runs/demo epochs=3 epoch_s=")
     assert re.search(r"samples_per_s=[\d.]+ data_wait=[\d.]+% \(max [\d.]+%\) best_val_mm=", line)
 
