@@ -111,3 +111,28 @@ def test_crops_per_scan_below_one_or_above_the_step_bound_is_refused():
         Config(data=DataConfig(crops_per_scan=0))
     with pytest.raises(ConfigValueError, match="crops per step"):
         Config(data=DataConfig(crops_per_scan=4096), train=TrainConfig(batch_size=2))
+
+
+def test_the_training_stream_hands_over_the_loaders_batches_as_tensors(cases, tmp_path):
+    """With loader workers the stream's batches cross with coordinates and masks by value
+    (numpy) and arrive as the tensors a per-epoch loader gives: same values, dtypes."""
+    from heatmap3d.data.loaders import train_loader, training_loader
+    from heatmap3d.distributed import DistInfo
+
+    root, found = cases
+    cfg = DataConfig(
+        root=str(root), spacing=[4.0] * 3, patch_size=[16] * 3, crops_per_scan=2,
+        num_workers=2, cache_dir=str(tmp_path / "cache"),
+    )  # fmt: skip
+    world = DistInfo(0, 0, 1, 1, torch.device("cpu"))
+    stream = training_loader(found, LANDMARK_NAMES, cfg, 1, world, seed=5)
+    loader, sampler = train_loader(LandmarkDataset(found, LANDMARK_NAMES, cfg), 1, world, 2, 5)
+    sampler.set_epoch(0)
+    expected = list(loader)  # the first epoch: both loaders' workers draw the same crops
+    got = list(stream.epoch(0))
+    assert len(got) == len(expected) == 2
+    for a, b in zip(got, expected, strict=True):
+        assert all(isinstance(a[k], torch.Tensor) for k in ("image", "coords", "mask"))
+        for k in ("image", "coords", "mask"):
+            assert a[k].dtype == b[k].dtype
+            torch.testing.assert_close(a[k], b[k], equal_nan=True)

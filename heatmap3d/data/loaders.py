@@ -11,20 +11,22 @@ import time
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, DistributedSampler
+from torch.utils.data import DataLoader, DistributedSampler, default_collate
 
 from heatmap3d import distributed
 from heatmap3d.config import DataConfig
 from heatmap3d.data.cache import build_entries
 from heatmap3d.data.case_threads import usable_cpus
 from heatmap3d.data.dataset import LandmarkDataset, collate_crops
-from heatmap3d.data.epoch_stream import EpochBatches, EpochStream
+from heatmap3d.data.epoch_stream import ByValue, EpochBatches, EpochStream
 from heatmap3d.distributed import DistInfo
 from heatmap3d.errors import InputError
 from heatmap3d.io.layout import Case
 from heatmap3d.log import get_logger
 
 log = get_logger(__name__)
+
+SMALL_KEYS = ("coords", "mask")  # a training batch's entries sent by value (see ByValue)
 
 
 def build_cache(cases: list[Case], cfg: DataConfig, world: DistInfo) -> None:
@@ -94,10 +96,10 @@ def training_loader(
     workers = cfg.num_workers if cfg.num_workers >= 0 else training_workers(world)
     dataset = LandmarkDataset(cases, names, cfg)
     batches = EpochBatches(_sampler(dataset, world, seed), batch_size)
-    return EpochStream(
-        DataLoader(dataset, batch_sampler=batches, **_options(dataset, world, workers, seed)),
-        batches,
-    )
+    options = _options(dataset, world, workers, seed)
+    if workers > 0:  # what crosses from the workers: only the images by shared memory
+        options["collate_fn"] = ByValue(options["collate_fn"] or default_collate, SMALL_KEYS)
+    return EpochStream(DataLoader(dataset, batch_sampler=batches, **options), batches)
 
 
 def train_loader(
