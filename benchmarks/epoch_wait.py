@@ -11,10 +11,13 @@ refiner crops) in two ways, each for ``--epochs`` epochs after a warm-up:
 
   (a) a DataLoader per epoch: ``sampler.set_epoch(e)`` then a new iterator each epoch, so
       the workers start on an epoch's batches when it begins (heatmap3d before the stream);
-  (b) :class:`heatmap3d.data.epoch_stream.EpochStream`: one iterator over every epoch.
+  (b) one iterator over every epoch (:class:`heatmap3d.data.epoch_stream.EpochStream`)
+      with every entry of a batch crossing from its worker as a shared tensor;
+  (c) the same as training runs it: coordinates and masks crossing by value
+      (:class:`heatmap3d.data.epoch_stream.ByValue`), only the images as shared tensors.
 
-The last line is ``epoch_wait: per_epoch=A% stream=B%``: the share of the run spent
-waiting for the next batch.
+The last line is ``epoch_wait: per_epoch=A% stream_tensors=B% stream=C%``: the share of
+the run spent waiting for the next batch.
 """
 
 from __future__ import annotations
@@ -72,6 +75,21 @@ def stream(cases, cfg: DataConfig, workers: int) -> Callable[[range], Iterable]:
     return lambda span: (batches.epoch(e) for e in span)
 
 
+def stream_tensors(cases, cfg: DataConfig, workers: int) -> Callable[[range], Iterable]:
+    """The stream with every entry of a batch crossing as a shared tensor."""
+    from heatmap3d.data.dataset import LandmarkDataset
+    from heatmap3d.data.epoch_stream import EpochBatches, EpochStream
+    from heatmap3d.data.loaders import _options, _sampler
+
+    dataset = LandmarkDataset(cases, LANDMARK_NAMES, cfg)
+    batches = EpochBatches(_sampler(dataset, WORLD, 0), 2)
+    options = _options(dataset, WORLD, workers, 0)
+    stream = EpochStream(
+        torch.utils.data.DataLoader(dataset, batch_sampler=batches, **options), batches
+    )
+    return lambda span: (stream.epoch(e) for e in span)
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--step-ms", type=float, default=24.0)
@@ -89,13 +107,13 @@ def main(argv: list[str] | None = None) -> None:
         )  # fmt: skip
         build_cache(cases, cfg, WORLD)
         shares = {}
-        for name, make in (("per_epoch", per_epoch), ("stream", stream)):
+        ways = (("per_epoch", per_epoch), ("stream_tensors", stream_tensors), ("stream", stream))
+        for name, make in ways:
             epochs = make(cases, cfg, args.workers)
             waited(epochs(range(10)), args.step_ms / 1e3)  # warm-up: workers start
             shares[name] = waited(epochs(range(10, 10 + args.epochs)), args.step_ms / 1e3)
             print(f"{name}: {100 * shares[name]:.1f}% of the run waiting for data", flush=True)
-    a, b = 100 * shares["per_epoch"], 100 * shares["stream"]
-    print(f"epoch_wait: per_epoch={a:.1f}% stream={b:.1f}%")
+    print("epoch_wait: " + " ".join(f"{k}={100 * v:.1f}%" for k, v in shares.items()))
 
 
 if __name__ == "__main__":

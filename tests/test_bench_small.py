@@ -25,7 +25,9 @@ def test_step_speed_times_the_training_step_by_crops(capsys):
 def test_epoch_wait_compares_per_epoch_loaders_with_the_stream(capsys):
     epoch_wait.main(["--epochs", "3", "--workers", "1", "--step-ms", "1"])
     last = capsys.readouterr().out.splitlines()[-1]
-    assert re.fullmatch(r"epoch_wait: per_epoch=[\d.]+% stream=[\d.]+%", last)
+    assert re.fullmatch(
+        r"epoch_wait: per_epoch=[\d.]+% stream_tensors=[\d.]+% stream=[\d.]+%", last
+    )
 
 
 def test_run_figures_reads_each_stage_folders_events(tmp_path, capsys):
