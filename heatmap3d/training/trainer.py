@@ -243,7 +243,7 @@ class Trainer:
         self.monitor.scalar("train/lr", self.state.opt.param_groups[0]["lr"], epoch + 1)
         self.monitor.scalar("train/samples_per_s", total[1].item() / seconds, epoch + 1)
         # Rank 0's share of the epoch spent waiting for data: above a few percent, more
-        # loader workers (data.workers) or the cache would make training faster.
+        # loader workers (data.num_workers) or the cache would make training faster.
         self.monitor.scalar("train/data_wait", waited / seconds, epoch + 1)
         self.monitor.scalar("train/epoch_seconds", seconds, epoch + 1)
         return mean_loss
