@@ -205,6 +205,22 @@ def test_build_cache_builds_every_case_once(root):
     assert not (root / "x").exists()
 
 
+def test_entries_built_on_threads_are_those_built_on_one(root, tmp_path):
+    """build_entries on 3 threads writes the same files, byte for byte, as on one; a second
+    call on threads finds every entry valid and builds none."""
+    images = [c.image for c in cases_of(root)]
+    one = config(root, cache_dir=str(tmp_path / "one"))
+    many = config(root, cache_dir=str(tmp_path / "many"))
+    assert cache.build_entries(images, one) == len(images)
+    assert cache.build_entries(images, many, threads=3) == len(images)
+    assert cache.build_entries(images, many, threads=3) == 0
+    names = entry_files(one)
+    assert names == entry_files(many) and len(names) == 2 * len(images)
+    for name in names:
+        a, b = (Path(c.cache_dir) / name for c in (one, many))
+        assert a.read_bytes() == b.read_bytes(), name
+
+
 def test_cache_dir_setting(root, tmp_path):
     cfg = config(root, cache_dir=str(tmp_path / "elsewhere"))
     cache.cached_volume(cases_of(root)[0].image, cfg)

@@ -44,6 +44,7 @@ from typing import Any
 import numpy as np
 
 from heatmap3d.config import DataConfig
+from heatmap3d.data.case_threads import map_cases
 from heatmap3d.data.preprocess import preprocess
 from heatmap3d.errors import InputError
 from heatmap3d.geometry import Volume
@@ -202,15 +203,23 @@ def cached_volume(image: Path, cfg: DataConfig) -> Volume:
     return vol
 
 
-def build_entries(images: list[Path], cfg: DataConfig, rank: int = 0, ranks: int = 1) -> int:
+def build_entries(
+    images: list[Path], cfg: DataConfig, rank: int = 0, ranks: int = 1, threads: int = 1
+) -> int:
     """Make sure every image has a valid entry; this process builds images rank, rank+ranks, ...
+    on ``threads`` threads (reading, inflating and resampling run outside the GIL; each
+    thread holds one scan; an entry's bytes do not depend on the threads).
 
     Returns the number of entries this call built (0 when all were present and valid).
     """
-    built = 0
-    for image in images[rank::ranks]:
-        entry = Entry.of(image, cfg)
-        if read_entry(entry) is None:
-            write_entry(entry, preprocess(read_scan(image, cfg), cfg), image, cfg)
-            built += 1
-    return built
+    mine = images[rank::ranks]
+    return sum(map_cases(lambda image: _ensure(image, cfg), mine, desc="cache", threads=threads))
+
+
+def _ensure(image: Path, cfg: DataConfig) -> bool:
+    """Build ``image``'s entry unless a valid one exists; True when it was built."""
+    entry = Entry.of(image, cfg)
+    if read_entry(entry) is not None:
+        return False
+    write_entry(entry, preprocess(read_scan(image, cfg), cfg), image, cfg)
+    return True

@@ -16,7 +16,7 @@ from torch.utils.data import DataLoader, DistributedSampler, default_collate
 from heatmap3d import distributed
 from heatmap3d.config import DataConfig
 from heatmap3d.data.cache import build_entries
-from heatmap3d.data.case_threads import usable_cpus
+from heatmap3d.data.case_threads import MAX_THREADS, usable_cpus
 from heatmap3d.data.dataset import LandmarkDataset, collate_crops
 from heatmap3d.data.epoch_stream import ByValue, EpochBatches, EpochStream
 from heatmap3d.distributed import DistInfo
@@ -32,8 +32,9 @@ SMALL_KEYS = ("coords", "mask")  # a training batch's entries sent by value (see
 def build_cache(cases: list[Case], cfg: DataConfig, world: DistInfo) -> None:
     """Fill the disk cache for ``cases`` before training; every rank must call it.
 
-    The ranks of a node split the cases (local rank r builds r, r + L, ...), so the
-    node's processes preprocess in parallel and each node gets every entry even when
+    The ranks of a node split the cases (local rank r builds r, r + L, ...), each on
+    :func:`cache_threads` threads, so the node's cores preprocess in parallel (one rank on
+    a GPU node no longer builds alone on one core) and each node gets every entry even when
     ``data.cache_dir`` is node-local. Where nodes share the directory they may build an
     entry twice, which is harmless (atomic, identical writes; see :mod:`heatmap3d.data.cache`).
     All ranks then wait for each other, so no rank starts an epoch on a half-built cache
@@ -47,7 +48,9 @@ def build_cache(cases: list[Case], cfg: DataConfig, world: DistInfo) -> None:
     start = time.perf_counter()
     built = distributed.every_rank_tries(
         world,
-        lambda: build_entries(images, cfg, world.local_rank, world.local_world_size),
+        lambda: build_entries(
+            images, cfg, world.local_rank, world.local_world_size, cache_threads(world)
+        ),
         errors=(InputError, OSError),
         what="building the preprocessed-volume cache",
     )
@@ -57,6 +60,12 @@ def build_cache(cases: list[Case], cfg: DataConfig, world: DistInfo) -> None:
             f"cache: rank 0 preprocessed {built} of its {mine} scan(s), reused the others "
             f"({time.perf_counter() - start:.1f} s, {cfg.cache_dir or 'the data folder .cache'})"
         )
+
+
+def cache_threads(world: DistInfo) -> int:
+    """Threads each rank builds cache entries on: the node's usable CPUs shared among its
+    ranks, at most ``MAX_THREADS`` (one scan in memory each)."""
+    return max(1, min(MAX_THREADS, usable_cpus() // world.local_world_size))
 
 
 def training_workers(world: DistInfo) -> int:
