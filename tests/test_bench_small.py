@@ -53,3 +53,13 @@ def test_the_bmm_outer_product_candidate_gives_the_packages_values():
     coords = torch.tensor([[[3.2, 4.7, 1.1], [6.0, 2.5, 5.5]]])
     gi, gj, gk, _ = target_factors(coords, (9, 8, 7), sigma=2.0, spacing=(1.0, 1.2, 0.8))
     assert torch.equal(outer_bmm(gi, gj, gk), outer(gi, gj, gk))
+
+
+def test_cache_build_compares_threads_and_checks_the_bytes(tmp_path, capsys):
+    from benchmarks import cache_build
+
+    root = generate_dataset(tmp_path / "d", n_train=3, n_val=1, n_test=0, seed=4, progress=False)
+    cache_build.main([str(root), "--threads", "1", "2", "--repeats", "1", "--spacing", "8"])
+    out = capsys.readouterr().out.splitlines()
+    assert "the same bytes every way: True" in out
+    assert re.fullmatch(r"cache_build: threads=1 s=[\d.]+ threads=2 s=[\d.]+ ratio=[\d.]+", out[-1])
