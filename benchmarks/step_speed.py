@@ -29,9 +29,8 @@ import torch
 
 from heatmap3d.config import AugmentConfig, Config, DataConfig, ModelConfig, TrainConfig
 from heatmap3d.distributed import DistInfo
-from heatmap3d.model import build_model
 from heatmap3d.planning.sizing import DEPTH, GPU_CHANNELS
-from heatmap3d.precision import Precision, resolve
+from heatmap3d.training.state import TrainState
 from heatmap3d.training.steps import Stepper
 
 PATCH, LANDMARKS = 32, 32
@@ -71,15 +70,10 @@ def batch(crops: int, device: torch.device, gen: torch.Generator) -> dict[str, t
 def measure(crops: int, mode: str, device: torch.device, args) -> tuple[float, float]:
     """(median seconds a step after the warm-up, seconds of the warm-up steps)."""
     cfg = config(crops, mode, device.type, args.channels)
-    torch.manual_seed(0)
-    model = build_model(cfg.model, LANDMARKS).to(device)
-    if cfg.train.channels_last:
-        model = model.to(memory_format=torch.channels_last_3d)
-    net = torch.compile(model, mode=cfg.train.compile_mode) if cfg.train.compile else model
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.train.lr)
-    precision = Precision(resolve(cfg.train.precision, cfg.train.amp, device), device)
     world = DistInfo(0, 0, 1, 1, device)
-    stepper = Stepper(net, model, opt, precision, cfg, world, injection=None)
+    state = TrainState.build(cfg, device)  # the trainer's model, optimizer and precision
+    net = state.wrapped(cfg, world)  # its layout and compilation
+    stepper = Stepper(net, state.model, state.opt, state.precision, cfg, world, injection=None)
     data = batch(crops, device, torch.Generator().manual_seed(crops))
 
     def timed() -> float:

@@ -32,6 +32,7 @@ from heatmap3d.planning.sizing import (
     activation_gb,
     choose_model,
     crops_per_scan,
+    crops_reason,
     default_memory_gb,
     width_reason,
 )
@@ -252,13 +253,7 @@ def _common(
     b.set("train.batch_size", BATCH, "per process; 1 costs 5.6x more per sample on CPU")
     crops = crops_per_scan(device, patch, channels, memory_gb)
     if crops > 1:
-        gib = activation_gb(patch, channels, DEPTH, BATCH * crops)
-        b.set(
-            "data.crops_per_scan",
-            crops,
-            f"{BATCH * crops} crops a step ({gib:.2f} GiB of activations): a GPU step is "
-            "bound by kernel launches, not arithmetic",
-        )
+        b.set("data.crops_per_scan", crops, crops_reason(crops, patch, channels))
     b.set("train.lr", LR, "AdamW with cosine decay: trained the demo and AFIDs")
     b.set("train.checkpoint_minutes", CHECKPOINT_MINUTES, CHECKPOINT_WHY)
     augmentation(b, pairs, how, fp.modality)

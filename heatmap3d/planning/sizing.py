@@ -7,7 +7,7 @@ the device's memory (:func:`default_memory_gb`).
 
 from __future__ import annotations
 
-__all__ = ["activation_gb", "choose_model", "crops_per_scan", "default_memory_gb"]
+__all__ = ["activation_gb", "choose_model", "crops_per_scan", "crops_reason", "default_memory_gb"]
 
 DEPTH = 3  # 2x downsamplings: 32^3 -> 4^3 at the bottom, enough context at 32^3 (demo, AFIDs)
 # Features at full resolution on a CPU. At 20 minutes on AFIDs (hard placements, one run
@@ -87,3 +87,12 @@ def crops_per_scan(device: str, patch: int, channels: int, memory_gb: float) -> 
     while crops > 1 and activation_gb(patch, channels, DEPTH, BATCH * crops) > memory_gb:
         crops //= 2
     return crops
+
+
+def crops_reason(crops: int, patch: int, channels: int) -> str:
+    """Why :func:`crops_per_scan` gives a GPU stage ``crops`` (the plan's comment)."""
+    gib = activation_gb(patch, channels, DEPTH, BATCH * crops)
+    return (
+        f"{BATCH * crops} crops a step ({gib:.2f} GiB of activations): a GPU step is "
+        "bound by kernel launches, not arithmetic"
+    )
