@@ -26,7 +26,8 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks.common import tool, train
-from benchmarks.scale import full_dataset, scalars, subset
+from benchmarks.run_figures import scalars
+from benchmarks.scale import full_dataset, subset
 
 
 def errors_mm(pred: Path, truth: Path, cases: list[str]) -> np.ndarray:

@@ -43,6 +43,8 @@ from pathlib import Path
 
 import numpy as np
 
+from benchmarks.run_figures import stage_figures, stage_folders
+
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLE_S = 0.2  # how often the process tree's memory is read
 
@@ -164,30 +166,19 @@ def cache_seconds(log: Path) -> list[float]:
     return [float(v) for v in found]
 
 
-def scalars(folder: Path) -> dict[str, list[float]]:
-    """Every scalar of the TensorBoard events in ``folder``: tag -> values in step order."""
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    acc = EventAccumulator(str(folder))
-    acc.Reload()
-    return {tag: [e.value for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
-
-
 def training_figures(run: Path) -> dict[str, dict[str, float]]:
     """Per stage folder under ``run`` (its TensorBoard events): the first epoch's seconds,
     a steady epoch's (the median of the others), samples/s, data wait (the largest after
     the first epoch) and one validation's seconds."""
     out = {}
-    for events in sorted(run.rglob("events.out.tfevents.*")):
-        tags = scalars(events.parent)
-        epochs = tags.get("train/epoch_seconds", [])
-        later = {k: v[1:] or [math.nan] for k, v in tags.items()}
-        out[events.parent.name] = {
-            "first_epoch_s": epochs[0] if epochs else math.nan,
-            "steady_epoch_s": float(np.median(later.get("train/epoch_seconds", [math.nan]))),
-            "samples_per_s": float(np.median(later.get("train/samples_per_s", [math.nan]))),
-            "data_wait": float(np.max(later.get("train/data_wait", [math.nan]))),
-            "validation_s": float(np.median(tags.get("val/seconds", [math.nan]))),
+    for folder in stage_folders(run):
+        f = stage_figures(folder)
+        out[folder.name] = {
+            "first_epoch_s": f["first_epoch_s"],
+            "steady_epoch_s": f["epoch_s"],
+            "samples_per_s": f["samples_per_s"],
+            "data_wait": f["data_wait_max"],
+            "validation_s": f["validation_s"],
         }
     return out
 
