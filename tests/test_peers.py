@@ -247,6 +247,21 @@ def test_a_learned_peer_trains_once_for_the_same_scans_and_minutes(tmp_path):
     assert len(fits) == 2
 
 
+
+def test_a_diverged_peer_s_record_is_valid_json_and_reads_back_as_nan(tmp_path):
+    import torch
+
+    from benchmarks.peers.grid import train_once
+
+    model = torch.nn.Linear(3, 2)
+    record = train_once(tmp_path, "k", model, lambda: (3, float("nan")))
+    assert math.isnan(record["loss"])
+    saved_text = (tmp_path / "k.json").read_text(encoding="utf-8")
+    assert json.loads(saved_text)["loss"] is None  # strict JSON: no bare NaN in the file
+    again = train_once(tmp_path, "k", torch.nn.Linear(3, 2), lambda: (0, 0.0))
+    assert again["reused"] is True and math.isnan(again["loss"]) and again["steps"] == 3
+
+
 # --------------------------------------------------------------- the fixed grid
 
 

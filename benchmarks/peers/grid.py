@@ -116,14 +116,18 @@ def train_once(store: Path, key: str, model, fit: Callable[[], tuple[int, float]
     weights, record_path = store / f"{key}.pt", store / f"{key}.json"
     if weights.is_file() and record_path.is_file():
         model.load_state_dict(torch.load(weights, map_location="cpu", weights_only=True))
-        return {**json.loads(record_path.read_text(encoding="utf-8")), "reused": True}
+        record = json.loads(record_path.read_text(encoding="utf-8"))
+        loss = record["loss"]
+        return {**record, "loss": float("nan") if loss is None else loss, "reused": True}
     start = time.perf_counter()
     steps, loss = fit()
-    record = {"steps": steps, "loss": loss, "minutes": (time.perf_counter() - start) / 60}
+    minutes = (time.perf_counter() - start) / 60
     store.mkdir(parents=True, exist_ok=True)
     torch.save(model.state_dict(), weights)
-    record_path.write_text(json.dumps(record), encoding="utf-8")
-    return {**record, "reused": False}
+    # A diverged peer's last loss is NaN, which JSON cannot hold: null in the file.
+    saved = {"steps": steps, "loss": loss if math.isfinite(loss) else None, "minutes": minutes}
+    record_path.write_text(json.dumps(saved, allow_nan=False), encoding="utf-8")
+    return {"steps": steps, "loss": loss, "minutes": minutes, "reused": False}
 
 
 def train_peer(row: str, train: list[Gridded], work: Path, minutes: float, model, optimizer,

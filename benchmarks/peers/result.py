@@ -95,7 +95,7 @@ def save(result: PeerResult, folder: Path) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{result.row}.json"
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(to_json(result), indent=1), encoding="utf-8")
+    tmp.write_text(json.dumps(to_json(result), indent=1, allow_nan=False), encoding="utf-8")
     os.replace(tmp, path)
     return path
 
