@@ -247,7 +247,6 @@ def test_a_learned_peer_trains_once_for_the_same_scans_and_minutes(tmp_path):
     assert len(fits) == 2
 
 
-
 def test_a_diverged_peer_s_record_is_valid_json_and_reads_back_as_nan(tmp_path):
     import torch
 
