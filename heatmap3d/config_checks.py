@@ -199,6 +199,7 @@ def _value_checks(cfg: Config) -> list[tuple[bool, str]]:
         (t.weight_decay >= 0, "train.weight_decay: >= 0"),
         (t.grad_clip >= 0, "train.grad_clip: >= 0 (0 disables clipping)"),
         (t.calibration_views >= 0, "train.calibration_views: >= 0"),
+        (t.calibration_max_cases >= 0, "train.calibration_max_cases: >= 0 (0: every one)"),
         (0 <= i.overlap < 1, "inference.overlap: 0 <= overlap < 1"),
         (i.batch >= 1, "inference.batch: >= 1"),
         (_is_factor_range(a.scale), "augment.scale: 2 values, 0 < low <= high"),

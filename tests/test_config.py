@@ -75,6 +75,7 @@ IMPOSSIBLE_VALUES = [
     ("train.lr=-0.001", "train.lr"),
     ("train.weight_decay=-1e-5", "train.weight_decay"),
     ("train.grad_clip=-1", "train.grad_clip"),
+    ("train.calibration_max_cases=-1", "train.calibration_max_cases"),
     ("inference.overlap=1", "inference.overlap"),  # windows that never advance
     ("inference.overlap=-0.1", "inference.overlap"),
     ("inference.batch=0", "inference.batch"),

@@ -140,3 +140,31 @@ def test_placed_predictions_keyed_moved_and_reproducible(tmp_path):
     again = placed_predictions(BlobFinder(), cases, BlobFinder.names, 3, world, seed=5)[1]
     assert all(np.array_equal(again[k], truth[k]) for k in truth)
     assert not np.allclose(truth["s0@0"], truth["s0@1"])
+    # Placing only the second scan places it as it was placed beside the first.
+    some, moved = placed_predictions(
+        BlobFinder(), cases, BlobFinder.names, 3, world, seed=5, chosen=[1]
+    )
+    assert sorted(some) == sorted(moved) == [f"s1@{v}" for v in range(3)]
+    assert all(np.array_equal(moved[k], truth[k]) for k in moved)
+
+
+@pytest.mark.parametrize(
+    ("n", "most", "parts", "want"),
+    [
+        (60, 32, 1, 32),  # capped, spread from the first to the last
+        (10, 32, 1, 10),  # fewer than the cap: all
+        (60, 0, 1, 60),  # 0: all
+        (20, 32, 3, 10),  # three folds share the cap: 10 each
+        (5, 2, 3, 1),  # at least one a fold
+    ],
+)
+def test_the_calibration_places_at_most_its_cap_of_held_out_scans(n, most, parts, want, caplog):
+    from heatmap3d.training.heldout import placed_cases
+
+    with caplog.at_level("INFO", logger="heatmap3d"):
+        chosen = placed_cases(n, most, parts, views=4)
+    assert len(chosen) == want and chosen == sorted(set(chosen))
+    assert chosen[0] == 0 and chosen[-1] == n - 1 if want > 1 else chosen == [0]
+    said = caplog.text
+    assert f"4 random placements of {want} of {n}" in said if want < n else f"of {n} held" in said
+    assert ("train.calibration_max_cases" in said) == (want < n)

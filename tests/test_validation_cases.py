@@ -16,7 +16,7 @@ from heatmap3d.distributed import DistInfo
 from heatmap3d.io.layout import Case, find_image, find_landmark_file
 from heatmap3d.training.monitor import NullMonitor
 from heatmap3d.training.state import TrainState
-from heatmap3d.training.validation import Validator, during_training
+from heatmap3d.training.validation import Validator, even_spread
 
 CPU = torch.device("cpu")
 SINGLE = DistInfo(rank=0, local_rank=0, world_size=1, local_world_size=1, device=CPU)
@@ -27,7 +27,7 @@ SINGLE = DistInfo(rank=0, local_rank=0, world_size=1, local_world_size=1, device
     [(5, 32, [0, 1, 2, 3, 4]), (5, 0, [0, 1, 2, 3, 4]), (5, 2, [0, 4]), (60, 32, None)],
 )
 def test_an_even_spread_from_the_first_case_to_the_last(n, most, chosen):
-    got = during_training(n, most)
+    got = even_spread(n, most)
     if chosen is not None:
         assert got == chosen
     else:

@@ -42,7 +42,7 @@ from heatmap3d.review.shape_file import read_prior
 from heatmap3d.review.shape_power import measure_power
 from heatmap3d.review.shape_prior import PopulationShape
 from heatmap3d.training.anatomy_views import person_view
-from heatmap3d.training.validation import read_on_main
+from heatmap3d.training.validation import even_spread, read_on_main
 
 log = get_logger(__name__)
 
@@ -130,11 +130,13 @@ def placed_predictions(
     seed: int = 0,
     people: np.ndarray | None = None,
     nifti_frame: str = "",
+    chosen: list[int] | None = None,
 ) -> tuple[dict[str, Prediction], dict[str, np.ndarray]]:
-    """``views`` random placements of each of ``cases`` predicted by ``model`` (a pipeline):
-    predictions (uncalibrated) and their true landmarks ``(K, 3)`` world mm, both keyed
-    ``"<case>@<view>"``; on every rank, each rank predicting its share. A placement depends
-    only on ``seed``, the case's index and the view's, not on the number of processes.
+    """``views`` random placements of each of ``cases`` (or of those at the indices
+    ``chosen``) predicted by ``model`` (a pipeline): predictions (uncalibrated) and their
+    true landmarks ``(K, 3)`` world mm, both keyed ``"<case>@<view>"``; on every rank, each
+    rank predicting its share. A placement depends only on ``seed``, the case's index in
+    ``cases`` and the view's, not on the number of processes or on which others are chosen.
 
     ``nifti_frame``: as ``data.nifti_frame``. ``people`` ``(M, K, 3)`` mm (NaN: absent):
     real configurations in ``names``' order;
@@ -142,7 +144,8 @@ def placed_predictions(
     (:func:`~heatmap3d.training.anatomy_views.person_view`; a view that cannot be warped
     is placed as stored)."""
     truth = truth_points(cases, names)
-    items = [(c, v) for c in range(len(cases)) for v in range(views)]
+    which = range(len(cases)) if chosen is None else chosen
+    items = [(c, v) for c in which for v in range(views)]
     mine, points, loaded = {}, {}, (None, None)
     for index in distributed.my_share(len(items), world):
         c, v = items[index]
@@ -244,8 +247,7 @@ def held_out_predictions(runs, members, entries, model_dir, world, extras) -> He
     ranges = Placements(intensities=cfg.data.normalization != "ct")
     for pipeline, trainer in parts:
         cases = trainer.validator.cases
-        if views:
-            log.info(f"calibration: {views} random placements of {len(cases)} held-out scan(s)")
+        chosen = placed_cases(len(cases), cfg.train.calibration_max_cases, len(parts), views)
         people = calibration_people(cfg, pipeline.shape)
         placed, truth = placed_predictions(
             pipeline,
@@ -257,10 +259,23 @@ def held_out_predictions(runs, members, entries, model_dir, world, extras) -> He
             seed=cfg.train.seed,
             people=people,
             nifti_frame=cfg.data.nifti_frame,
+            chosen=chosen,
         )
         held.placed.update(placed)
         held.truth.update(truth)
     return held
+
+
+def placed_cases(n: int, most: int, parts: int, views: int) -> list[int]:
+    """Which of a part's ``n`` held-out scans are placed (indices): at most ``most`` over
+    all ``parts`` (folds share it; ``most`` 0: all), evenly spread. Says (logs) how many."""
+    share = 0 if most <= 0 else max(1, most // parts)
+    chosen = even_spread(n, share)
+    if views:
+        some = "" if len(chosen) == n else f"{len(chosen)} of "
+        cap = "" if len(chosen) == n else " (train.calibration_max_cases)"
+        log.info(f"calibration: {views} random placements of {some}{n} held-out scan(s){cap}")
+    return chosen
 
 
 def with_threshold(parts: list, held: HeldOut) -> None:

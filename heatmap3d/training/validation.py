@@ -67,7 +67,7 @@ class Validator:
         self.names = list(cfg.data.landmarks)
         self.volumes = PreprocessedCases(cases, self.names, cfg.data)
         self.monitor, self.run_dir = monitor, run_dir
-        self.during = during_training(len(cases), cfg.train.val_max_cases)
+        self.during = even_spread(len(cases), cfg.train.val_max_cases)
         if len(self.during) < len(cases) and world.is_main:
             log.info(
                 f"validation during training: {len(self.during)} of {len(cases)} validation "
@@ -183,9 +183,11 @@ class Validator:
         return distributed.gather_by_key(mine)
 
 
-def during_training(n: int, most: int) -> list[int]:
-    """The validation cases (indices of ``n``) predicted during training: all of them, or
-    ``most`` spread evenly from the first to the last (``most`` 0: all)."""
+def even_spread(n: int, most: int) -> list[int]:
+    """Indices of ``n`` cases: all of them, or ``most`` spread evenly from the first to the
+    last (``most`` 0: all). The validation cases predicted during training
+    (``train.val_max_cases``), the held-out scans whose placements calibrate
+    (``train.calibration_max_cases``)."""
     if most <= 0 or n <= most:
         return list(range(n))
     return sorted({int(i) for i in np.linspace(0, n - 1, most).round()})
