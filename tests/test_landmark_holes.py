@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 from real_data import REAL, templates_dataset
@@ -222,6 +222,8 @@ def swap(cases, index: int, i: int, j: int, names: list[str] | None = None) -> N
 
 @settings(max_examples=30, deadline=None)
 @given(seed=st.integers(0, 2**31), n_cases=st.integers(3, 15))
+@example(seed=6300907, n_cases=3)  # 21 mm apart: the exchange left 28 % of the distance
+@example(seed=1207424399, n_cases=3)  # 20 mm apart: one of the two 5.9 spreads off
 def test_property_synthetic_swap_is_caught_and_clean_cases_pass(seed: int, n_cases: int):
     names, cases, base = population_like(seed, n_cases)
     assert found(check_label_swaps, cases, names) == []

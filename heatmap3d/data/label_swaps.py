@@ -13,12 +13,15 @@ landmark's spread).
 
 A case is then flagged for the labels ``i`` and ``j`` when, after aligning it to the
 consensus (a second, trimmed fit that leaves out its worst landmarks, so the two misplaced
-points do not bend it), each of the two landmarks is
+points do not bend it), the two landmarks are
 
-* far from its own consensus position: more than :data:`FAR` spreads, and
-* nearer the other's position than half its distance to its own, the two together within
-  :data:`NEAR` times their distances to their own positions (root of summed squares):
-  the exchange explains nearly all of the two misfits.
+* far from their own consensus positions: together as far as two at :data:`FAR` spreads
+  each (root of summed squares), neither under half that, and
+* each nearer the other's position than half its distance to its own, the two together
+  within :data:`NEAR` times their distances to their own positions (root of summed
+  squares), or each within :data:`FAR` spreads of the other's position: the exchange
+  explains nearly all of the two misfits. (Three cases make a coarse consensus: two
+  landmarks 20 mm apart varying by 1.5 mm were left more than NEAR of their distance.)
 
 Real anatomical variability does not do this: a landmark that varies much between people
 has a large spread, and a pair only a few spreads apart (the mammillary bodies, 5 mm)
@@ -176,15 +179,24 @@ def swapped_pairs(
     np.fill_diagonal(cross, np.inf)
     cross[~np.isfinite(cross)] = np.inf
     with np.errstate(invalid="ignore"):
-        far = np.flatnonzero(own > FAR * rho)
+        spreads = own / rho  # (K,) how far each lies from its own place, in spreads
+        far = np.flatnonzero(spreads > FAR)
+        off = np.flatnonzero(spreads > FAR / 2)  # one of a pair, far together
     near = cross < NEAR * own[:, None]  # [i, j]: i's point near j's consensus position
     nearer = cross < 0.5 * own[:, None]  # [i, j]: i's point nearer j's place than its own
 
     def exchanged(i: int, j: int) -> bool:  # the exchange explains nearly all the misfit
         swapped, as_is = cross[i, j] ** 2 + cross[j, i] ** 2, own[i] ** 2 + own[j] ** 2
-        return bool(nearer[i, j] and nearer[j, i] and swapped < NEAR**2 * as_is)
+        # or each lies where the other varies: two landmarks 20 mm apart varying by a few
+        # mm each (three cases: a coarse consensus) leave more than NEAR of the distance
+        at_other = cross[i, j] <= FAR * rho[j] and cross[j, i] <= FAR * rho[i]
+        explained = swapped < NEAR**2 * as_is or at_other
+        return bool(nearer[i, j] and nearer[j, i] and explained)
 
-    pairs = [(i, j) for i in far for j in far if i < j and exchanged(i, j)]
+    def far_together(i: int, j: int) -> bool:  # as far as two landmarks FAR spreads off
+        return bool(spreads[i] ** 2 + spreads[j] ** 2 > 2 * FAR**2)
+
+    pairs = [(i, j) for i in off for j in off if i < j and far_together(i, j) and exchanged(i, j)]
     swaps, involved = [], set()
     for i, j in sorted(pairs, key=lambda ij: cross[ij] + cross[ij[::-1]]):  # best first
         if i not in involved and j not in involved:
