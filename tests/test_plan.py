@@ -16,8 +16,9 @@ from heatmap3d.config_io import from_dict
 from heatmap3d.errors import InputError
 from heatmap3d.io.landmarks import read_landmarks
 from heatmap3d.planning.fingerprint import Fingerprint, fingerprint_dataset
+from heatmap3d.planning.grids import region_of_interest_mm
 from heatmap3d.planning.pairs import find_mirror_pairs, geometric_pairs
-from heatmap3d.planning.plan import activation_gb, make_plan, region_of_interest_mm
+from heatmap3d.planning.plan import activation_gb, make_plan
 from heatmap3d.planning.plan_file import plan_text, read_plan, stage_configs, write_plan
 
 REAL = Path(__file__).resolve().parents[2] / "shared" / "data" / "real"
