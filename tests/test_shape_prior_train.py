@@ -56,7 +56,7 @@ def test_a_model_trained_with_a_prior_carries_a_copy_as_its_shape_model(phantoms
     model = out / "data"
     # The calibration's placements were warped to the prior's people first.
     assert "calibration: each placement warped to one of 12 real people" in proc.stdout
-    said = "1 random placements of 1 of 2 held-out scan(s) (train.calibration_max_cases)"
+    said = "1 random placement of 1 of 2 held-out scan(s) (train.calibration_max_cases)"
     assert said in proc.stdout
     assert json.loads((model / "calibration.json").read_text())["n_cases"] == 3  # 2 + 1 view
     assert json.loads((model / "model.json").read_text())["shape"] == "shape.json"

@@ -274,7 +274,8 @@ def placed_cases(n: int, most: int, parts: int, views: int) -> list[int]:
     if views:
         some = "" if len(chosen) == n else f"{len(chosen)} of "
         cap = "" if len(chosen) == n else " (train.calibration_max_cases)"
-        log.info(f"calibration: {views} random placements of {some}{n} held-out scan(s){cap}")
+        each = "placement" if views == 1 else "placements"
+        log.info(f"calibration: {views} random {each} of {some}{n} held-out scan(s){cap}")
     return chosen
 
 
