@@ -39,6 +39,7 @@ def _run(plan: EpochPlan, state: TrainState, clock: Clock, seconds_per_epoch) ->
     """Drive the plan as the trainer does; one record per epoch."""
     log = []
     while not plan.finished():
+        plan.before_epoch()
         lr = state.opt.param_groups[0]["lr"]
         clock.now += seconds_per_epoch(state.epoch)
         state.epoch += 1
@@ -73,6 +74,41 @@ def test_slower_epochs_move_the_end_earlier_and_the_schedule_follows(monkeypatch
     assert log[-1]["t"] - 1000.0 <= 60.0 + 4.0  # within one epoch of the budget
     assert log[-1]["planned"] == log[-1]["epoch"] < log[9]["planned"]
     assert state.opt.param_groups[0]["lr"] == pytest.approx(0.0, abs=1e-12)
+
+
+def test_a_slow_first_epoch_is_warm_up_not_the_pace(monkeypatch):
+    # On a fresh GPU machine the first epoch carried 10+ s of one-time costs in a 24 s
+    # stage; planned from it, the stage ended after that one epoch.
+    clock = Clock()
+    monkeypatch.setattr(budget.time, "perf_counter", clock)
+    state, cfg = _state(budget_minutes=0.4)  # 24 s
+    plan = EpochPlan(cfg, state, SINGLE)
+    log = _run(plan, state, clock, lambda e: 20.0 if e == 0 else 0.5)
+    assert len(log) == 1 + 8  # the 4 s left, at the warm pace
+    assert log[-1]["t"] - 1000.0 <= 24.0
+    assert state.opt.param_groups[0]["lr"] == pytest.approx(0.0, abs=1e-12)
+    note = plan.warm_up_note()  # most of the budget went on start-up: the user is told
+    assert note.startswith("the first epoch took 20.0 s of the 24 s budget") and "9 epoch" in note
+
+
+def test_a_quick_first_epoch_says_nothing(monkeypatch):
+    clock = Clock()
+    monkeypatch.setattr(budget.time, "perf_counter", clock)
+    state, cfg = _state(budget_minutes=0.4)
+    plan = EpochPlan(cfg, state, SINGLE)
+    _run(plan, state, clock, lambda e: 5.0 if e == 0 else 0.5)
+    assert plan.warm_up_note() is None
+
+
+def test_a_first_epoch_past_the_budget_times_one_more_then_stops(monkeypatch):
+    clock = Clock()
+    monkeypatch.setattr(budget.time, "perf_counter", clock)
+    state, cfg = _state(budget_minutes=0.4)
+    log = _run(EpochPlan(cfg, state, SINGLE), state, clock, lambda e: 30.0 if e == 0 else 5.0)
+    assert len(log) == 1  # no time left at all: the budget is not overrun further
+    state, cfg = _state(budget_minutes=0.4)
+    log = _run(EpochPlan(cfg, state, SINGLE), state, clock, lambda e: 23.0 if e == 0 else 5.0)
+    assert len(log) == 2  # 1 s left: a second epoch, then the plan knows the pace
 
 
 def test_without_a_budget_the_epochs_and_val_every_decide(monkeypatch):

@@ -175,6 +175,9 @@ class Trainer:
                 bar.total = state.planned_epochs
                 bar.update()
                 bar.set_postfix(postfix)
+            note = plan.warm_up_note()
+            if note and self.world.is_main:
+                log.warning(f"{self.run_dir}: {note}")
         except KeyboardInterrupt:
             raise self._interrupted() from None
         finally:
@@ -184,6 +187,7 @@ class Trainer:
     def _epoch(self, plan: EpochPlan) -> dict[str, str]:
         """Train one epoch, validate when due, save the checkpoints; the progress postfix."""
         state, epoch = self.state, self.state.epoch
+        plan.before_epoch()
         postfix = {"loss": f"{self._train_epoch(epoch):.3g}"}
         state.epoch = epoch + 1
         if plan.after_epoch():  # also moves the planned end under a time budget
