@@ -19,11 +19,12 @@ Methods are run round-robin (one call of each per repeat) after warm-up, and eac
 reports the median time, so ratios are measured side by side in the same run. The
 last line is ``heatmaps: fresh_vs_numpy_1=F1 fresh_vs_numpy_2=F2 cpu_vs_fill=R
 loss_vs_read=L [cuda_vs_fill=C cuda_graph_vs_fill=G outer_vs_fill=O outer_bmm_vs_fill=M
-outer_compiled_vs_fill=P cuda_loss_vs_read=CL]``: (c) over (b) in cases 1 and 2,
+outer_rows_vs_fill=W outer_compiled_vs_fill=P cuda_loss_vs_read=CL]``: (c) over (b) in cases 1 and 2,
 (c) over (e) in case 1 (K=16, one 128^3 volume), the CPU loss's forward over a read pass
 in case 1; on CUDA the kernel over ``fill_`` (its wall time as called, and replayed as a
 CUDA graph: its device work alone), the final write alone (the outer product of the
-factors: as the package does it, as a batched matrix product, compiled by inductor) and the
+factors: as the package does it, as a batched matrix product, as rows of ``J*K``, compiled
+by inductor; each row of the table against its own device's floor) and the
 compiled loss's forward over a read pass (case 2).
 
 The paths this benchmark compared before issue 43 (box writes into zeroed numpy memory,
@@ -134,6 +135,15 @@ def outer_bmm(gi: torch.Tensor, gj: torch.Tensor, gk: torch.Tensor) -> torch.Ten
     return out.view(*lead, i, j, k)
 
 
+def outer_rows(gi: torch.Tensor, gj: torch.Tensor, gk: torch.Tensor) -> torch.Tensor:
+    """:func:`heatmap3d.heatmaps.outer` as each ``i`` times one contiguous ``(J*K)`` row
+    (a candidate for the final write on a GPU: a broadcast of two dimensions, not three,
+    so less index arithmetic per element; rounding differs from the package's by an ulp)."""
+    row = (gj[..., :, None] * gk[..., None, :]).flatten(-2)
+    lead, (i, j, k) = row.shape[:-1], (gi.shape[-1], gj.shape[-1], gk.shape[-1])
+    return (gi[..., :, None] * row[..., None, :]).view(*lead, i, j, k)
+
+
 def run_case(label: str, n_batch: int, n_lmk: int, side: int, repeats: int) -> dict:
     shape = (side, side, side)
     full = (n_batch, n_lmk, *shape)
@@ -151,6 +161,7 @@ def run_case(label: str, n_batch: int, n_lmk: int, side: int, repeats: int) -> d
         **loss_fns(pred, coords, ""),
     }
     times = interleaved(fns, repeats, warmup=WARMUP)
+    on_gpu: set[str] = set()  # each row's floor is its own device's
     del pred
     if torch.cuda.is_available():
         coords_c = coords.cuda()
@@ -159,7 +170,7 @@ def run_case(label: str, n_batch: int, n_lmk: int, side: int, repeats: int) -> d
         replay = graphed(lambda: gaussian_heatmaps(coords_c, shape, **kw))
         gi, gj, gk, _ = target_factors(coords_c, shape, **kw)
         compiled = torch.compile(outer)
-        for name, other in (("bmm", outer_bmm), ("compiled", compiled)):
+        for name, other in (("bmm", outer_bmm), ("rows", outer_rows), ("compiled", compiled)):
             gap = (other(gi, gj, gk) - outer(gi, gj, gk)).abs().max().item()
             print(f"outer as {name}: largest difference from the package's {gap:.3g}")
         cuda_fns = {
@@ -167,16 +178,18 @@ def run_case(label: str, n_batch: int, n_lmk: int, side: int, repeats: int) -> d
             "cuda (d) as a CUDA graph": replay,
             "outer product alone": lambda: outer(gi, gj, gk),
             "outer as bmm": lambda: outer_bmm(gi, gj, gk),
+            "outer as rows": lambda: outer_rows(gi, gj, gk),
             "outer compiled": lambda: compiled(gi, gj, gk),
             "cuda fill_ floor": lambda: fill_c.fill_(1.0),
             **loss_fns(pred_c, coords_c, " cuda"),
         }
         times.update(interleaved(cuda_fns, repeats, warmup=WARMUP, sync=cuda_sync))
+        on_gpu.update(cuda_fns)
     nbytes = math.prod(full) * 4
     print(f"\n{label}: output {full} float32, {nbytes / 1e6:.0f} MB")
     print(f"{'method':28s} {'ms':>9s} {'GB/s':>7s} {'/floor':>7s}")
     for name, t in times.items():
-        floor = times["cuda fill_ floor"] if "cuda" in name else times["empty + fill_ floor (e)"]
+        floor = times["cuda fill_ floor"] if name in on_gpu else times["empty + fill_ floor (e)"]
         print(f"{name:28s} {t * 1e3:9.2f} {nbytes / t / 1e9:7.1f} {t / floor:7.2f}")
     return times
 
@@ -267,7 +280,8 @@ def main() -> None:
         loss = case2["loss forward cuda"] / case2["pred.sum() read cuda"]
         graph = case2["cuda (d) as a CUDA graph"] / case2["cuda fill_ floor"]
         line += f" cuda_vs_fill={cuda:.2f} cuda_graph_vs_fill={graph:.2f}"
-        for name, key in (("outer product alone", "outer"), ("outer as bmm", "outer_bmm")):
+        pairs = (("outer product alone", "outer"), ("outer as bmm", "outer_bmm"))
+        for name, key in (*pairs, ("outer as rows", "outer_rows")):
             line += f" {key}_vs_fill={case2[name] / case2['cuda fill_ floor']:.2f}"
         line += f" outer_compiled_vs_fill={case2['outer compiled'] / case2['cuda fill_ floor']:.2f}"
         line += f" cuda_loss_vs_read={loss:.2f}"
