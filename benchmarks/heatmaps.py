@@ -15,17 +15,17 @@ Run with ``python -m benchmarks.heatmaps [--repeats N]``. Per case, on float32 o
   (d) on CUDA when available: ``gaussian_heatmaps`` against ``fill_`` of a preallocated
       tensor, and the loss against a read pass.
 
-Methods are run round-robin (one call of each per repeat) after warm-up, and each
-reports the median time, so ratios are measured side by side in the same run. The
-last line is ``heatmaps: fresh_vs_numpy_1=F1 fresh_vs_numpy_2=F2 cpu_vs_fill=R
-loss_vs_read=L [cuda_vs_fill=C cuda_graph_vs_fill=G outer_vs_fill=O outer_bmm_vs_fill=M
-outer_rows_vs_fill=W outer_compiled_vs_fill=P cuda_loss_vs_read=CL]``: (c) over (b) in cases 1 and 2,
-(c) over (e) in case 1 (K=16, one 128^3 volume), the CPU loss's forward over a read pass
-in case 1; on CUDA the kernel over ``fill_`` (its wall time as called, and replayed as a
-CUDA graph: its device work alone), the final write alone (the outer product of the
-factors: as the package does it, as a batched matrix product, as rows of ``J*K``, compiled
-by inductor; each row of the table against its own device's floor) and the
-compiled loss's forward over a read pass (case 2).
+Methods are run round-robin (one call of each per repeat) after warm-up, and each reports
+the median time, so ratios are measured side by side in the same run. The last line is
+``heatmaps: fresh_vs_numpy_1=F1 fresh_vs_numpy_2=F2 cpu_vs_fill=R loss_vs_read=L
+[cuda_vs_fill=C cuda_graph_vs_fill=G outer_vs_fill=O outer_bmm_vs_fill=M
+outer_rows_vs_fill=W outer_compiled_vs_fill=P cuda_loss_vs_read=CL]``: (c) over (b) in
+cases 1 and 2, (c) over (e) in case 1 (K=16, one 128^3 volume), the CPU loss's forward
+over a read pass in case 1; on CUDA the kernel over ``fill_`` (its wall time as called,
+and replayed as a CUDA graph: its device work alone), the final write alone (the outer
+product of the factors: as the package does it, as a batched matrix product, as rows of
+``J*K``, compiled by inductor; each row of the table against its own device's floor) and
+the compiled loss's forward over a read pass (case 2).
 
 The paths this benchmark compared before issue 43 (box writes into zeroed numpy memory,
 a preallocated ``out=``, ``compat=True``) were deleted for want of a production caller.
