@@ -52,6 +52,7 @@ from pathlib import Path
 
 import numpy as np
 
+from heatmap3d.data.case_memo import case_key, keep, recall
 from heatmap3d.data.case_threads import map_cases
 from heatmap3d.data.findings import ERROR, WARNING, CheckReport, Collector, Finding
 from heatmap3d.data.frame_check import check_frame
@@ -251,8 +252,15 @@ def _read_case(
 
     The checks that need the voxels run here (and ``measure``, where given), so that only
     the grid is kept: one image is in memory at a time per thread, however large the
-    dataset.
+    dataset. Without ``measure``, what a case's unchanged files gave earlier in this
+    process is taken again (:mod:`heatmap3d.data.case_memo`).
     """
+    key = case_key(case, nifti_frame) if measure is None else None
+    found = recall(key)  # a later check in this process of files unchanged since
+    if found is not None:
+        data, findings = found
+        data.case = case
+        return data, findings
     report = Collector(CheckReport(case.image.parent))
     data = _CaseData(case)
     vol = _read_image(case.image, report, nifti_frame)
@@ -263,6 +271,7 @@ def _read_case(
         _check_spacing(case.image, vol, report)
         if data.landmarks is not None:
             check_frame(case, vol, data.landmarks, report)
+    keep(key, (data, report.result.findings))
     return data, report.result.findings
 
 
