@@ -110,7 +110,8 @@ class EpochPlan:
         if not self.budgeted or first is None or first <= self.budget_s / 4:
             return None
         return (
-            f"the first epoch took {first:.1f} s of the {self.budget_s:.0f} s budget (one-time "
-            "start-up: GPU libraries read and kernels prepared, loader workers started); "
-            f"{self.state.epoch} epoch(s) trained: a larger train.budget_minutes trains more"
+            f"the first epoch took {first:.1f} s of the {self.budget_s:.0f} s budget (a first "
+            "epoch carries one-time start-up: libraries loaded, GPU kernels prepared, loader "
+            f"workers started); {self.state.epoch} epoch(s) trained: a larger "
+            "train.budget_minutes trains more"
         )
