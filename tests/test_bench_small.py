@@ -66,3 +66,21 @@ def test_cache_build_compares_threads_and_checks_the_bytes(tmp_path, capsys):
     out = capsys.readouterr().out.splitlines()
     assert "the same bytes every way: True" in out
     assert re.fullmatch(r"cache_build: threads=1 s=[\d.]+ threads=2 s=[\d.]+ ratio=[\d.]+", out[-1])
+
+
+def test_placement_speed_compares_threads_on_the_same_voxels(tmp_path, capsys):
+    import numpy as np
+
+    from benchmarks import placement_speed
+    from heatmap3d.geometry import Volume
+    from heatmap3d.io.volumes import save_volume
+
+    scan = tmp_path / "scan.nii.gz"
+    data = np.random.default_rng(0).normal(size=(30, 28, 20)).astype(np.float32)
+    save_volume(scan, Volume(data, np.diag([1.0, 1.0, 2.0, 1.0])))
+    placement_speed.main([str(scan), "--views", "2", "--repeats", "1", "--threads", "1", "2"])
+    out = capsys.readouterr().out.splitlines()
+    assert out[1].startswith("view 0: grid (") and len(out) == 4
+    assert re.fullmatch(
+        r"placement_speed: threads=1 s=[\d.]+ threads=2 s=[\d.]+ ratio=[\d.]+", out[-1]
+    )

@@ -84,3 +84,26 @@ def test_rejects_bad_grids():
         resample_to_grid(vol, np.eye(3), (3, 3, 3))
     with pytest.raises(ValueError):
         resample_to_grid(vol, np.eye(4), (3, 0, 3))
+
+
+def test_a_large_output_is_the_same_on_any_number_of_threads_and_as_one_call():
+    from scipy import ndimage
+
+    from heatmap3d import geometry
+
+    rng = np.random.default_rng(5)
+    vol = Volume(rng.normal(size=(60, 50, 40)).astype(np.float32), _affine((1.0, 1.2, 1.5)))
+    target = vol.affine.copy()
+    target[:3, :3] = vol.affine[:3, :3] @ _rotation(17.0, 0) @ _rotation(-9.0, 2) * 0.4
+    shape = (180, 160, 150)  # 4.3 M voxels: made in slabs
+    assert np.prod(shape) >= geometry.SPLIT_VOXELS and shape[0] > 2 * geometry.SLAB
+    one = resample_to_grid(vol, target, shape, fill=-3.0, threads=1)
+    three = resample_to_grid(vol, target, shape, fill=-3.0, threads=3)
+    np.testing.assert_array_equal(one.data, three.data)  # bit for bit
+    new_to_old = np.linalg.inv(vol.affine) @ target
+    whole = ndimage.affine_transform(
+        vol.data, new_to_old[:3, :3], offset=new_to_old[:3, 3], output_shape=shape, order=1,
+        mode="grid-constant", cval=-3.0, output=np.float32,
+    )  # fmt: skip
+    np.testing.assert_allclose(one.data, whole, rtol=0, atol=1e-5)  # float rounding apart
+    assert (one.data == -3.0).any() and (one.data != -3.0).mean() > 0.1  # inside and out

@@ -49,15 +49,21 @@ class Placements:
 
 
 def random_placement(
-    vol: Volume, points: np.ndarray, rng: np.random.Generator, ranges: Placements = Placements()
+    vol: Volume,
+    points: np.ndarray,
+    rng: np.random.Generator,
+    ranges: Placements = Placements(),
+    *,
+    threads: int = 1,
 ) -> tuple[Volume, np.ndarray]:
     """``vol`` moved, regridded and rescaled, and its landmarks ``points`` ``(K, 3)`` world
-    mm (NaN: absent) moved with it: ``(volume, (K, 3) world mm)``."""
+    mm (NaN: absent) moved with it: ``(volume, (K, 3) world mm)``. ``threads``: CPU threads
+    of the resampling (the same values for any number)."""
     motion = _rigid_about(_centre(vol), ranges, rng)
     moved = Volume(vol.data, motion @ vol.affine)
     world = points @ motion[:3, :3].T + motion[:3, 3]
     affine, shape = _grid(moved, ranges, rng)
-    out = resample_to_grid(moved, affine, shape, fill=outside_value(vol))
+    out = resample_to_grid(moved, affine, shape, fill=outside_value(vol), threads=threads)
     return Volume(_intensities(out.data, ranges, rng), out.affine), world
 
 

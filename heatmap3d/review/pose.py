@@ -104,7 +104,9 @@ class Pose:
         # The grid's voxels in the scan's world: pose -> scan is the inverse transform.
         in_scan, fill = np.linalg.inv(transform) @ grid, float(vol.data.min())
         if device is None:
-            return Volume(resample_to_grid(vol, in_scan, shape, fill=fill).data, grid, vol.source)
+            threads = torch.get_num_threads()
+            placed = resample_to_grid(vol, in_scan, shape, fill=fill, threads=threads)
+            return Volume(placed.data, grid, vol.source)
         data = torch.from_numpy(np.ascontiguousarray(vol.data)).to(device)
         placed = resample_grid_tensor(data, vol.affine, in_scan, shape, fill=fill)
         return Volume(placed.cpu().numpy(), grid, vol.source)

@@ -19,6 +19,7 @@ import dataclasses
 from pathlib import Path
 
 import numpy as np
+import torch
 from tqdm import tqdm
 
 from heatmap3d import distributed
@@ -161,7 +162,8 @@ def placed_predictions(
         if people is not None:
             warped = person_view(vol, moved, people[rng.integers(len(people))])
             vol, moved = warped if warped is not None else (vol, moved)
-        vol, moved = random_placement(vol, moved, rng, ranges or Placements())
+        threads = torch.get_num_threads()  # this rank's share of the CPUs
+        vol, moved = random_placement(vol, moved, rng, ranges or Placements(), threads=threads)
         key = f"{case.case_id}@{v}"
         mine[key], points[key] = model.predict_volume(vol), moved
     return distributed.gather_by_key(mine), distributed.gather_by_key(points)
