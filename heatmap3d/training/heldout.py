@@ -149,7 +149,7 @@ def placed_predictions(
     which = range(len(cases)) if chosen is None else chosen
     items = [(c, v) for c in which for v in range(views)]
     mine, points, loaded = {}, {}, (None, None)
-    # A full-size CT's placement takes 8-11 s on a CPU: minutes for the whole set.
+    # A full-size CT's placement and prediction take 5-10 s on 2 CPU cores: minutes in all.
     share = distributed.my_share(len(items), world)
     bar = tqdm(share, desc="calibration", unit="view", disable=None if world.is_main else True)
     for index in bar:
