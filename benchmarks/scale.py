@@ -22,6 +22,8 @@ wall time, peak memory (of its whole process tree, sampled every 0.2 s) and disk
   ``heatmap3d report``;
 - the cache: the seconds of each stage's cache step (its log line) in the training run and
   in a second run (one epoch) on the same scans, which reuses the first run's entries.
+  The first stage builds every stage's entries (one read of each scan), so a later stage's
+  first-run figure is its check of them.
 
 Each N's figures are saved to ``<work>/results.json`` as they are measured (a later run
 goes on from there). The growth of each figure in N is fitted as ``N^slope`` (least

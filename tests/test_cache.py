@@ -221,6 +221,30 @@ def test_entries_built_on_threads_are_those_built_on_one(root, tmp_path):
         assert a.read_bytes() == b.read_bytes(), name
 
 
+def test_every_stage_is_cached_from_one_read_of_each_scan(root, tmp_path, monkeypatch):
+    """The first stage builds a later stage's entries too, each scan read once; they are
+    the bytes a stage builds alone, and the later stage's own build finds them all."""
+    cases = cases_of(root)
+    coarse = dataclasses.replace(config(root, cache_dir=str(tmp_path / "both")), spacing=[6.0] * 3)
+    fine = dataclasses.replace(coarse, spacing=[3.0] * 3)
+    reads = []
+    monkeypatch.setattr(
+        cache, "read_scan", lambda image, cfg: reads.append(image) or load_volume(image)
+    )
+    build_cache(cases, coarse, SINGLE, later=[fine])
+    assert sorted(reads) == sorted(c.image for c in cases)  # once each, for both stages
+    assert len(entry_files(coarse)) == 2 * 2 * len(cases)
+    assert cache.build_entries([c.image for c in cases], fine) == 0  # the fine stage's own
+    alone = dataclasses.replace(fine, cache_dir=str(tmp_path / "alone"))
+    cache.build_entries([c.image for c in cases], alone)
+    fine_only = entry_files(alone)
+    for name in fine_only:
+        assert (tmp_path / "alone" / name).read_bytes() == (tmp_path / "both" / name).read_bytes()
+    off = dataclasses.replace(fine, disk_cache=False, cache_dir=str(tmp_path / "off"))
+    build_cache(cases, coarse, SINGLE, later=[off])  # a stage without the disk cache: skipped
+    assert not (tmp_path / "off").exists()
+
+
 def test_cache_dir_setting(root, tmp_path):
     cfg = config(root, cache_dir=str(tmp_path / "elsewhere"))
     cache.cached_volume(cases_of(root)[0].image, cfg)

@@ -37,6 +37,7 @@ from __future__ import annotations
 import hashlib
 import json
 import zlib
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -204,22 +205,32 @@ def cached_volume(image: Path, cfg: DataConfig) -> Volume:
 
 
 def build_entries(
-    images: list[Path], cfg: DataConfig, rank: int = 0, ranks: int = 1, threads: int = 1
+    images: list[Path],
+    cfg: DataConfig | Sequence[DataConfig],
+    rank: int = 0,
+    ranks: int = 1,
+    threads: int = 1,
 ) -> int:
-    """Make sure every image has a valid entry; this process builds images rank, rank+ranks, ...
-    on ``threads`` threads (reading, inflating and resampling run outside the GIL; each
-    thread holds one scan; an entry's bytes do not depend on the threads).
+    """Make sure every image has a valid entry for ``cfg`` (or for each of several configs:
+    the stages of a plan, each scan read once for all); this process builds images rank,
+    rank+ranks, ... on ``threads`` threads (reading, inflating and resampling run outside
+    the GIL; each thread holds one scan; an entry's bytes do not depend on the threads).
 
-    Returns the number of entries this call built (0 when all were present and valid).
+    Returns the number of images this call built entries of (0 when all were present and
+    valid).
     """
+    cfgs = [cfg] if isinstance(cfg, DataConfig) else list(cfg)
     mine = images[rank::ranks]
-    return sum(map_cases(lambda image: _ensure(image, cfg), mine, desc="cache", threads=threads))
+    return sum(map_cases(lambda image: _ensure(image, cfgs), mine, desc="cache", threads=threads))
 
 
-def _ensure(image: Path, cfg: DataConfig) -> bool:
-    """Build ``image``'s entry unless a valid one exists; True when it was built."""
-    entry = Entry.of(image, cfg)
-    if read_entry(entry) is not None:
-        return False
-    write_entry(entry, preprocess(read_scan(image, cfg), cfg), image, cfg)
-    return True
+def _ensure(image: Path, cfgs: list[DataConfig]) -> bool:
+    """Build ``image``'s entries for those of ``cfgs`` that lack a valid one, from one read
+    of the scan (one per NIfTI frame asked for); True when any was built."""
+    missing = [(entry, c) for c in cfgs if read_entry(entry := Entry.of(image, c)) is None]
+    scans: dict[str, Volume] = {}
+    for entry, c in missing:
+        if c.nifti_frame not in scans:
+            scans[c.nifti_frame] = read_scan(image, c)
+        write_entry(entry, preprocess(scans[c.nifti_frame], c), image, c)
+    return bool(missing)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import random
 import time
+from collections.abc import Sequence
 
 import numpy as np
 import torch
@@ -29,8 +30,14 @@ log = get_logger(__name__)
 SMALL_KEYS = ("coords", "mask")  # a training batch's entries sent by value (see ByValue)
 
 
-def build_cache(cases: list[Case], cfg: DataConfig, world: DistInfo) -> None:
+def build_cache(
+    cases: list[Case], cfg: DataConfig, world: DistInfo, later: Sequence[DataConfig] = ()
+) -> None:
     """Fill the disk cache for ``cases`` before training; every rank must call it.
+
+    ``later``: the data settings of the plan's later stages, whose entries are built from
+    the same read of each scan (a stage's own build then finds them: each stage had read
+    and inflated every scan again).
 
     The ranks of a node split the cases (local rank r builds r, r + L, ...), each on
     :func:`cache_threads` threads, so the node's cores preprocess in parallel (one rank on
@@ -44,12 +51,13 @@ def build_cache(cases: list[Case], cfg: DataConfig, world: DistInfo) -> None:
     """
     if not cfg.disk_cache:
         return
+    cfgs = [cfg, *(c for c in later if c.disk_cache)]
     images = [c.image for c in cases]
     start = time.perf_counter()
     built = distributed.every_rank_tries(
         world,
         lambda: build_entries(
-            images, cfg, world.local_rank, world.local_world_size, cache_threads(world)
+            images, cfgs, world.local_rank, world.local_world_size, cache_threads(world)
         ),
         errors=(InputError, OSError),
         what="building the preprocessed-volume cache",
@@ -57,7 +65,8 @@ def build_cache(cases: list[Case], cfg: DataConfig, world: DistInfo) -> None:
     if world.is_main:  # what a second run on the same scans saves (benchmarks/scale.py)
         mine = len(images[world.local_rank :: world.local_world_size])
         log.info(
-            f"cache: rank 0 preprocessed {built} of its {mine} scan(s), reused the others "
+            f"cache: rank 0 preprocessed {built} of its {mine} scan(s){_stages(cfgs)}, reused "
+            "the others "
             f"({time.perf_counter() - start:.1f} s, {cfg.cache_dir or 'the data folder .cache'})"
         )
 
@@ -151,3 +160,8 @@ def _crops_per_item(dataset: torch.utils.data.Dataset) -> int:
     1 for a dataset without a data config."""
     cfg = getattr(dataset, "cfg", None)
     return cfg.crops_per_scan if isinstance(cfg, DataConfig) else 1
+
+
+def _stages(cfgs: list[DataConfig]) -> str:
+    """What a cache line adds when it built for later stages too."""
+    return f" for this and {len(cfgs) - 1} later stage(s)" if len(cfgs) > 1 else ""

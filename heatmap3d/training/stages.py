@@ -201,11 +201,14 @@ def run_stages(
     runs: list[list[Trainer]] = []
     for member in members:
         trainers = []
-        for name, cfg in stages:
+        for i, (name, cfg) in enumerate(stages):
             cfg = _in_folder(member_config(cfg, member, len(members)), model_dir, member, name)
             log.info(f"\nstage {name!r} ({cfg.model.role}): {Path(cfg.train.out_dir) / name}")
+            # The first stage caches every stage's volumes from one read of each scan.
+            later = [c.data for _, c in stages[1:]] if i == 0 else []
             # Where _in_folder put it: model_dir/<member>/<name> (model_dir/<name> alone).
-            trainers.append(train(cfg, world, resume=resume, out=model.sub(member.name)))
+            out = model.sub(member.name)
+            trainers.append(train(cfg, world, resume=resume, out=out, later=later))
         runs.append(trainers)
     return _finish(runs, members, model_dir, plan_file, world)
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -34,7 +35,7 @@ from heatmap3d.training.steps import Stepper, groups
 from heatmap3d.training.validation import Validator
 
 if TYPE_CHECKING:
-    from heatmap3d.config import Config
+    from heatmap3d.config import Config, DataConfig
     from heatmap3d.distributed import DistInfo
     from heatmap3d.evaluation.metrics import LandmarkStats
 
@@ -75,12 +76,14 @@ def train(
     resume: bool = False,
     init_from: str | Path | None = None,
     out: Destination | None = None,
+    later: Sequence[DataConfig] = (),
 ) -> Trainer:
-    """One training run in an existing process group (see :func:`run`); the trainer."""
+    """One training run in an existing process group (see :func:`run`); the trainer.
+    ``later``: the data settings of later stages, cached from the same read of each scan."""
     # After a crash, torchrun --max-restarts restarts every worker: pick up where the last
     # checkpoint left off without anyone adding --resume.
     resume = resume or distributed.any_restarted(world)
-    trainer = Trainer(cfg, world, resume=resume, init_from=init_from, out=out)
+    trainer = Trainer(cfg, world, resume=resume, init_from=init_from, out=out, later=later)
     trainer.fit()
     return trainer
 
@@ -94,6 +97,7 @@ class Trainer:
         resume: bool = False,
         init_from: str | Path | None = None,
         out: Destination | None = None,
+        later: Sequence[DataConfig] = (),
     ) -> None:
         self.world = world
         names, train_cases, val_cases = prepare_dataset(cfg, world)
@@ -123,7 +127,7 @@ class Trainer:
             world=world,
         )
         # Every scan decoded, resampled and normalised once, before the first epoch.
-        build_cache(train_cases + val_cases, cfg.data, world)
+        build_cache(train_cases + val_cases, cfg.data, world, later)
         self.batches = training_loader(
             train_cases, names, cfg.data, cfg.train.batch_size, world, cfg.train.seed
         )
