@@ -256,7 +256,7 @@ def _read_case(
     process is taken again (:mod:`heatmap3d.data.case_memo`).
     """
     key = case_key(case, nifti_frame) if measure is None else None
-    found = recall(key)  # a later check in this process of files unchanged since
+    found = recall(key)  # what an earlier check in this process found in these same files
     if found is not None:
         data, findings = found
         data.case = case
