@@ -30,13 +30,14 @@ There is no second code path that could disagree with this one.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
 from nibabel.affines import apply_affine, voxel_sizes
 from nibabel.orientations import apply_orientation, inv_ornt_aff, io_orientation
 from scipy import ndimage
+
+from heatmap3d.slab_resample import affine_transform
 
 __all__ = [
     "grid_corners",
@@ -244,50 +245,8 @@ def resample_to_grid(
         raise ValueError(f"shape must be 3 positive integers, got {shape!r}")
     # Target voxel -> source voxel; the full 3x3 matrix covers permutations and obliques.
     new_to_old = np.linalg.inv(vol.affine) @ target
-    data = _affine_transform(vol.data, new_to_old, out_shape, order, fill, threads)
+    data = affine_transform(vol.data, new_to_old, out_shape, order, fill, threads)
     return Volume(data, target.copy())
-
-
-SLAB = 16  # output planes per call when a large trilinear resampling is split
-SPLIT_VOXELS = 1 << 22  # outputs from this size are computed in slabs
-
-
-def _affine_transform(
-    data: np.ndarray,
-    new_to_old: np.ndarray,
-    shape: tuple[int, ...],
-    order: int,
-    fill: float,
-    threads: int,
-) -> np.ndarray:
-    """``scipy.ndimage.affine_transform`` into float32. A large trilinear output is made in
-    slabs of :data:`SLAB` planes along its first axis, on ``threads`` threads (scipy frees
-    the GIL: 1.6x on 2 cores). The slabs depend on the output's size alone, so the values
-    do not depend on ``threads``. Other orders are one call: a cubic spline would filter
-    the whole input again for each slab, and nearest-voxel ties could fall otherwise."""
-    kw = {"order": order, "mode": "grid-constant", "cval": fill}
-    matrix, offset = new_to_old[:3, :3], new_to_old[:3, 3]
-    if order != 1 or int(np.prod(shape)) < SPLIT_VOXELS:
-        return ndimage.affine_transform(
-            data, matrix, offset=offset, output_shape=shape, output=np.float32, **kw
-        )
-    out = np.empty(shape, np.float32)
-
-    def slab(start: int) -> None:
-        stop = min(start + SLAB, shape[0])
-        ndimage.affine_transform(
-            data, matrix, offset=offset + matrix[:, 0] * start, output_shape=out[start:stop].shape,
-            output=out[start:stop], **kw
-        )  # fmt: skip
-
-    starts = range(0, shape[0], SLAB)
-    if threads <= 1:
-        for start in starts:
-            slab(start)
-    else:
-        with ThreadPoolExecutor(threads, thread_name_prefix="heatmap3d-resample") as pool:
-            list(pool.map(slab, starts))
-    return out
 
 
 def window_start(centre: np.ndarray, size: Sequence[int]) -> list[int]:

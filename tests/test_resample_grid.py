@@ -89,14 +89,14 @@ def test_rejects_bad_grids():
 def test_a_large_output_is_the_same_on_any_number_of_threads_and_as_one_call():
     from scipy import ndimage
 
-    from heatmap3d import geometry
+    from heatmap3d import slab_resample
 
     rng = np.random.default_rng(5)
     vol = Volume(rng.normal(size=(60, 50, 40)).astype(np.float32), _affine((1.0, 1.2, 1.5)))
     target = vol.affine.copy()
     target[:3, :3] = vol.affine[:3, :3] @ _rotation(17.0, 0) @ _rotation(-9.0, 2) * 0.4
     shape = (180, 160, 150)  # 4.3 M voxels: made in slabs
-    assert np.prod(shape) >= geometry.SPLIT_VOXELS and shape[0] > 2 * geometry.SLAB
+    assert np.prod(shape) >= slab_resample.SPLIT_VOXELS and shape[0] > 2 * slab_resample.SLAB
     one = resample_to_grid(vol, target, shape, fill=-3.0, threads=1)
     three = resample_to_grid(vol, target, shape, fill=-3.0, threads=3)
     np.testing.assert_array_equal(one.data, three.data)  # bit for bit

@@ -152,6 +152,7 @@ def placed_predictions(
     # A full-size CT's placement and prediction take 5-10 s on 2 CPU cores: minutes in all.
     share = distributed.my_share(len(items), world)
     bar = tqdm(share, desc="calibration", unit="view", disable=None if world.is_main else True)
+    threads = torch.get_num_threads()  # this rank's share of the CPUs
     for index in bar:
         c, v = items[index]
         case = cases[c]
@@ -162,7 +163,6 @@ def placed_predictions(
         if people is not None:
             warped = person_view(vol, moved, people[rng.integers(len(people))])
             vol, moved = warped if warped is not None else (vol, moved)
-        threads = torch.get_num_threads()  # this rank's share of the CPUs
         vol, moved = random_placement(vol, moved, rng, ranges or Placements(), threads=threads)
         key = f"{case.case_id}@{v}"
         mine[key], points[key] = model.predict_volume(vol), moved
