@@ -35,6 +35,7 @@ from heatmap3d.config import Config
 from heatmap3d.config_io import from_dict
 from heatmap3d.errors import InputError, first_line
 from heatmap3d.io.atomic import atomic_write, remove_stale
+from heatmap3d.model import ARCHITECTURE_KEYS
 
 SCHEMA_VERSION = 2
 # Wrappers add these to parameter names: DDP / DataParallel and torch.compile.
@@ -245,8 +246,6 @@ def check_compatible(
     ``model_cfg``: the run's ``model`` config section as a dict. Raises
     :class:`InputError` naming each difference.
     """
-    from heatmap3d.model import ARCHITECTURE_KEYS
-
     problems = []
     if list(ckpt.landmarks) != list(names):
         problems.append(f"landmarks {list(ckpt.landmarks)} differ from the config's {list(names)}")
