@@ -9,6 +9,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from nibabel.affines import from_matvec
 from scipy.spatial.transform import Rotation
 
@@ -16,6 +18,7 @@ from heatmap3d.config import DataConfig
 from heatmap3d.data.normalize import normalize_intensity
 from heatmap3d.data.preprocess import preprocess
 from heatmap3d.data.tensor_preprocess import (
+    _percentiles,
     normalize_tensor,
     preprocess_tensor,
     resample_grid_tensor,
@@ -89,6 +92,21 @@ def test_mr_percentiles_on_odd_foregrounds():
             expected = normalize_intensity(data, "mr", percentiles=percentiles)
             got = normalize_tensor(torch.from_numpy(data), "mr", percentiles=percentiles)
             np.testing.assert_allclose(got.numpy(), expected, rtol=0, atol=2e-5)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    values=st.lists(st.integers(-3, 3) | st.floats(-1e4, 1e4, width=32), min_size=1, max_size=60),
+    percentile=st.floats(0, 100),
+)
+def test_percentiles_by_sort_and_by_selection_agree(values, percentile):
+    """The sort that CUDA takes and the CPU's selection: the same values, numpy's."""
+    tensor = torch.tensor(values, dtype=torch.float32)
+    by_sort = _percentiles(tensor, [percentile, 0.5, 99.5], by_sort=True)
+    by_selection = _percentiles(tensor, [percentile, 0.5, 99.5], by_sort=False)
+    assert by_sort == by_selection
+    expected = np.percentile(np.asarray(values, dtype=np.float32), [percentile, 0.5, 99.5])
+    np.testing.assert_allclose(by_sort, expected, rtol=1e-6, atol=1e-3)
 
 
 @pytest.mark.parametrize("name", sorted(AFFINES))
