@@ -12,20 +12,22 @@ Run with ``python -m benchmarks.heatmaps [--repeats N]``. Per case, on float32 o
   (e) ``torch.empty(...).fill_(1.0)``: the floor set by writing a fresh output once;
   (l) ``heatmap_loss`` on CPU (forward, forward + backward) on a prediction of the
       output's shape, against a ``pred.sum()`` read pass;
-  (d) on CUDA when available: ``gaussian_heatmaps`` against ``fill_`` of a preallocated
-      tensor, and the loss against a read pass.
+  (d) on CUDA when available: ``gaussian_heatmaps`` (the Triton kernel of
+      ``heatmap3d.heatmaps_cuda`` where Triton is installed) and the torch path it
+      replaces (the factors, then their broadcast product) against ``fill_`` of a
+      preallocated tensor, and the loss against a read pass.
 
 Methods are run round-robin (one call of each per repeat) after warm-up, and each reports
 the median time, so ratios are measured side by side in the same run. The last line is
 ``heatmaps: fresh_vs_numpy_1=F1 fresh_vs_numpy_2=F2 cpu_vs_fill=R loss_vs_read=L
-[cuda_vs_fill=C cuda_graph_vs_fill=G outer_vs_fill=O outer_bmm_vs_fill=M
-outer_rows_vs_fill=W outer_compiled_vs_fill=P cuda_loss_vs_read=CL]``: (c) over (b) in
-cases 1 and 2, (c) over (e) in case 1 (K=16, one 128^3 volume), the CPU loss's forward
-over a read pass in case 1; on CUDA the kernel over ``fill_`` (its wall time as called,
-and replayed as a CUDA graph: its device work alone), the final write alone (the outer
-product of the factors: as the package does it, as a batched matrix product, as rows of
-``J*K``, compiled by inductor; each row of the table against its own device's floor) and
-the compiled loss's forward over a read pass (case 2).
+[cuda_vs_fill=C cuda_graph_vs_fill=G torch_vs_fill=T torch_graph_vs_fill=TG
+outer_vs_fill=O cuda_loss_vs_read=CL]``: (c) over (b) in cases 1 and 2, (c) over (e) in
+case 1 (K=16, one 128^3 volume), the CPU loss's forward over a read pass in case 1; on
+CUDA (case 2) ``gaussian_heatmaps`` over ``fill_`` (its wall time as called, and replayed
+as a CUDA graph: its device work alone), the torch path the same two ways, its final
+write alone (the broadcast product of the factors; each row of the table against its
+own device's floor) and the compiled loss's forward over a read pass. A line before the
+table says whether the kernel's heatmaps equal the torch path's (bit for bit).
 
 The paths this benchmark compared before issue 43 (box writes into zeroed numpy memory,
 a preallocated ``out=``, ``compat=True``) were deleted for want of a production caller.
@@ -126,22 +128,12 @@ def graphed(fn: Callable[[], object]) -> Callable[[], object]:
     return graph.replay
 
 
-def outer_bmm(gi: torch.Tensor, gj: torch.Tensor, gk: torch.Tensor) -> torch.Tensor:
-    """:func:`heatmap3d.heatmaps.outer` as a batched matrix product of each ``(I*J, 1)``
-    plane with its ``(1, K)`` factor (a candidate for the final write on a GPU)."""
-    plane = gi[..., :, None] * gj[..., None, :]
-    lead, (i, j, k) = plane.shape[:-2], (gi.shape[-1], gj.shape[-1], gk.shape[-1])
-    out = torch.bmm(plane.reshape(-1, i * j, 1), gk.reshape(-1, 1, k))
-    return out.view(*lead, i, j, k)
+def kernel_name() -> str:
+    """Which way ``gaussian_heatmaps`` takes on CUDA here."""
+    from heatmap3d import heatmaps_cuda
 
-
-def outer_rows(gi: torch.Tensor, gj: torch.Tensor, gk: torch.Tensor) -> torch.Tensor:
-    """:func:`heatmap3d.heatmaps.outer` as each ``i`` times one contiguous ``(J*K)`` row
-    (a candidate for the final write on a GPU: a broadcast of two dimensions, not three,
-    so less index arithmetic per element; rounding differs from the package's by an ulp)."""
-    row = (gj[..., :, None] * gk[..., None, :]).flatten(-2)
-    lead, (i, j, k) = row.shape[:-1], (gi.shape[-1], gj.shape[-1], gk.shape[-1])
-    return (gi[..., :, None] * row[..., None, :]).view(*lead, i, j, k)
+    cuda = torch.device("cuda")
+    return "the Triton kernel" if heatmaps_cuda.available(cuda, (8, 8, 8)) else "the torch path"
 
 
 def run_case(label: str, n_batch: int, n_lmk: int, side: int, repeats: int) -> dict:
@@ -169,17 +161,18 @@ def run_case(label: str, n_batch: int, n_lmk: int, side: int, repeats: int) -> d
         pred_c = torch.rand(full, device="cuda")
         replay = graphed(lambda: gaussian_heatmaps(coords_c, shape, **kw))
         gi, gj, gk, _ = target_factors(coords_c, shape, **kw)
-        compiled = torch.compile(outer)
-        for name, other in (("bmm", outer_bmm), ("rows", outer_rows), ("compiled", compiled)):
-            gap = (other(gi, gj, gk) - outer(gi, gj, gk)).abs().max().item()
-            print(f"outer as {name}: largest difference from the package's {gap:.3g}")
+
+        def torch_path() -> torch.Tensor:
+            return outer(*target_factors(coords_c, shape, **kw)[:3])
+
+        same = torch.equal(gaussian_heatmaps(coords_c, shape, **kw), torch_path())
+        print(f"gaussian_heatmaps on CUDA ({kernel_name()}) equals the torch path: {same}")
         cuda_fns = {
             "gaussian_heatmaps cuda (d)": lambda: gaussian_heatmaps(coords_c, shape, **kw),
             "cuda (d) as a CUDA graph": replay,
+            "torch path cuda": torch_path,
+            "torch path as a CUDA graph": graphed(torch_path),
             "outer product alone": lambda: outer(gi, gj, gk),
-            "outer as bmm": lambda: outer_bmm(gi, gj, gk),
-            "outer as rows": lambda: outer_rows(gi, gj, gk),
-            "outer compiled": lambda: compiled(gi, gj, gk),
             "cuda fill_ floor": lambda: fill_c.fill_(1.0),
             **loss_fns(pred_c, coords_c, " cuda"),
         }
@@ -280,10 +273,12 @@ def main() -> None:
         loss = case2["loss forward cuda"] / case2["pred.sum() read cuda"]
         graph = case2["cuda (d) as a CUDA graph"] / case2["cuda fill_ floor"]
         line += f" cuda_vs_fill={cuda:.2f} cuda_graph_vs_fill={graph:.2f}"
-        pairs = (("outer product alone", "outer"), ("outer as bmm", "outer_bmm"))
-        for name, key in (*pairs, ("outer as rows", "outer_rows")):
+        for name, key in (
+            ("torch path cuda", "torch"),
+            ("torch path as a CUDA graph", "torch_graph"),
+            ("outer product alone", "outer"),
+        ):
             line += f" {key}_vs_fill={case2[name] / case2['cuda fill_ floor']:.2f}"
-        line += f" outer_compiled_vs_fill={case2['outer compiled'] / case2['cuda fill_ floor']:.2f}"
         line += f" cuda_loss_vs_read={loss:.2f}"
     print(line)
 

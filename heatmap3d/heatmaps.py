@@ -13,9 +13,10 @@ The target for a landmark at voxel coordinates ``c`` is the unnormalised Gaussia
 ``exp(-sum_a ((n_a - c_a) * spacing[a])**2 / (2 * sigma**2))`` with peak 1.0 at ``c``.
 It is separable: :func:`target_factors` makes its three 1D Gaussians per channel, and the
 target is their :func:`outer` product. That is the one kernel: :func:`gaussian_heatmaps`
-materialises the product, and the training loss (:mod:`heatmap3d.training.loss`) builds
-the same product block by block inside its reduction without storing it (the same
-float32 values, bit for bit, on CPU; tested).
+materialises the product (on CUDA with Triton as one fused kernel,
+:mod:`heatmap3d.heatmaps_cuda`), and the training loss (:mod:`heatmap3d.training.loss`)
+builds the same product block by block inside its reduction without storing it (the
+same float32 values, bit for bit, on CPU; tested).
 
 Removed (issue 43), with ``heatmap3d/heatmap_write.py``: the write paths for a fresh CPU
 output (box writes into zeroed numpy memory, huge-page allocation, an ``out=`` argument),
@@ -96,7 +97,17 @@ def gaussian_heatmaps(
         ``(B, K, I, J, K)`` heatmaps, peak 1.0 at the exact sub-voxel centre, values in
         [0, 1]. Memory besides the output: one ``(I, J)`` plane per channel (1/K of it),
         and a float32 copy for a half-precision ``dtype``.
+
+    On CUDA with Triton, one kernel makes the same values
+    (:mod:`heatmap3d.heatmaps_cuda`; nothing besides the output).
     """
+    if coords.is_cuda and dtype != torch.float64:
+        from heatmap3d import heatmaps_cuda  # Triton's import (0.2 s) where a GPU asks
+
+        if heatmaps_cuda.available(coords.device, shape):
+            _, centre, _, sig, sp = _centres(coords, shape, sigma, spacing, mask)
+            # spacing / sigma as _gaussian_1d divides them: the same float64 ratio.
+            return heatmaps_cuda.write_heatmaps(centre, sp / sig[:, None], shape).to(dtype)
     gi, gj, gk, _ = target_factors(
         coords, shape, sigma=sigma, spacing=spacing, mask=mask, dtype=dtype
     )
@@ -136,6 +147,30 @@ def target_factors(
         product of three is subnormal (subnormal arithmetic is slow on x86); this moves
         values by at most that much (4.5e-13 in float32).
     """
+    size, centre, valid, sig, sp = _centres(coords, shape, sigma, spacing, mask)
+    cdt = torch.float64 if dtype == torch.float64 else torch.float32
+    # All three axes in one set of ops on a common length max(size) when that stays
+    # under ATen's parallel grain (fewer ops: each costs tens of us with cold caches), else
+    # one axis at a time, so that these small ops never wake the thread pool (which
+    # costs milliseconds per op when other processes keep the cores busy). On a GPU there
+    # is no pool, and each op is a launch: always one set.
+    fused = centre.is_cuda or centre.shape[0] * centre.shape[1] * 3 * max(size) <= _SERIAL_ELEMS
+    groups = [slice(0, 3)] if fused else [slice(a, a + 1) for a in range(3)]
+    factors: list[Tensor] = []
+    for axes in groups:
+        g = _gaussian_1d(centre[..., axes], max(size[axes]), sig, sp[axes], cdt)
+        factors += [g[..., m, : size[a]] for m, a in enumerate(range(3)[axes])]
+    gi, gj, gk = factors
+    return gi, gj, gk, valid
+
+
+def _centres(
+    coords: Tensor, shape: Sequence[int], sigma: float | Tensor, spacing: Triple, mask
+) -> tuple[tuple[int, int, int], Tensor, Tensor, Tensor, Tensor]:
+    """The arguments of :func:`target_factors` checked: the volume's size, float64
+    centres ``(B, K, 3)`` (voxels; +inf where a landmark is invalid, so that all its
+    factors are exp(-inf) = 0), ``valid`` bool ``(B, K)``, sigma ``(K,)`` and spacing
+    ``(3,)`` in mm as float64, all on ``coords``' device."""
     if coords.ndim != 3 or coords.shape[-1] != 3:
         raise ValueError(f"coords must be (B, K, 3), got {tuple(coords.shape)}")
     size = tuple(int(s) for s in shape)
@@ -149,22 +184,8 @@ def target_factors(
         valid = valid & mask.to(device=pts.device, dtype=torch.bool)
     sig = as_sigma(sigma, pts.shape[1], pts.device)
     sp = as_spacing(spacing, pts.device)
-    cdt = torch.float64 if dtype == torch.float64 else torch.float32
-    # An invalid landmark is moved to +inf: all its factors are then exp(-inf) = 0.
     centre = torch.where(valid[..., None], pts, math.inf)
-    # All three axes in one set of ops on a common length max(size) when that stays
-    # under ATen's parallel grain (fewer ops: each costs tens of us with cold caches), else
-    # one axis at a time, so that these small ops never wake the thread pool (which
-    # costs milliseconds per op when other processes keep the cores busy). On a GPU there
-    # is no pool, and each op is a launch: always one set.
-    fused = pts.is_cuda or pts.shape[0] * pts.shape[1] * 3 * max(size) <= _SERIAL_ELEMS
-    groups = [slice(0, 3)] if fused else [slice(a, a + 1) for a in range(3)]
-    factors: list[Tensor] = []
-    for axes in groups:
-        g = _gaussian_1d(centre[..., axes], max(size[axes]), sig, sp[axes], cdt)
-        factors += [g[..., m, : size[a]] for m, a in enumerate(range(3)[axes])]
-    gi, gj, gk = factors
-    return gi, gj, gk, valid
+    return size, centre, valid, sig, sp
 
 
 def _gaussian_1d(

@@ -44,20 +44,6 @@ def test_run_figures_reads_each_stage_folders_events(tmp_path, capsys):
     assert re.search(r"samples_per_s=[\d.]+ data_wait=[\d.]+% \(max [\d.]+%\) best_val_mm=", line)
 
 
-def test_the_outer_product_candidates_give_the_packages_values():
-    import torch
-
-    from benchmarks.heatmaps import outer_bmm, outer_rows
-    from heatmap3d.heatmaps import outer, target_factors
-
-    coords = torch.tensor([[[3.2, 4.7, 1.1], [6.0, 2.5, 5.5]]])
-    gi, gj, gk, _ = target_factors(coords, (9, 8, 7), sigma=2.0, spacing=(1.0, 1.2, 0.8))
-    expected = outer(gi, gj, gk)
-    assert torch.equal(outer_bmm(gi, gj, gk), expected)
-    # the rows multiply in another order: the same values to float32 rounding
-    torch.testing.assert_close(outer_rows(gi, gj, gk), expected, rtol=2.4e-7, atol=0.0)
-
-
 def test_cache_build_compares_threads_and_checks_the_bytes(tmp_path, capsys):
     from benchmarks import cache_build
 
