@@ -242,6 +242,21 @@ def names_of_worst(per_landmark: np.ndarray) -> str:
     return ",".join(str(int(k) + 1) for k in worst)
 
 
+def reshare(plan: Path, coarse: float) -> str:
+    """``plan``'s two stages given ``coarse`` and ``1 - coarse`` of the budget (its
+    ``budget_share`` lines, in order); returns the lines as edited."""
+    if not 0 < coarse < 1:
+        raise SystemExit(f"--coarse-share {coarse}: not between 0 and 1")
+    lines, shares = plan.read_text().splitlines(), iter([coarse, 1 - coarse])
+    at = [n for n, line in enumerate(lines) if line.strip().startswith("budget_share:")]
+    if len(at) != 2:
+        raise SystemExit(f"{plan}: {len(at)} stages, --coarse-share needs two")
+    for n in at:
+        lines[n] = f"    budget_share: {next(shares):g}"
+    plan.write_text("\n".join(lines) + "\n")
+    return "\n".join(lines[n].strip() for n in at)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--budget", type=float, default=45.0, help="train.budget_minutes (total)")
@@ -261,6 +276,12 @@ def main() -> None:
         help="heatmap3d plan --device: whose plan to train (cpu: the CPU plan, on any device)",
     )
     p.add_argument("--device", default="cpu", help="where the views are predicted (cpu, cuda)")
+    p.add_argument(
+        "--coarse-share",
+        type=float,
+        help="the coarse stage's share of the budget (the plan's 0.4), the refiner the rest: "
+        "plan.yaml edited as a user would",
+    )
     add_overrides(p)
     args = p.parse_args()
     if args.members > 1 and args.folds:
@@ -273,6 +294,8 @@ def main() -> None:
         data = dataset(work)
         print(tool("check", data).splitlines()[-1])
         print(tool("plan", data, "--device", args.plan_device))
+        if args.coarse_share is not None:
+            print(reshare(data / "plan.yaml", args.coarse_share))
         start = time.perf_counter()
         folds = ["--folds", args.folds] if args.folds else []  # 0: one model (split.json)
         folds += ["--members", args.members] if args.members > 1 else []

@@ -70,3 +70,19 @@ def test_placement_speed_compares_threads_on_the_same_voxels(tmp_path, capsys):
     assert re.fullmatch(
         r"placement_speed: threads=1 s=[\d.]+ threads=2 s=[\d.]+ ratio=[\d.]+", out[-1]
     )
+
+
+def test_review_reshares_a_two_stage_plan_as_a_user_edits_it(tmp_path):
+    from benchmarks.review import reshare
+    from heatmap3d.commands.main import main as cli
+    from heatmap3d.planning.plan_file import plan_state, read_plan
+
+    root = generate_dataset(tmp_path / "d", n_train=3, n_val=1, n_test=0, seed=4, progress=False)
+    assert cli(["plan", str(root)]) == 0
+    plan = root / "plan.yaml"
+    head, _, stage = plan.read_text().partition("\n  - name: ")
+    fine = stage.replace('"coarse"', '"fine"', 1)
+    plan.write_text(head + "\n  - name: " + stage + "\n  - name: " + fine)  # as a refiner's
+    assert reshare(plan, 0.6) == "budget_share: 0.6\nbudget_share: 0.4"
+    assert [s.budget_share for s in read_plan(plan)] == [0.6, 0.4]
+    assert plan_state(plan) == "edited"
