@@ -23,8 +23,9 @@ from __future__ import annotations
 
 import torch
 
+from heatmap3d.choices import INFERENCE_PRECISIONS
+
 _AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
-INFERENCE_PRECISIONS = ("auto", "fp32", "bf16")  # heatmap3d predict --precision
 
 
 def resolve(precision: str, amp: bool, device: torch.device) -> str:

@@ -154,3 +154,20 @@ def test_the_checker_sees_lazy_and_relative_imports_and_skips_type_checking(tmp_
     seen = imported(probe, modules, here="heatmap3d.io.probe")
     assert seen == {"heatmap3d.geometry", "heatmap3d.io.atomic"}
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_the_command_lines_parser_and_help_need_no_torch():
+    """``heatmap3d COMMAND --help`` answers at once: building every subcommand's arguments
+    imports neither torch nor the models (it took 3 s when it did)."""
+    import subprocess
+    import sys
+
+    script = (
+        "import sys\n"
+        "from heatmap3d.commands.parser import build_parser\n"
+        "build_parser()\n"
+        "print(sorted(m for m in ('torch', 'scipy', 'heatmap3d.api.runs') if m in sys.modules))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "[]"

@@ -16,11 +16,11 @@ from pathlib import Path
 from heatmap3d import __version__
 from heatmap3d.checkpoint import Checkpoint
 from heatmap3d.io.atomic import atomic_write_bytes
+from heatmap3d.io.model_folder import CARD_FILE
 from heatmap3d.review.basis import ReviewBasis
 
 __all__ = ["CARD_FILE", "NOT_STATED", "write_card"]
 
-CARD_FILE = "MODEL.md"
 NOT_STATED = (
     "## Training data, accuracy, intended use\n\n"
     "Not stated: whoever exported this model did not say what data trained it, under "

@@ -6,8 +6,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from heatmap3d.api.export import export_model
-from heatmap3d.api.model_card import CARD_FILE
+from heatmap3d.io.model_folder import CARD_FILE
 from heatmap3d.packaged import catalogue as packaged
 
 
@@ -34,6 +33,8 @@ def add_export_arguments(p: argparse.ArgumentParser) -> None:
 
 def export_command(args: argparse.Namespace) -> None:
     """Run ``heatmap3d export``."""
+    from heatmap3d.api.export import export_model  # here: the parser needs no torch
+
     export_model(args.model, args.out, onnx=args.onnx, card=args.card, overwrite=args.overwrite)
 
 

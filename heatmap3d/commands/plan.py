@@ -6,8 +6,6 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from heatmap3d.api.runs import plan
-
 __all__ = ["add_plan_arguments", "plan_command"]
 
 
@@ -70,6 +68,8 @@ def _minutes(text: str) -> float:
 
 def plan_command(args: argparse.Namespace) -> None:
     """Run ``heatmap3d plan``: :func:`heatmap3d.api.runs.plan` with the arguments."""
+    from heatmap3d.api.runs import plan  # here: the parser needs this module, not torch
+
     plan(
         args.data,
         out=args.out,

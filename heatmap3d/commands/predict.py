@@ -7,10 +7,8 @@ import argparse
 import re
 from pathlib import Path
 
-from heatmap3d.api.predict_files import ModelSpec, PredictOptions, predict_files
+from heatmap3d.choices import INFERENCE_PRECISIONS, PREPROCESS
 from heatmap3d.errors import InputError
-from heatmap3d.inference.model_loading import PREPROCESS
-from heatmap3d.precision import INFERENCE_PRECISIONS
 
 
 def add_predict_arguments(p: argparse.ArgumentParser) -> None:
@@ -157,6 +155,10 @@ def _radius_mm(text: str) -> float:
 
 def predict_command(args: argparse.Namespace) -> None:
     """Run ``heatmap3d predict``; InputError (exit 2) for bad input or failed scans."""
+    # Here, not at the top: the parser imports this module for its arguments, and --help
+    # should not wait for torch and the models.
+    from heatmap3d.api.predict_files import ModelSpec, PredictOptions, predict_files
+
     spec = ModelSpec(
         model=args.model,
         checkpoint=args.checkpoint,

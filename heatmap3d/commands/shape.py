@@ -6,7 +6,6 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from heatmap3d.api.shape_prior import fit_prior
 from heatmap3d.errors import InputError
 from heatmap3d.io.landmarks import read_landmarks
 from heatmap3d.review.prior_files import read_map
@@ -55,6 +54,8 @@ def _names(text: str | None) -> list[str] | None:
 
 def shape_command(args: argparse.Namespace) -> None:
     """Run ``heatmap3d shape fit``: :func:`heatmap3d.api.shape_prior.fit_prior`."""
+    from heatmap3d.api.shape_prior import fit_prior  # here: the parser needs no fitting
+
     fit_prior(
         args.files,
         args.out,

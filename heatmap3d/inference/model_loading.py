@@ -11,6 +11,7 @@ import numpy as np
 import torch
 
 from heatmap3d.checkpoint import load_weights
+from heatmap3d.choices import INFERENCE_PRECISIONS, PREPROCESS
 from heatmap3d.errors import InputError
 from heatmap3d.inference.onnx_network import OnnxNetwork
 from heatmap3d.inference.pipeline import DEFAULT_REVIEW_RADIUS_MM, Pipeline
@@ -18,7 +19,7 @@ from heatmap3d.inference.predictor import Predictor
 from heatmap3d.inference.refine import Cascade
 from heatmap3d.io.json_file import load_json
 from heatmap3d.io.model_folder import MODEL_FILE, ModelFolder, read_model_folder
-from heatmap3d.precision import INFERENCE_PRECISIONS, inference_autocast
+from heatmap3d.precision import inference_autocast
 from heatmap3d.review.calibration import Calibration
 from heatmap3d.review.pose import Pose
 from heatmap3d.review.shape import ShapeModel
@@ -29,7 +30,6 @@ __all__ = ["PREPROCESS", "RUNTIMES", "load_pipeline", "read_extras", "set_option
 RUNTIMES = ("torch", "onnxruntime")
 # Where a scan is resampled and normalised: by scipy in the reading workers (CPU), or on
 # the model's device by the process that runs it (heatmap3d.data.tensor_preprocess).
-PREPROCESS = ("workers", "device")
 
 
 def load_pipeline(

@@ -36,6 +36,7 @@ from heatmap3d.io.atomic import atomic_write_bytes
 from heatmap3d.io.json_file import load_json
 
 MODEL_FILE = "model.json"
+CARD_FILE = "MODEL.md"  # the model card (heatmap3d.api.model_card writes it)
 FORMAT = 2
 EXPORT_FORMAT = 3
 
