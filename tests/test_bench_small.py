@@ -86,3 +86,12 @@ def test_review_reshares_a_two_stage_plan_as_a_user_edits_it(tmp_path):
     assert reshare(plan, 0.6) == "budget_share: 0.6\nbudget_share: 0.4"
     assert [s.budget_share for s in read_plan(plan)] == [0.6, 0.4]
     assert plan_state(plan) == "edited"
+
+
+def test_warm_up_times_each_one_time_cost(capsys):
+    from benchmarks import warm_up
+
+    warm_up.main(["--device", "cpu", "--crops", "2"])
+    last = capsys.readouterr().out.splitlines()[-1]
+    keys = "device_s loss_first_s loss_again_s model_first_s step_first_s step_again_s"
+    assert re.fullmatch("warm_up: " + " ".join(f"{k}=[\\d.]+" for k in keys.split()), last)
