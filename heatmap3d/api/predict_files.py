@@ -27,8 +27,6 @@ import torch
 from heatmap3d import distributed
 from heatmap3d.data.case_threads import usable_cpus
 from heatmap3d.errors import InputError
-from heatmap3d.evaluation.pictures import snapshot
-from heatmap3d.evaluation.report import write_report
 from heatmap3d.geometry import Volume
 from heatmap3d.inference.cohort import WAIT, Job, run_cohort
 from heatmap3d.inference.model_loading import load_pipeline, set_options
@@ -219,6 +217,10 @@ def predict_files(spec: ModelSpec, scans: Sequence[Path], options: PredictOption
 def _report(spec: ModelSpec, scans: Sequence[Path], options: PredictOptions) -> str:
     """``report``: OUT/report.html from the files just written (the cohort's, every scan
     predicted now or before; :mod:`heatmap3d.evaluation.report`)."""
+    # Here and in the snapshots, not at the top: the report and the pictures bring in
+    # matplotlib (0.5 s of every predict's start-up when imported eagerly).
+    from heatmap3d.evaluation.report import write_report
+
     path = write_report(
         options.destination,
         scans=list(scans),
@@ -301,6 +303,8 @@ def _write(
             out, f"{stem}_heatmaps.nii.gz", pred.heatmaps, pred.grid_affine, raw.affine, raw.shape
         )
     if options.snapshots:
+        from heatmap3d.evaluation.pictures import snapshot  # matplotlib: see _report
+
         lm = pred.landmarks
         flagged = review_flags(lm, pred.confidence, options.review_below, pred.status)
         picture = snapshot(raw, lm.points, lm.names, pred.confidence, flagged)
