@@ -13,8 +13,11 @@ resampled and normalised there; synchronised before the clock stops). Scans:
   scan size).
 
 Methods take turns (scipy, torch, scipy, ...) after a warm-up; medians of ``--repeats``.
-The largest difference between the two results is printed too (float32 rounding). The last
-line is ``preprocess: NAME=SCIPY/TORCHs(RATIOx) ...``.
+The largest difference between the two results is printed too (float32 rounding). Then
+the MR normalisation's two percentiles of a 256^3 scan's values on the device, by
+``kthvalue`` (the CPU's way) against one sort (the way on any other device), and whether
+they agree. The last line is ``preprocess: NAME=SCIPY/TORCHs(RATIOx) ...
+percentiles=SELECT/SORTs``.
 
     python -m benchmarks.preprocess_speed --repeats 5
     python -m benchmarks.preprocess_speed --device cuda --repeats 5
@@ -32,7 +35,7 @@ import torch
 from benchmarks.common import REAL, TEST
 from heatmap3d.config import DataConfig
 from heatmap3d.data.preprocess import preprocess
-from heatmap3d.data.tensor_preprocess import preprocess_tensor
+from heatmap3d.data.tensor_preprocess import _percentiles, preprocess_tensor
 from heatmap3d.geometry import Volume
 
 
@@ -108,6 +111,31 @@ def run(repeats: int, device: str) -> dict:
     return figures
 
 
+def percentiles(repeats: int, device: str) -> tuple[float, float]:
+    """Median seconds of the 0.5 / 99.5 percentiles of 2^24 values on ``device``: by
+    selection, by one sort (the values checked equal)."""
+    gen = torch.Generator().manual_seed(0)
+    values = torch.randn(256**3, generator=gen).mul_(300).add_(600).round_().to(device)
+
+    def way(by_sort: bool):  # its float()s wait for the device
+        return lambda: _percentiles(values, (0.5, 99.5), by_sort=by_sort)
+
+    select, sort = way(False), way(True)
+    if select() != sort():
+        raise SystemExit("the percentiles by selection and by sort differ")
+    times = {"select": [], "sort": []}
+    for _ in range(repeats):
+        for name, fn in (("select", select), ("sort", sort)):
+            times[name].append(_timed(fn)[0])
+    med = {name: float(np.median(t)) for name, t in times.items()}
+    print(
+        f"percentiles of {values.numel()} values on {device}: selection (kthvalue) "
+        f"{med['select']:.3f} s, one sort {med['sort']:.3f} s, the same values",
+        flush=True,
+    )
+    return med["select"], med["sort"]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=5)
@@ -115,10 +143,11 @@ def main() -> None:
     parser.add_argument("--json", default="", help="write the figures here too")
     args = parser.parse_args()
     figures = run(args.repeats, args.device)
+    select, sort = percentiles(args.repeats, args.device)
     print("preprocess: " + " ".join(
         f"{name}={f['scipy_s']:.3f}/{f['torch_s']:.3f}s({f['speedup']:.2f}x)"
         for name, f in figures.items()
-    ))  # fmt: skip
+    ) + f" percentiles={select:.3f}/{sort:.3f}s")  # fmt: skip
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
             json.dump(figures, f, indent=1)
