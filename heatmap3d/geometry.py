@@ -306,10 +306,15 @@ def pad_to_multiple(
     Returns ``(padded volume, original shape)``; crop back with
     ``crop_or_pad(padded, original_shape, start=(0, 0, 0))``.
     """
+    original = vol.shape
+    return crop_or_pad(vol, padded_shape(original, multiple), start=(0, 0, 0), fill=fill), original
+
+
+def padded_shape(shape: Sequence[int], multiple: int) -> tuple[int, int, int]:
+    """The shape :func:`pad_to_multiple` pads ``shape`` ``(I, J, K)`` to."""
     if multiple < 1:
         raise ValueError(f"multiple must be >= 1, got {multiple}")
-    original = vol.shape
-    target = [-(-n // multiple) * multiple for n in original]
+    target = [-(-int(n) // multiple) * multiple for n in shape]
     if multiple > 1 and all(n == multiple for n in target):
         target[0] = 2 * multiple
-    return crop_or_pad(vol, target, start=(0, 0, 0), fill=fill), original
+    return (target[0], target[1], target[2])

@@ -4,12 +4,15 @@ workers' scipy preprocessing gives, through the predictor, the cascade and the c
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
 from test_predict_cli import FRAMES, checkpoint, points, predict, scan
 
 from heatmap3d.errors import InputError
+from heatmap3d.geometry import Volume, pad_to_multiple
 from heatmap3d.inference.model_loading import set_options
 from heatmap3d.inference.pipeline import Pipeline
 from heatmap3d.inference.predictor import Predictor
@@ -108,3 +111,27 @@ def test_the_packaged_model_with_its_pose_pass_places_the_same_landmarks():
         found[where] = pipeline.predict_volume(vol).landmarks.points
     assert np.isfinite(found["workers"]).all()
     np.testing.assert_allclose(found["device"], found["workers"], atol=0.01)
+
+
+@pytest.mark.parametrize("sliding", [False, True])
+def test_a_volume_prepared_on_the_device_is_not_sent_there_again(tmp_path, sliding):
+    """The device tensor prepare() made is what the network runs on (taken once), and its
+    heatmaps are those of the same voxels copied from the host, padding included."""
+    stage = _stage(tmp_path / "m.pt", preprocess="device")
+    if sliding:
+        stage.settings = dataclasses.replace(stage.settings, sliding=True, window=(16, 16, 16))
+    prepared = stage.prepare(scan(8, FRAMES["oblique"]))
+    kept = stage._on_device[1]
+    assert stage._on_device[0] is prepared.data and kept.data_ptr() != 0
+    assert stage._on_the_device(prepared) is kept and stage._on_device is None
+    stage._on_device = (prepared.data, kept)
+    on_device = stage.heatmaps(prepared)
+    assert stage._on_device is None  # taken: the next volume is copied or prepared anew
+    copied = stage.heatmaps(Volume(prepared.data.copy(), prepared.affine))
+    assert torch.equal(on_device, copied)
+    if not sliding:  # padded as pad_to_multiple pads, with the background
+        padded, shape = pad_to_multiple(prepared, stage.settings.multiple, fill=prepared.data.min())
+        assert padded.shape != shape
+        heat = stage.net()(torch.from_numpy(padded.data)[None, None])
+        expected = heat[..., : shape[0], : shape[1], : shape[2]].reshape(on_device.shape)
+        assert torch.equal(on_device, expected)

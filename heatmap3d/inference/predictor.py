@@ -21,10 +21,10 @@ import torch
 
 from heatmap3d import checkpoint
 from heatmap3d.config import Config, DataConfig
-from heatmap3d.data.preprocess import outside_value, preprocess
+from heatmap3d.data.preprocess import preprocess
 from heatmap3d.data.tensor_preprocess import preprocess_tensor
 from heatmap3d.errors import InputError, first_line
-from heatmap3d.geometry import Volume, pad_to_multiple, voxel_to_world
+from heatmap3d.geometry import Volume, padded_shape, voxel_to_world
 from heatmap3d.inference.cpu_threads import split_forward
 from heatmap3d.inference.decode import decode_heatmaps
 from heatmap3d.inference.settings import FORWARD_VOXELS, InferenceSettings
@@ -97,6 +97,9 @@ class Predictor:
             for m in members
         ]
         self.settings, self.names, self.data, self.device = settings, list(names), data, device
+        # The last volume :meth:`prepare` made on the device: its host copy and the device
+        # tensor, so that :meth:`heatmaps` need not send the same voxels back.
+        self._on_device: tuple[np.ndarray, torch.Tensor] | None = None
 
     @property
     def model(self) -> torch.nn.Module:
@@ -257,14 +260,25 @@ class Predictor:
         (:mod:`heatmap3d.inference.sliding`).
         """
         s, net, k = self.settings, self.net(), len(self.names)
+        image = self._on_the_device(vol)[None, None]
         if not s.sliding:
-            padded, shape = pad_to_multiple(vol, s.multiple, fill=outside_value(vol))
-            image = torch.from_numpy(np.ascontiguousarray(padded.data))[None, None]
-            heat = net(image.to(self.device))[..., : shape[0], : shape[1], : shape[2]]
+            # Padded at the end of each axis with the volume's minimum (outside_value), on
+            # the device: the same voxels pad_to_multiple gives.
+            (i, j, kk), shape = padded_shape(vol.shape, s.multiple), vol.shape
+            pad = (0, kk - shape[2], 0, j - shape[1], 0, i - shape[0])
+            image = torch.nn.functional.pad(image, pad, value=float(image.amin()))
+            heat = net(image)[..., : shape[0], : shape[1], : shape[2]]
         else:
-            image = torch.from_numpy(np.ascontiguousarray(vol.data))[None, None].to(self.device)
             heat = sliding_window(net, image, s.window, overlap=s.overlap, batch=s.batch)
         return heat.reshape(self.passes, k, *heat.shape[2:])
+
+    def _on_the_device(self, vol: Volume) -> torch.Tensor:
+        """``vol``'s voxels ``(I, J, K)`` on the device: the tensor :meth:`prepare` made
+        there when ``vol`` is its result (taken once), else copied from the host."""
+        kept, self._on_device = self._on_device, None
+        if kept is not None and kept[0] is vol.data:
+            return kept[1]
+        return torch.from_numpy(np.ascontiguousarray(vol.data)).to(self.device)
 
     # -- whole scans -------------------------------------------------------------------
 
@@ -307,7 +321,9 @@ class Predictor:
         if not self.settings.prepare_on_device:
             return preprocess(vol, self.data)
         data, affine = preprocess_tensor(vol, self.data, self.device)
-        return Volume(data.cpu().numpy(), affine)
+        host = data.cpu().numpy()  # the review and the refiner's windows read it there
+        self._on_device = (host, data)
+        return Volume(host, affine)  # float32 already: Volume keeps this very array
 
     def predict_volume(self, vol: Volume, *, keep_heatmaps: bool = False) -> Prediction:
         """Landmarks of a raw volume (any orientation and spacing), in its world mm."""
