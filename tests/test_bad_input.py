@@ -7,6 +7,7 @@ from pathlib import Path
 import nibabel as nib
 import numpy as np
 import pytest
+from test_import_graph import python_says
 
 from heatmap3d.commands.main import main
 
@@ -159,6 +160,4 @@ def test_the_entry_point_leaves_what_is_alive_to_the_os_at_exit():
         "    print('frozen before exit:', gc.get_freeze_count() > 0)\n"
         "    raise\n"
     )
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stdout.splitlines()[-2:] == ["frozen before exit: False", "frozen at exit: True"]
+    assert python_says(script)[-2:] == ["frozen before exit: False", "frozen at exit: True"]

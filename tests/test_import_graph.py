@@ -156,30 +156,30 @@ def test_the_checker_sees_lazy_and_relative_imports_and_skips_type_checking(tmp_
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
 
 
-def test_the_command_lines_parser_and_help_need_no_torch():
-    """``heatmap3d COMMAND --help`` answers at once: building every subcommand's arguments
-    imports neither torch nor the models (it took 3 s when it did)."""
+def python_says(script: str) -> list[str]:
+    """The lines a fresh interpreter prints running ``script`` (which must succeed)."""
     import subprocess
     import sys
 
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout.splitlines()
+
+
+def test_the_command_lines_parser_and_help_need_no_torch():
+    """``heatmap3d COMMAND --help`` answers at once: building every subcommand's arguments
+    imports neither torch nor the models (it took 3 s when it did)."""
     script = (
         "import sys\n"
         "from heatmap3d.commands.parser import build_parser\n"
         "build_parser()\n"
         "print(sorted(m for m in ('torch', 'scipy', 'heatmap3d.api.runs') if m in sys.modules))\n"
     )
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stdout.strip() == "[]"
+    assert python_says(script) == ["[]"]
 
 
 def test_predicting_imports_no_plotting_until_a_picture_or_report_is_asked_for():
     """matplotlib is 0.4 s of every ``heatmap3d predict``'s start: only ``--snapshots``
     and ``--report`` need it."""
-    import subprocess
-    import sys
-
     script = "import sys, heatmap3d.api.predict_files\nprint('matplotlib' in sys.modules)\n"
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stdout.strip() == "False"
+    assert python_says(script) == ["False"]
