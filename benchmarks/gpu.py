@@ -4,6 +4,9 @@
 
 On a machine with CUDA it runs, one after another, each as its own process:
 
+0. first, while the machine is fresh: a training process's one-time costs piece by piece
+   (``benchmarks/warm_up.py``: the device's start, the loss's compilation, the model's
+   first pass, a first and a second step);
 1. the CUDA tests (``pytest -m cuda``);
 2. the throughput benchmark (training samples/s against the common recipe, data wait,
    memory, FLOPs and their fraction of the GPU's conv3d/matmul peak);
@@ -25,7 +28,7 @@ On a machine with CUDA it runs, one after another, each as its own process:
    minutes (1 with ``--quick``); each takes about 2 minutes more than its budget (start-up,
    calibration, 8 placements predicted five ways).
 
-``--only throughput,ddp`` runs a subset (the keys: tests, throughput, heatmaps, predict,
+``--only throughput,ddp`` runs a subset (the keys: warm_up, tests, throughput, heatmaps, predict,
 preprocess, cohort, step, ddp, afids); ``--model FOLDER`` times a trained model folder instead
 of random weights; ``--step-timeout S`` stops a step that hangs. The steps run with the
 repository first on ``PYTHONPATH`` (no install needed). It appends its figures to
@@ -94,6 +97,7 @@ def wall_only(output: str) -> str:
 
 
 KEYS = (
+    "warm_up",
     "tests",
     "throughput",
     "heatmaps",
@@ -122,6 +126,8 @@ def plan(
     epochs = "train.epochs=2" if quick else "train.epochs=5"
     trained = ["--model", str(model)] if model is not None else []
     steps = [
+        Step("one-time costs of a training process", [py, "-m", "benchmarks.warm_up"],
+             last_line("warm_up:"), key="warm_up"),
         Step("CUDA tests", [py, "-m", "pytest", "-q", "-m", "cuda", "-p", "no:cacheprovider"],
              pytest_summary, key="tests"),
         Step("throughput", [py, "-m", "benchmarks.throughput", *(
