@@ -19,6 +19,7 @@ without a GPU.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 
 import torch
@@ -69,20 +70,22 @@ def write_heatmaps(centre: Tensor, ratio: Tensor, shape: tuple[int, int, int]) -
     blocks_j = triton.cdiv(n_j, block_j)
     thresh = _flush_threshold(centre.device)
     grid = (n_batch * n_lmk, triton.cdiv(n_i, ROWS) * blocks_j, triton.cdiv(n_k, block_k))
-    _kernel[grid](
-        out,
-        centre.contiguous(),
-        ratio.contiguous(),
-        thresh,
-        n_lmk,
-        n_i,
-        n_j,
-        n_k,
-        blocks_j,
-        ROWS=ROWS,
-        BLOCK_J=block_j,
-        BLOCK_K=block_k,
-    )
+    # Triton launches on the current device; torch's own ops follow their tensors.
+    with torch.cuda.device(out.device) if out.is_cuda else contextlib.nullcontext():
+        _kernel[grid](
+            out,
+            centre.contiguous(),
+            ratio.contiguous(),
+            thresh,
+            n_lmk,
+            n_i,
+            n_j,
+            n_k,
+            blocks_j,
+            ROWS=ROWS,
+            BLOCK_J=block_j,
+            BLOCK_K=block_k,
+        )
     return out
 
 
