@@ -19,9 +19,11 @@ between the two versions' landmarks, mm.
     python -m benchmarks.predict_speed --device cuda      # this code alone, on a GPU
     python -m benchmarks.predict_speed --model runs/afids --base /tmp/base --precision auto
 
-``--precision`` is given to this code's ``load_pipeline`` only (the earlier code may not
-have it; it then runs as it did), so ``--base`` at this commit with ``--precision auto``
-measures bf16 prediction against float32 side by side.
+``--precision`` and ``--preprocess`` are given to this code's ``load_pipeline`` only (the
+earlier code may not have them; it then runs as it did), so ``--base`` at this commit with
+``--precision auto`` measures bf16 prediction against float32 side by side, and with
+``--preprocess device`` on a GPU the scan (and the pose pass's posed grid) resampled and
+normalised there against by scipy on the CPU.
 """
 
 from __future__ import annotations
@@ -86,7 +88,13 @@ def build_random_folder(work: Path, members: int = 3, seed: int = 0) -> Path:
 
 
 def worker(
-    model: Path, scans: Path, threads: int, device: str, pose: bool = True, precision=None
+    model: Path,
+    scans: Path,
+    threads: int,
+    device: str,
+    pose: bool = True,
+    precision=None,
+    preprocess=None,
 ) -> None:
     """Load the model (``pose=False``: without the pose pass, ``--no-pose``), then for each
     line ``run`` on stdin predict every scan and print one JSON line
@@ -100,6 +108,7 @@ def worker(
 
     torch.set_num_threads(threads)
     more = {} if precision is None else {"precision": precision}
+    more |= {} if preprocess is None else {"preprocess": preprocess}
     pipeline = load_pipeline(model, torch.device(device), pose=pose, **more)
     saved = np.load(scans)
     vols = [Volume(saved[f"data{i}"], saved[f"affine{i}"]) for i in range(int(saved["n"]))]
@@ -162,13 +171,20 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--no-pose", action="store_true", help="without the pose pass (both codes)")
     p.add_argument("--precision", help="this code's --precision (auto, fp32, bf16)")
+    p.add_argument("--preprocess", help="this code's --preprocess (workers, device)")
     p.add_argument("--worker", type=Path, help=argparse.SUPPRESS)
     p.add_argument("--scans", type=Path, help=argparse.SUPPRESS)
     p.add_argument("--build", type=Path, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.worker is not None:
         return worker(
-            args.worker, args.scans, args.threads, args.device, not args.no_pose, args.precision
+            args.worker,
+            args.scans,
+            args.threads,
+            args.device,
+            not args.no_pose,
+            args.precision,
+            args.preprocess,
         )
     if args.build is not None:
         return print(build_random_folder(args.build))
@@ -186,6 +202,7 @@ def main() -> None:
         np.savez(work / "scans.npz", **arrays)
         codes = [("before", base)] if base is not None else []
         mine = [] if args.precision is None else ["--precision", args.precision]
+        mine += [] if args.preprocess is None else ["--preprocess", args.preprocess]
         procs = {
             name: _start(
                 code, model, work / "scans.npz", args.threads, args.device, not args.no_pose,
@@ -208,6 +225,7 @@ def main() -> None:
         f"{len(scans)} scans x {args.repeats} repeats, {args.threads} threads, {args.device}, "
         f"{pose} the pose pass, model {args.model or 'random (plan of the AFIDs templates)'}"
         f", this code's precision {args.precision or 'its default'}"
+        f" and preprocessing {args.preprocess or 'its default'}"
     )
     print(f"{'code':<8} {'median s/scan':>14} {'min s/scan':>11}")
     for name, t in times.items():
