@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import re
 
+import pytest
+
 from benchmarks import epoch_wait, run_figures, step_speed
 from heatmap3d.config_io import load_config
 from heatmap3d.data.synthetic import generate_dataset
@@ -95,3 +97,15 @@ def test_warm_up_times_each_one_time_cost(capsys):
     last = capsys.readouterr().out.splitlines()[-1]
     keys = "device_s loss_first_s loss_again_s model_first_s step_first_s step_again_s"
     assert re.fullmatch("warm_up: " + " ".join(f"{k}=[\\d.]+" for k in keys.split()), last)
+
+
+@pytest.mark.slow
+def test_shape_power_speed_compares_two_codes_on_the_same_power(capsys):
+    from benchmarks import shape_power_speed
+    from benchmarks.common import ROOT
+
+    shape_power_speed.main(["--base", str(ROOT), "--repeats", "1"])
+    last = capsys.readouterr().out.splitlines()[-1]
+    assert re.fullmatch(
+        r"shape_power_speed: before=[\d.]+ after=[\d.]+ s speedup=[\d.]+ same=yes", last
+    )

@@ -13,6 +13,7 @@ import pytest
 from heatmap3d.commands.main import main
 from heatmap3d.io.landmarks import Landmarks, write_landmarks
 from heatmap3d.review.shape import ShapeModel
+from heatmap3d.review.shape_align import similarities
 from heatmap3d.review.shape_file import shape_from_dict
 from heatmap3d.review.shape_prior import PopulationShape
 
@@ -203,3 +204,49 @@ def test_a_model_fitted_on_the_three_templates_does_not_cry_wolf_on_real_people(
     assert np.mean([model.outliers(p).sum() for p in people]) <= 0.2
     rng = np.random.default_rng(0)
     assert np.mean([model.outliers(_moved(p, 0, 40.0, rng))[0] for p in people[:10]]) == 1.0
+
+
+def _d2_landmark_by_landmark(prior: PopulationShape, points: np.ndarray, use: np.ndarray):
+    """The conditional distances of every landmark ``_d2`` tests with all its usable others
+    present, one landmark at a time (the code before it was batched): the oracle."""
+    present = np.isfinite(points).all(-1)
+    usable = use & present
+    others = usable[None, :] & ~np.eye(K, dtype=bool)
+    test = present & (others.sum(1) >= 4)
+    s, rot, t = similarities(np.where(present[:, None], points, 0.0), prior.mean, others)
+    y = s[:, None, None] * np.einsum("kab,jb->kja", rot, np.nan_to_num(points)) + t[:, None]
+    inside = test & usable
+    idx = np.flatnonzero(np.repeat(usable, 3))
+    prec = np.linalg.inv(prior.cov[np.ix_(idx, idx)])
+    g = (y - prior.mean)[:, usable].reshape(K, -1)[inside] @ prec
+    pos = np.cumsum(usable) - 1
+    d2 = np.full(K, np.nan)
+    for row, k in enumerate(np.flatnonzero(inside)):
+        b = slice(3 * pos[k], 3 * pos[k] + 3)
+        r = np.linalg.inv(prec[b, b]) @ g[row, b]
+        d2[k] = r @ g[row, b]
+    return d2 / prior.scale, inside
+
+
+def test_the_batched_conditional_distances_are_those_of_one_landmark_at_a_time(prior):
+    rng = np.random.default_rng(9)
+    people = _people(30, seed=4)
+    for n, person in enumerate(people):
+        points = _moved(person, int(rng.integers(K)), float(rng.choice([0.0, 5.0, 30.0])), rng)
+        if n % 3 == 0:
+            points[int(rng.integers(K))] = np.nan
+        use = rng.random(K) > (0.2 if n % 2 else 0.0)
+        got, _ = prior._d2(points, use)
+        want, inside = _d2_landmark_by_landmark(prior, points, use)
+        assert inside.any()
+        assert np.array_equal(got[inside], want[inside])  # bit for bit
+
+
+def test_the_kept_precision_is_read_only_and_per_pattern(prior):
+    every = np.ones(K, bool)
+    some = every.copy()
+    some[3] = False
+    a, b = prior._precision(every), prior._precision(some)
+    assert a.shape == (3 * K, 3 * K) and b.shape == (3 * K - 3, 3 * K - 3)
+    assert prior._precision(every.copy()) is a and not a.flags.writeable
+    np.testing.assert_array_equal(a, np.linalg.inv(prior.cov))

@@ -166,17 +166,19 @@ class PopulationShape(ShapeReview):
         y = s[:, None, None] * np.einsum("kab,jb->kja", rot, np.nan_to_num(points)) + t[:, None]
         inside = test & usable  # conditioned on all of `usable` but itself: one precision
         if inside.any():
-            idx = np.flatnonzero(np.repeat(usable, 3))
-            prec = np.linalg.inv(self.cov[np.ix_(idx, idx)])
+            prec = self._precision(usable)
             dev = (y - self.mean)[:, usable].reshape(k_all, -1)[inside]  # (n, 3U)
             g = dev @ prec
-            pos = np.cumsum(usable) - 1  # landmark -> its place among the usable
-            for row, k in enumerate(np.flatnonzero(inside)):
-                b = slice(3 * pos[k], 3 * pos[k] + 3)
-                cond = np.linalg.inv(prec[b, b])  # covariance of k given the others
-                r = cond @ g[row, b]  # y_k minus its conditional mean
-                d2[k] = r @ g[row, b]
-                guess[k] = y[k, k] - r
+            ks = np.flatnonzero(inside)
+            at = 3 * (np.cumsum(usable) - 1)[ks, None] + np.arange(3)  # (n, 3): k's rows
+            rows = np.arange(len(ks))[:, None]
+            # Each k's 3 x 3 block of the precision inverted: its covariance given the
+            # others (one batched call: the same LAPACK routine on each block).
+            cond = np.linalg.inv(prec[at[:, :, None], at[:, None, :]])
+            gk = g[rows, at]  # (n, 3)
+            r = np.matmul(cond, gk[:, :, None])[:, :, 0]  # y_k minus its conditional mean
+            d2[ks] = np.matmul(r[:, None, :], gk[:, :, None])[:, 0, 0]
+            guess[ks] = y[ks, ks] - r
         for k in np.flatnonzero(test & ~usable):  # set aside: conditioned on the usable
             mu, cond = self._conditional(k, others[k], y[k])
             r = y[k, k] - mu
@@ -184,6 +186,22 @@ class PopulationShape(ShapeReview):
         # Back to world mm: x = R^T (y - t) / s, per landmark's own transform.
         guess[test] = np.einsum("kab,ka->kb", rot[test], guess[test] - t[test]) / s[test, None]
         return d2 / self.scale, guess
+
+    def _precision(self, usable: np.ndarray) -> np.ndarray:
+        """The inverse of the covariance of the ``usable`` landmarks' coordinates (read-only),
+        kept for the last few patterns: a check looks at scan after scan with the same
+        landmarks present (measuring its power: some 400 looks a fold), and the inverse
+        (96 x 96 for 32 landmarks) was a fifth of a look."""
+        kept = self.__dict__.setdefault("_precisions", {})  # frozen: not a field
+        key = usable.tobytes()
+        if key not in kept:
+            if len(kept) >= 8:
+                kept.clear()
+            idx = np.flatnonzero(np.repeat(usable, 3))
+            prec = np.linalg.inv(self.cov[np.ix_(idx, idx)])
+            prec.flags.writeable = False
+            kept[key] = prec
+        return kept[key]
 
     def _conditional(self, k: int, others: np.ndarray, y: np.ndarray):
         """Mean (3,) and covariance (3, 3) mm^2 of landmark k in the model frame given the
