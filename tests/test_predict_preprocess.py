@@ -135,3 +135,22 @@ def test_a_volume_prepared_on_the_device_is_not_sent_there_again(tmp_path, slidi
         heat = stage.net()(torch.from_numpy(padded.data)[None, None])
         expected = heat[..., : shape[0], : shape[1], : shape[2]].reshape(on_device.shape)
         assert torch.equal(on_device, expected)
+
+
+def test_a_cascade_reorders_and_sends_the_scan_once_for_both_stages(tmp_path, monkeypatch):
+    from heatmap3d.data import tensor_preprocess
+
+    coarse = _stage(tmp_path / "c.pt", preprocess="device")
+    fine = _stage(tmp_path / "f.pt", role="refiner", preprocess="device")
+    vol = scan(6, FRAMES["oblique"])
+    alone = coarse.prepare(vol), fine.prepare(vol)
+    calls = []
+    original = tensor_preprocess.reorient_canonical
+    monkeypatch.setattr(
+        tensor_preprocess, "reorient_canonical", lambda v: calls.append(v) or original(v)
+    )
+    shared = Cascade(coarse, fine).prepare(vol)
+    assert len(calls) == 1
+    for a, b in zip(alone, shared, strict=True):
+        np.testing.assert_array_equal(a.data, b.data)
+        np.testing.assert_array_equal(a.affine, b.affine)

@@ -28,7 +28,13 @@ from heatmap3d.config import DataConfig
 from heatmap3d.geometry import Volume, reorient_canonical, resampled_grid, same_spacing
 from heatmap3d.io.volume_checks import check_grid
 
-__all__ = ["normalize_tensor", "preprocess_tensor", "resample_grid_tensor", "resample_tensor"]
+__all__ = [
+    "canonical_on",
+    "normalize_tensor",
+    "preprocess_tensor",
+    "resample_grid_tensor",
+    "resample_tensor",
+]
 
 
 def _linear_along(x: torch.Tensor, axis: int, scale: float, offset: float, n: int) -> torch.Tensor:
@@ -180,17 +186,29 @@ def normalize_tensor(
     return (data.clamp(lo, hi) - float(mean)) / (std if std > 0 else 1.0)
 
 
+def canonical_on(vol: Volume, device: torch.device | str) -> tuple[Volume, torch.Tensor]:
+    """``vol`` in its canonical axis order (:func:`heatmap3d.geometry.reorient_canonical`:
+    no arithmetic, the voxels reordered on the CPU) and its voxels ``(I, J, K)`` on
+    ``device``: what :func:`preprocess_tensor` starts from, made once for several stages
+    of a scan."""
+    canonical = reorient_canonical(vol)
+    return canonical, torch.from_numpy(np.ascontiguousarray(canonical.data)).to(device)
+
+
 def preprocess_tensor(
-    vol: Volume, cfg: DataConfig, device: torch.device | str
+    vol: Volume,
+    cfg: DataConfig,
+    device: torch.device | str,
+    *,
+    uploaded: tuple[Volume, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, np.ndarray]:
     """:func:`heatmap3d.data.preprocess.preprocess` with the resampling and normalisation
     on ``device``: the float32 ``(I, J, K)`` tensor there and its ``(4, 4)`` affine.
-    Only the canonical reordering (no arithmetic: the voxels are reordered) runs on the
-    CPU; the scan as read crosses to the device once."""
+    Only the canonical reordering runs on the CPU; the scan as read crosses to the device
+    once (``uploaded``: :func:`canonical_on` of ``vol`` made already, on ``device``)."""
     check_grid(vol, cfg.spacing)
-    vol = reorient_canonical(vol)
-    data = torch.from_numpy(np.ascontiguousarray(vol.data)).to(device)
-    resampled, affine = resample_tensor(vol, cfg.spacing, data)
+    canonical, data = canonical_on(vol, device) if uploaded is None else uploaded
+    resampled, affine = resample_tensor(canonical, cfg.spacing, data)
     out = normalize_tensor(
         resampled, cfg.normalization, percentiles=cfg.percentiles, ct_window=cfg.ct_window
     )

@@ -314,13 +314,17 @@ class Predictor:
         runs the model, not in a reading worker)."""
         return self.settings.prepare_on_device
 
-    def prepare(self, vol: Volume) -> Volume:
+    def prepare(
+        self, vol: Volume, *, uploaded: tuple[Volume, torch.Tensor] | None = None
+    ) -> Volume:
         """A raw volume (any orientation and spacing) preprocessed as in training: by
         scipy on the CPU, or on the model's device (:attr:`prepares_on_device`; only the
-        result crosses back, a fraction of the scan's bytes at the model's spacing)."""
+        result crosses back, a fraction of the scan's bytes at the model's spacing;
+        ``uploaded``: :func:`~heatmap3d.data.tensor_preprocess.canonical_on` of ``vol``
+        on that device, shared by a cascade's stages)."""
         if not self.settings.prepare_on_device:
             return preprocess(vol, self.data)
-        data, affine = preprocess_tensor(vol, self.data, self.device)
+        data, affine = preprocess_tensor(vol, self.data, self.device, uploaded=uploaded)
         host = data.cpu().numpy()  # the review and the refiner's windows read it there
         self._on_device = (host, data)
         return Volume(host, affine)  # float32 already: Volume keeps this very array

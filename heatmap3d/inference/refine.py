@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 from heatmap3d.data.preprocess import outside_value
+from heatmap3d.data.tensor_preprocess import canonical_on
 from heatmap3d.errors import InputError
 from heatmap3d.geometry import Volume, crop_or_pad, voxel_to_world, window_start, world_to_voxel
 from heatmap3d.heatmaps import gaussian_heatmaps
@@ -154,8 +155,13 @@ class Cascade:
         return self.coarse.prepares_on_device
 
     def prepare(self, vol: Volume) -> tuple[Volume, Volume]:
-        """A raw volume preprocessed for each model (:meth:`Predictor.prepare`)."""
-        return self.coarse.prepare(vol), self.fine.prepare(vol)
+        """A raw volume preprocessed for each model (:meth:`Predictor.prepare`); on one
+        device, reordered and sent there once for both."""
+        coarse, fine = self.coarse, self.fine
+        both = coarse.prepares_on_device and fine.prepares_on_device
+        shared = both and coarse.device == fine.device
+        uploaded = canonical_on(vol, coarse.device) if shared else None
+        return coarse.prepare(vol, uploaded=uploaded), fine.prepare(vol, uploaded=uploaded)
 
     def predict_preprocessed(
         self, vols: tuple[Volume, Volume], *, keep_heatmaps: bool = False
