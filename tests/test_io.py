@@ -202,3 +202,55 @@ def test_real_colin27_ac_voxel_in_lps_array() -> None:
     np.testing.assert_allclose(
         world_to_voxel(lm.points[0], canonical.affine), [90.5, 130.0, 66.1], atol=0.1
     )
+
+
+def test_gz_scans_inflate_through_zlib_ng_to_nibabels_voxels(tmp_path: Path) -> None:
+    from nibabel.openers import ImageOpener
+
+    from heatmap3d.io import nifti
+
+    assert ImageOpener.compress_ext_map[".gz"][0] is nifti._gzip_open
+    rng = np.random.default_rng(3)
+    data = (rng.normal(0, 300, (41, 37, 23))).astype(np.int16)
+    img = nib.Nifti1Image(data, np.diag([0.8, 0.9, 2.5, 1.0]))
+    img.header.set_slope_inter(0.5, -7.0)
+    path = tmp_path / "scaled.nii.gz"
+    nib.save(img, path)
+    ours = load_volume(path)
+    table = ImageOpener.compress_ext_map
+    kept, table[".gz"] = table[".gz"], (nifti._NIBABEL_GZIP_OPEN, nifti._GZIP_ARGS)
+    try:
+        theirs = load_volume(path)
+    finally:
+        table[".gz"] = kept
+    np.testing.assert_array_equal(ours.data, theirs.data)
+    np.testing.assert_array_equal(ours.data, data * np.float32(0.5) - 7)
+
+
+def test_a_corrupt_gz_stream_is_refused_naming_the_file(tmp_path: Path) -> None:
+    """Both ways zlib-ng reports a corrupt stream: a bad CRC (gzip.BadGzipFile, an OSError)
+    and an invalid deflate stream (its own zlib_ng.error)."""
+    from zlib_ng import gzip_ng
+    from zlib_ng import zlib_ng as zlib_ng_module
+
+    good = write_nifti(
+        tmp_path / "good.nii.gz", np.random.default_rng(4).random((30, 30, 30), np.float32)
+    )
+    raw = good.read_bytes()
+    rng = np.random.default_rng(0)
+    raised: set[type] = set()
+    for n in range(300):
+        bad = bytearray(raw)
+        bad[int(rng.integers(20, len(raw) - 10))] ^= 0xFF
+        path = tmp_path / f"corrupt{n}.nii.gz"
+        path.write_bytes(bytes(bad))
+        try:
+            with gzip_ng.open(path, "rb") as f:
+                f.read()
+        except (OSError, zlib_ng_module.error) as err:
+            if type(err) in raised:
+                continue
+            raised.add(type(err))
+            with raises_naming(path, "cannot read"):
+                load_volume(path)
+    assert zlib_ng_module.error in raised and any(issubclass(t, OSError) for t in raised)

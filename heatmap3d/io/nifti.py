@@ -8,6 +8,10 @@ When both sform and qform are set they must agree: nibabel takes the sform, ITK 
 file whose two frames disagree is refused unless the caller says which to trust
 (``frame``: the commands' ``--nifti-frame``, training's ``data.nifti_frame``). Callers use
 :func:`heatmap3d.io.volumes.load_volume`, which adds the checks every format shares.
+
+Reading ``.nii.gz``, nibabel's image opener inflates through zlib-ng (registered when this
+module is imported; the same bytes, 1.5x faster to read a 512 x 512 x 300 CT than
+through zlib; ``benchmarks/nifti_read.py``). Writing stays nibabel's.
 """
 
 from __future__ import annotations
@@ -20,6 +24,8 @@ import numpy as np
 from nibabel.filebasedimages import ImageFileError
 from nibabel.openers import ImageOpener
 from nibabel.spatialimages import HeaderDataError
+from zlib_ng import gzip_ng
+from zlib_ng import zlib_ng as zlib_ng_module
 
 from heatmap3d.errors import InputError, one_line
 from heatmap3d.geometry import Volume
@@ -82,7 +88,21 @@ _NIBABEL_READ_ERRORS = (
     ValueError,
     OverflowError,  # a memory map of negative length, from a corrupt offset or shape
     zlib.error,
+    zlib_ng_module.error,
 )
+
+_NIBABEL_GZIP_OPEN, _GZIP_ARGS = ImageOpener.compress_ext_map[".gz"]
+
+
+def _gzip_open(filename: str, mode: str = "rb", *args, **kwargs):
+    """nibabel's ``.gz`` opener (same arguments), reading through zlib-ng's gzip file."""
+    if mode == "rb":
+        return gzip_ng.open(filename, "rb")
+    return _NIBABEL_GZIP_OPEN(filename, mode, *args, **kwargs)
+
+
+# Image files only (ImageOpener keeps its own table): the same bytes, inflated faster.
+ImageOpener.compress_ext_map[".gz"] = (_gzip_open, _GZIP_ARGS)
 
 
 def read_nifti(
