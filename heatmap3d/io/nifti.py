@@ -11,7 +11,8 @@ file whose two frames disagree is refused unless the caller says which to trust
 
 Reading ``.nii.gz``, nibabel's image opener inflates through zlib-ng (registered when this
 module is imported; the same bytes, 1.5x faster to read a 512 x 512 x 300 CT than
-through zlib; ``benchmarks/nifti_read.py``). Writing stays nibabel's.
+through zlib; ``benchmarks/nifti_read.py``); without zlib-ng installed, through zlib.
+Writing stays nibabel's.
 """
 
 from __future__ import annotations
@@ -24,8 +25,12 @@ import numpy as np
 from nibabel.filebasedimages import ImageFileError
 from nibabel.openers import ImageOpener
 from nibabel.spatialimages import HeaderDataError
-from zlib_ng import gzip_ng
-from zlib_ng import zlib_ng as zlib_ng_module
+
+try:  # a dependency; an environment built without it reads through zlib, as nibabel does
+    from zlib_ng import gzip_ng
+    from zlib_ng import zlib_ng as zlib_ng_module
+except ImportError:
+    gzip_ng = zlib_ng_module = None
 
 from heatmap3d.errors import InputError, one_line
 from heatmap3d.geometry import Volume
@@ -88,7 +93,7 @@ _NIBABEL_READ_ERRORS = (
     ValueError,
     OverflowError,  # a memory map of negative length, from a corrupt offset or shape
     zlib.error,
-    zlib_ng_module.error,
+    *(() if zlib_ng_module is None else (zlib_ng_module.error,)),
 )
 
 _NIBABEL_GZIP_OPEN, _GZIP_ARGS = ImageOpener.compress_ext_map[".gz"]
@@ -102,7 +107,8 @@ def _gzip_open(filename: str, mode: str = "rb", *args, **kwargs):
 
 
 # Image files only (ImageOpener keeps its own table): the same bytes, inflated faster.
-ImageOpener.compress_ext_map[".gz"] = (_gzip_open, _GZIP_ARGS)
+if gzip_ng is not None:
+    ImageOpener.compress_ext_map[".gz"] = (_gzip_open, _GZIP_ARGS)
 
 
 def read_nifti(
