@@ -107,7 +107,9 @@ def gaussian_heatmaps(
         if heatmaps_cuda.available(coords.device, shape):
             _, centre, _, sig, sp = _centres(coords, shape, sigma, spacing, mask)
             # spacing / sigma as _gaussian_1d divides them: the same float64 ratio.
-            return heatmaps_cuda.write_heatmaps(centre, sp / sig[:, None], shape).to(dtype)
+            out = heatmaps_cuda.try_heatmaps(centre, sp / sig[:, None], tuple(shape))
+            if out is not None:
+                return out.to(dtype)
     gi, gj, gk, _ = target_factors(
         coords, shape, sigma=sigma, spacing=spacing, mask=mask, dtype=dtype
     )

@@ -25,13 +25,17 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
+from heatmap3d.log import get_logger
+
 try:
     import triton
     import triton.language as tl
 except ImportError:  # the CPU wheels of torch come without Triton
     triton = None
 
-__all__ = ["available", "write_heatmaps"]
+__all__ = ["available", "try_heatmaps", "write_heatmaps"]
+
+log = get_logger(__name__)
 
 TILE = 4096  # elements of one (J, K) tile: 32 float32 registers a thread at 4 warps
 ROWS = 4  # i planes a program writes
@@ -39,9 +43,12 @@ ROWS = 4  # i planes a program writes
 
 def available(device: torch.device, shape: Sequence[int]) -> bool:
     """Whether :func:`write_heatmaps` makes heatmaps of ``shape`` ``(I, J, K)`` on
-    ``device``: CUDA with Triton, a plane's offsets in int32 and the grid within CUDA's
-    65535 blocks along its second and third axes."""
-    if triton is None or device.type != "cuda":
+    ``device``: CUDA with Triton on a GPU it compiles for (compute capability 7.0 or
+    later), the kernel not failed there before, a plane's offsets in int32 and the grid
+    within CUDA's 65535 blocks along its second and third axes."""
+    if triton is None or device.type != "cuda" or device in _FAILED:
+        return False
+    if torch.cuda.get_device_capability(device) < (7, 0):
         return False
     n_i, n_j, n_k = (int(n) for n in shape)
     block_j, block_k = _blocks(n_j, n_k)
@@ -53,6 +60,18 @@ def _blocks(n_j: int, n_k: int) -> tuple[int, int]:
     """A tile's ``(J, K)`` sizes: powers of two, at most :data:`TILE` elements."""
     block_k = min(triton.next_power_of_2(n_k), 256)
     return min(triton.next_power_of_2(n_j), max(1, TILE // block_k)), block_k
+
+
+def try_heatmaps(centre: Tensor, ratio: Tensor, shape: tuple[int, int, int]) -> Tensor | None:
+    """:func:`write_heatmaps`, or None (said once in the log, and not tried again on that
+    device) where Triton cannot build or launch the kernel: the caller's torch path then
+    makes the same values."""
+    try:
+        return write_heatmaps(centre, ratio, shape)
+    except Exception as err:  # any failure of Triton's: the torch path makes the values
+        _FAILED.add(centre.device)
+        log.warning(f"heatmaps: Triton's kernel failed on {centre.device} ({err}); torch instead")
+        return None
 
 
 def write_heatmaps(centre: Tensor, ratio: Tensor, shape: tuple[int, int, int]) -> Tensor:
@@ -90,6 +109,7 @@ def write_heatmaps(centre: Tensor, ratio: Tensor, shape: tuple[int, int, int]) -
 
 
 _THRESHOLDS: dict[torch.device, Tensor] = {}
+_FAILED: set[torch.device] = set()  # devices where the kernel could not be built or run
 
 
 def _flush_threshold(device: torch.device) -> Tensor:

@@ -124,3 +124,20 @@ def test_the_kernel_is_not_taken_off_cuda():
     from heatmap3d import heatmaps_cuda
 
     assert not heatmaps_cuda.available(torch.device("cpu"), (8, 8, 8))
+
+
+def test_a_kernel_triton_cannot_run_is_said_once_and_not_tried_again(caplog):
+    """Here Triton runs without its interpreter and without a GPU: the launch fails, the
+    log says so, and ``available`` then says no for that device (gaussian_heatmaps takes
+    its torch path)."""
+    interpreted()
+    from heatmap3d import heatmaps_cuda
+
+    coords, sigma, mask = inputs((5, 7, 9), 1, 2, seed=0)
+    _, centre, _, sig, sp = hm._centres(coords, (5, 7, 9), sigma, SPACING, mask)
+    try:
+        with caplog.at_level("WARNING", logger="heatmap3d"):
+            assert heatmaps_cuda.try_heatmaps(centre, sp / sig[:, None], (5, 7, 9)) is None
+        assert "torch instead" in caplog.text and centre.device in heatmaps_cuda._FAILED
+    finally:
+        heatmaps_cuda._FAILED.discard(centre.device)
