@@ -5,6 +5,7 @@ workers' scipy preprocessing gives, through the predictor, the cascade and the c
 from __future__ import annotations
 
 import dataclasses
+import warnings
 
 import numpy as np
 import pytest
@@ -154,3 +155,16 @@ def test_a_cascade_reorders_and_sends_the_scan_once_for_both_stages(tmp_path, mo
     for a, b in zip(alone, shared, strict=True):
         np.testing.assert_array_equal(a.data, b.data)
         np.testing.assert_array_equal(a.affine, b.affine)
+
+
+def test_a_read_only_volume_runs_without_torchs_warning_and_unchanged(tmp_path):
+    """Voxels from shared memory or a memory map are read-only: copied, not shared with a
+    tensor (torch warns that writing would be undefined)."""
+    stage = _stage(tmp_path / "m.pt")
+    vol = stage.prepare(scan(9, FRAMES["flipped"]))
+    vol.data.flags.writeable = False
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        heat = stage.heatmaps(vol)
+    writable = Volume(vol.data.copy(), vol.affine)
+    assert torch.equal(heat, stage.heatmaps(writable))

@@ -8,8 +8,6 @@ run stopped by a non-finite loss prints its one-line reason and exits with statu
 from __future__ import annotations
 
 import argparse
-import atexit
-import gc
 import sys
 import traceback
 from pathlib import Path
@@ -174,12 +172,6 @@ def entry(argv: list[str] | None = None) -> NoReturn:
     except BaseException:  # a crash: show it, then leave like every other exit
         traceback.print_exc()
         code = 1
-    # At the interpreter's exit, what is alive is left to the OS: Python's teardown would
-    # search it for cycles again and again (gc passes over torch's and scipy's objects:
-    # 0.3-0.5 s of a one-scan predict on 2 cores, after everything it wrote is closed).
-    # Objects alive at exit are not promised their __del__ by Python anyway; the other
-    # atexit handlers still run. At exit only: a caller that catches SystemExit goes on.
-    atexit.register(gc.freeze)
     # Only a process that trained has a process group to leave (and has imported torch).
     distributed = sys.modules.get("heatmap3d.distributed")
     if distributed is not None:

@@ -278,7 +278,10 @@ class Predictor:
         kept, self._on_device = self._on_device, None
         if kept is not None and kept[0] is vol.data:
             return kept[1]
-        return torch.from_numpy(np.ascontiguousarray(vol.data)).to(self.device)
+        data = np.ascontiguousarray(vol.data)
+        if not data.flags.writeable:  # torch would share read-only memory (and warn)
+            data = data.copy()
+        return torch.from_numpy(data).to(self.device)
 
     # -- whole scans -------------------------------------------------------------------
 
