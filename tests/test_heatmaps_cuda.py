@@ -141,3 +141,36 @@ def test_a_kernel_triton_cannot_run_is_said_once_and_not_tried_again(caplog):
         assert "torch instead" in caplog.text and centre.device in heatmaps_cuda._FAILED
     finally:
         heatmaps_cuda._FAILED.discard(centre.device)
+
+
+@pytest.mark.filterwarnings("ignore:TRITON_DEFAULT_FP_FUSION")  # Triton 3.9's notice
+def test_the_kernel_compiles_for_gpus_with_libdevices_exp_and_wide_stores():
+    """Triton compiles ahead of time without a GPU: for sm_70 to sm_90 the kernel builds,
+    its float64 exp is libdevice's (``__nv_exp``, as torch's CUDA exp; not the approximate
+    ``ex2``), and with the row length a multiple of 16 (Triton specialises such arguments)
+    every store writes 4 values."""
+    interpreted()
+    import re
+
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from heatmap3d import heatmaps_cuda
+
+    pointers = {"out_ptr": "*fp32", "centre_ptr": "*fp64", "ratio_ptr": "*fp64"}
+    sizes = {n: "i32" for n in ("n_lmk", "n_i", "n_j", "n_k", "blocks_j")}
+    signature = {**pointers, "thresh_ptr": "*fp64", **sizes}
+    signature |= {"ROWS": "constexpr", "BLOCK_J": "constexpr", "BLOCK_K": "constexpr"}
+    by_16 = {(n,): [["tt.divisibility", 16]] for n in (0, 1, 2, 3, 7)}  # n_k: argument 7
+    for cc in (70, 80, 90):
+        source = ASTSource(
+            fn=heatmaps_cuda._kernel,
+            signature=signature,
+            constexprs={"ROWS": heatmaps_cuda.ROWS, "BLOCK_J": 32, "BLOCK_K": 128},
+            attrs=by_16,
+        )
+        ptx = triton.compile(source, target=GPUTarget("cuda", cc, 32)).asm["ptx"]
+        assert "__nv_exp" in ptx and "ex2.approx" not in ptx, cc
+        stores = set(re.findall(r"st\.global[.\w]*", ptx))
+        assert stores == {"st.global.v4.b32"}, (cc, stores)
