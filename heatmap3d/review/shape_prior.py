@@ -30,7 +30,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from heatmap3d.review.shape import ShapeReview
-from heatmap3d.review.shape_align import procrustes, similarities
+from heatmap3d.review.shape_align import similarities
+from heatmap3d.review.shape_fitting import (
+    aligned_deviations,
+    chi2_3_upper,
+    covariance,
+    tail_scale,
+)
 from heatmap3d.review.shape_power import ShapePower
 
 KIND = "population"
@@ -44,35 +50,7 @@ FALSE_ALARMS = 0.05
 # while the check lives in the tails.
 SHRINK = 0.6
 _FOLDS = 5
-_RIDGE_MM2 = 0.01  # added to the covariance's diagonal: never singular
-TAIL = 0.95  # the held-out quantile that sets each landmark's scale
-_TAIL_PRIOR = 10.0  # pseudo-cases of the median landmark's scale (shrinkage for small N)
 _MIN_OTHERS = 4  # a similarity transform (7 numbers) needs 3 points; one spare
-
-
-def _blocks(cov: np.ndarray) -> np.ndarray:
-    """(3K, 3K): ``cov`` with only its 3x3 per-landmark diagonal blocks kept."""
-    k = cov.shape[0] // 3
-    out = np.zeros_like(cov)
-    for i in range(k):
-        out[3 * i : 3 * i + 3, 3 * i : 3 * i + 3] = cov[3 * i : 3 * i + 3, 3 * i : 3 * i + 3]
-    return out
-
-
-def _covariance(dev: np.ndarray, shrink: float) -> np.ndarray:
-    """(3K, 3K) mm^2 from deviations ``dev`` (N, 3K): the sample covariance shrunk towards
-    its per-landmark 3x3 blocks (each landmark's own anisotropic spread, no coupling)."""
-    s = dev.T @ dev / max(len(dev) - 1, 1)
-    return (1 - shrink) * s + shrink * _blocks(s) + _RIDGE_MM2 * np.eye(len(s))
-
-
-def _aligned_deviations(shapes: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Procrustes of (N, K, 3) mm -> (mean (K, 3), deviations (N, 3K), aligned (N, K, 3));
-    an absent landmark sits at the mean in the deviations (it adds no variation) and is NaN
-    in ``aligned``."""
-    mean, aligned = procrustes(shapes)
-    filled = np.where(np.isfinite(aligned), aligned, mean)
-    return mean, (filled - mean).reshape(len(shapes), -1), aligned
 
 
 def _folds(n: int) -> list[np.ndarray]:
@@ -127,17 +105,17 @@ class PopulationShape(ShapeReview):
             sub = cls._build(names, np.delete(shapes, held, axis=0), shrink, np.inf)
             for i in held:
                 d2[i] = sub._d2(shapes[i], np.isfinite(shapes[i]).all(-1))[0]
-        scale = _tail_scale(d2)
+        scale = tail_scale(d2)
         scores = (d2 / scale)[np.isfinite(d2)]
         rate = false_alarms / len(names)
         empirical = float(np.quantile(scores, 1 - rate)) if scores.size else 0.0
-        return cls._build(names, shapes, shrink, max(empirical, _chi2_3_upper(rate)), scale)
+        return cls._build(names, shapes, shrink, max(empirical, chi2_3_upper(rate)), scale)
 
     @classmethod
     def _build(cls, names, shapes, shrink, limit, scale=None) -> PopulationShape:
-        mean, dev, aligned = _aligned_deviations(shapes)
+        mean, dev, aligned = aligned_deviations(shapes)
         scale = np.ones(len(names)) if scale is None else scale
-        cov = _covariance(dev, shrink)
+        cov = covariance(dev, shrink)
         return cls(names, mean, cov, float(limit), len(shapes), shrink, scale, aligned)
 
     def refit(self, shapes: np.ndarray) -> PopulationShape:
@@ -328,27 +306,3 @@ def _configurations(d: dict, k: int) -> np.ndarray | None:
     if np.isinf(cases).any() or (np.abs(np.nan_to_num(cases)) > 1e6).any():
         raise ValueError("malformed shape prior: 'configurations' beyond 1 km")
     return cases
-
-
-def _tail_scale(d2: np.ndarray) -> np.ndarray:
-    """(K,) per landmark: its held-out d^2 (N, K) 95th percentile over a chi-square(3)'s
-    (7.8), shrunk towards the median landmark's by 10 pseudo-cases, never below 1."""
-    n = np.isfinite(d2).sum(0)
-    own = np.nanquantile(d2, TAIL, axis=0) / _chi2_3_upper(1 - TAIL)
-    pooled = np.nanmedian(own)
-    own = np.where(n > 0, own, pooled)
-    return np.maximum((n * own + _TAIL_PRIOR * pooled) / (n + _TAIL_PRIOR), 1.0)
-
-
-def _chi2_3_upper(p: float) -> float:
-    """The chi-square(3) value exceeded with probability ``p`` (bisection; no scipy)."""
-    from math import erf, exp, pi, sqrt
-
-    def tail(x: float) -> float:  # P(chi2_3 > x) = 2 (1 - Phi(sqrt x)) + sqrt(2x/pi) e^(-x/2)
-        return 1 - erf(sqrt(x / 2)) + sqrt(2 * x / pi) * exp(-x / 2)
-
-    lo, hi = 0.0, 200.0
-    for _ in range(100):
-        mid = 0.5 * (lo + hi)
-        lo, hi = (mid, hi) if tail(mid) > p else (lo, mid)
-    return 0.5 * (lo + hi)
