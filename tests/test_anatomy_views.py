@@ -111,7 +111,7 @@ def test_the_calibration_placements_warp_each_view_to_a_person(tmp_path):
         names = [f"L{k}" for k in range(len(BASE))]
 
         def predict_volume(self, vol):
-            from heatmap3d.inference.predictor import Prediction
+            from heatmap3d.inference.prediction import Prediction
 
             points = np.full((len(BASE), 3), np.nan)
             points[0] = centroid(vol)

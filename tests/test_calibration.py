@@ -241,7 +241,7 @@ def test_presence_threshold_from_the_chosen_rows_only():
 
 def held_out(conf: float):
     """An uncalibrated held-out prediction of one landmark "a" with peak ``conf``."""
-    from heatmap3d.inference.predictor import Prediction
+    from heatmap3d.inference.prediction import Prediction
     from heatmap3d.io.landmarks import Landmarks
 
     return Prediction(

@@ -535,7 +535,7 @@ def test_config_files_that_are_not_configs(capsys, tmp_path):
 def test_state_radii_never_says_ok_without_a_finite_radius():
     """The one place statuses get their radius: NaN scale, NaN signal, no calibration."""
     from heatmap3d.inference.pipeline import state_radii
-    from heatmap3d.inference.predictor import Prediction
+    from heatmap3d.inference.prediction import Prediction
 
     names = ["a", "b", "c"]
     cal = Calibration(names, 0.9, np.array([1.0, math.nan, 1.0]), 0.0, 20, 20)
@@ -556,7 +556,7 @@ def test_stating_again_with_a_calibration_is_stating_once_with_it():
     with it: the second statement must not keep the first one's review (issue 43, "the
     review is applied twice")."""
     from heatmap3d.inference.pipeline import state
-    from heatmap3d.inference.predictor import Prediction
+    from heatmap3d.inference.prediction import Prediction
 
     names = ["a", "b", "c", "d"]
     points = np.arange(12, dtype=float).reshape(4, 3)

@@ -105,7 +105,7 @@ class BlobFinder:
     def predict_volume(self, vol: Volume):
         from scipy import ndimage
 
-        from heatmap3d.inference.predictor import Prediction
+        from heatmap3d.inference.prediction import Prediction
         from heatmap3d.io.landmarks import Landmarks
 
         peaks = (vol.data == ndimage.maximum_filter(vol.data, size=5)) & (vol.data > 1)

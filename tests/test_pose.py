@@ -14,7 +14,7 @@ from scipy.spatial.transform import Rotation
 from heatmap3d.geometry import Volume, voxel_to_world, world_to_voxel
 from heatmap3d.inference.model_loading import read_extras
 from heatmap3d.inference.pipeline import Pipeline
-from heatmap3d.inference.predictor import Prediction
+from heatmap3d.inference.prediction import Prediction
 from heatmap3d.io.landmarks import Landmarks
 from heatmap3d.io.model_folder import StageEntry, read_model_folder, write_model_folder
 from heatmap3d.review.pose import MAX_MEDIAN_MM, Pose, fit_pose, rigid

@@ -25,7 +25,7 @@ from heatmap3d.api.predict_files import ModelSpec
 from heatmap3d.api.predict_files import load_model as load_pipeline_of
 from heatmap3d.geometry import Volume
 from heatmap3d.inference.pipeline import DEFAULT_REVIEW_RADIUS_MM, Pipeline
-from heatmap3d.inference.predictor import Prediction
+from heatmap3d.inference.prediction import Prediction
 from heatmap3d.io.landmarks import Landmarks
 from heatmap3d.io.nifti import check_frame_choice
 from heatmap3d.io.volumes import load_volume

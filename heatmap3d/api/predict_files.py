@@ -31,7 +31,8 @@ from heatmap3d.geometry import Volume
 from heatmap3d.inference.cohort import WAIT, Job, run_cohort
 from heatmap3d.inference.model_loading import load_pipeline, set_options
 from heatmap3d.inference.pipeline import DEFAULT_REVIEW_RADIUS_MM, Pipeline
-from heatmap3d.inference.predictor import Prediction, Predictor
+from heatmap3d.inference.prediction import Prediction
+from heatmap3d.inference.predictor import Predictor
 from heatmap3d.inference.reading import check_workers, reading_workers
 from heatmap3d.inference.refine import Cascade
 from heatmap3d.inference.scans import output_stems, unique_scans

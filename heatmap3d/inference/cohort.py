@@ -38,7 +38,7 @@ from heatmap3d import distributed
 from heatmap3d.distributed import DistInfo
 from heatmap3d.errors import InputError, Interrupted
 from heatmap3d.geometry import Volume
-from heatmap3d.inference.predictor import Prediction
+from heatmap3d.inference.prediction import Prediction
 from heatmap3d.inference.reading import read_ahead
 from heatmap3d.inference.scans import Outcome, Read, ScanPredictor, Skipped, predict_files
 from heatmap3d.io.destination import Destination

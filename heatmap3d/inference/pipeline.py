@@ -35,7 +35,8 @@ from heatmap3d.errors import InputError
 from heatmap3d.geometry import voxel_to_world, world_to_voxel
 from heatmap3d.heatmaps import gaussian_heatmaps
 from heatmap3d.inference.decode import decode_heatmaps
-from heatmap3d.inference.predictor import Prediction, Predictor
+from heatmap3d.inference.prediction import Prediction
+from heatmap3d.inference.predictor import Predictor
 from heatmap3d.inference.refine import Cascade, refine_landmarks
 from heatmap3d.io.landmarks import Landmarks
 from heatmap3d.review.basis import ReviewBasis

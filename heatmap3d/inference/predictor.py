@@ -13,7 +13,6 @@ this path under bf16 autocast by default (``--precision``:
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -27,49 +26,13 @@ from heatmap3d.errors import InputError, first_line
 from heatmap3d.geometry import Volume, padded_shape, voxel_to_world
 from heatmap3d.inference.cpu_threads import split_forward
 from heatmap3d.inference.decode import decode_heatmaps
+from heatmap3d.inference.prediction import Prediction, pass_spread
 from heatmap3d.inference.settings import FORWARD_VOXELS, InferenceSettings
 from heatmap3d.inference.sliding import sliding_window
 from heatmap3d.io.landmarks import Landmarks
 from heatmap3d.io.volumes import load_volume
 from heatmap3d.model import build_model, set_layout
 from heatmap3d.precision import autocast_context
-
-
-@dataclass(frozen=True)
-class Prediction:
-    """Landmarks found in one scan: a value (the review makes a new one with
-    :func:`dataclasses.replace`, it never changes one in place).
-
-    Attributes:
-        landmarks: world RAS mm; NaN rows where nothing was found.
-        confidence: ``(K,)`` in [0, 1] (the heatmap's value at the peak).
-        voxels: ``(K, 3)`` voxel coordinates of ``landmarks`` in the grid of ``grid_affine``
-            (the preprocessed grid; a cascade's coarse grid when it keeps the heatmaps).
-        grid_affine: ``(4, 4)`` voxel -> world of that grid.
-        heatmaps: ``(K, I, J, K)`` float32 on that grid, when asked for.
-        spread_mm: ``(K,)`` mm: root mean square distance of the single passes' estimates
-            (members of an ensemble, plain and mirrored) from the combined one; 0 with
-            one pass, NaN where nothing was found.
-        presence: ``(K,)`` the whole-scan model's peak height (is the landmark in the
-            scan at all); equals ``confidence`` for a single stage.
-        status: ``(K,)`` str, stated by :mod:`heatmap3d.inference.pipeline`: ``ok``,
-            ``review``, ``absent``, ``moved`` (the shape model replaced it).
-        radius_mm: ``(K,)`` calibrated expected error radius, mm (NaN: uncalibrated).
-        shape_residual_mm: ``(K,)`` distance from where the other landmarks put it, mm.
-        signal_mm: ``(K,)`` the uncalibrated error signal the radius is scaled from, mm.
-    """
-
-    landmarks: Landmarks
-    confidence: np.ndarray
-    voxels: np.ndarray
-    grid_affine: np.ndarray | None = None
-    heatmaps: np.ndarray | None = None
-    spread_mm: np.ndarray | None = None
-    presence: np.ndarray | None = None
-    status: np.ndarray | None = None
-    radius_mm: np.ndarray | None = None
-    shape_residual_mm: np.ndarray | None = None
-    signal_mm: np.ndarray | None = None
 
 
 class Predictor:
@@ -346,14 +309,3 @@ def _recipe(p: Predictor) -> tuple:
     the data root or split: cross-validation folds differ there)."""
     d = p.data
     return (p.names, d.spacing, d.normalization, d.percentiles, d.ct_window, p.settings)
-
-
-def pass_spread(each: np.ndarray, combined: np.ndarray) -> np.ndarray:
-    """``(K,)`` mm: root mean square distance of the passes' estimates ``each``
-    ``(P, K, 3)`` world mm from the ``combined`` ``(K, 3)``; a pass that found nothing
-    counts as far as the farthest that did (NaN when none or the combined one did not)."""
-    dist = np.linalg.norm(each - combined[None], axis=-1)  # (P, K)
-    worst = np.nanmax(np.where(np.isfinite(dist), dist, np.nan), axis=0, initial=0.0)
-    dist = np.where(np.isfinite(dist), dist, worst[None])
-    out = np.sqrt(np.mean(dist**2, axis=0))
-    return np.where(np.isfinite(combined).all(-1), out, np.nan)

@@ -29,7 +29,8 @@ from heatmap3d.errors import InputError
 from heatmap3d.geometry import Volume, crop_or_pad, voxel_to_world, window_start, world_to_voxel
 from heatmap3d.heatmaps import gaussian_heatmaps
 from heatmap3d.inference.decode import decode_heatmaps
-from heatmap3d.inference.predictor import Prediction, Predictor, pass_spread
+from heatmap3d.inference.prediction import Prediction, pass_spread
+from heatmap3d.inference.predictor import Predictor
 from heatmap3d.inference.settings import FORWARD_VOXELS
 from heatmap3d.io.landmarks import Landmarks
 

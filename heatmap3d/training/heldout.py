@@ -29,7 +29,8 @@ from heatmap3d.distributed import DistInfo
 from heatmap3d.evaluation.metrics import radial_errors
 from heatmap3d.evaluation.placements import Placements, random_placement
 from heatmap3d.inference.pipeline import Pipeline, absent
-from heatmap3d.inference.predictor import Prediction, Predictor
+from heatmap3d.inference.prediction import Prediction
+from heatmap3d.inference.predictor import Predictor
 from heatmap3d.inference.refine import Cascade
 from heatmap3d.io.landmarks import read_landmarks
 from heatmap3d.io.layout import Case

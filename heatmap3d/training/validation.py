@@ -29,7 +29,8 @@ from heatmap3d.evaluation.metrics import LandmarkStats, radial_errors, summarize
 from heatmap3d.evaluation.pictures import landmark_views
 from heatmap3d.geometry import Volume
 from heatmap3d.inference.pipeline import Pipeline
-from heatmap3d.inference.predictor import Prediction, Predictor
+from heatmap3d.inference.prediction import Prediction
+from heatmap3d.inference.predictor import Predictor
 from heatmap3d.inference.refine import refine
 from heatmap3d.inference.scans import ScanPredictor as ScanModel
 from heatmap3d.io.landmarks import Landmarks, read_landmarks
