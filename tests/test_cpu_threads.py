@@ -112,3 +112,32 @@ def test_an_error_in_a_share_reaches_the_caller(two_threads):
         split_forward(fn, torch.arange(6.0).reshape(6, 1))
     assert torch.get_num_threads() == 2
     assert split_forward(fn, torch.zeros(4, 1)).shape == (4, 1)  # nothing left locked
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_a_share_runs_in_pieces_with_the_same_result(threads, monkeypatch):
+    """Refinement windows go through in pieces of ``PIECE_VOXELS`` (fresh pages for large
+    activations cost 1.24x a scan); the pieces give the whole batch's values bit for bit."""
+    import heatmap3d.inference.cpu_threads as cpu_threads
+
+    model = _unet()
+    x = torch.randn(7, 1, 16, 16, 12).contiguous(memory_format=torch.channels_last_3d)
+    sizes: list[int] = []
+
+    def features(x: torch.Tensor) -> torch.Tensor:
+        sizes.append(len(x))
+        return model.features(x)
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with torch.no_grad():
+            whole = split_forward(features, x)  # 1 thread: one piece of 7 images
+            monkeypatch.setattr(cpu_threads, "PIECE_VOXELS", 2 * x[0].numel())
+            torch.set_num_threads(threads)
+            sizes.clear()
+            pieces = split_forward(features, x)
+    finally:
+        torch.set_num_threads(before)
+    assert sorted(sizes) == [1, 2, 2, 2]  # 7 images: 2 + 2 + 2 + 1, or (4 | 3) as 2 + 2 | 2 + 1
+    assert torch.equal(pieces, whole)

@@ -13,6 +13,13 @@ The result is the same as one forward of the whole batch: every layer of the U-N
 batch only changes which thread computes an image, and a 1-thread convolution sums in
 the same order whatever the batch (``tests/test_cpu_threads.py``).
 
+Each worker runs its share a few images at a time (:data:`PIECE_VOXELS`): 32 refinement
+windows of 32^3 in one forward made each activation of the first level 32 MB, above
+glibc's 32 MB ceiling for reusing freed memory, so every layer wrote into fresh pages
+that the kernel faulted in and zeroed (110-129 thousand page faults a share against 14
+thousand in pieces of 8). In pieces of 8 windows the whole AFIDs model predicted a scan
+1.24x faster (``benchmarks/predict_speed.py``), the same landmarks to the last bit.
+
 Only the forward runs in the workers; grad mode and autocast are thread-local in torch,
 so each worker runs under the caller's (bf16 prediction on a CPU,
 :func:`heatmap3d.precision.inference_autocast`, enters autocast in the caller's thread).
@@ -25,6 +32,10 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 import torch
+
+# Input voxels a 1-thread forward takes at a time (module docstring): 8 windows of 32^3;
+# pieces of 2 to 16 measured alike, 32 slower.
+PIECE_VOXELS = 2**18
 
 # One split at a time: the workers' thread count is set through torch's process-wide
 # default, so two splits at once could each read the other's.
@@ -76,19 +87,35 @@ def split_forward(
 
     With ``torch.get_num_threads()`` = T > 1 and B >= 2 the batch (and ``rows``) is cut
     into min(T, B) shares along dim 0, each run by a 1-thread worker, and the outputs
-    concatenated; otherwise ``fn(x, *rows)`` as it is (CUDA tensors, one thread, one image,
-    or an ``fn`` with ``runs_own_threads``: onnxruntime spreads a batch over its own pool).
+    concatenated; with one thread (or one image) in the caller's thread. Either way in
+    pieces of :data:`PIECE_VOXELS` (:func:`in_pieces`). CUDA tensors, and an ``fn`` with
+    ``runs_own_threads`` (onnxruntime spreads a batch over its own pool), get
+    ``fn(x, *rows)`` as it is.
     """
     threads = min(torch.get_num_threads(), len(x))
-    if x.device.type != "cpu" or threads < 2 or getattr(fn, "runs_own_threads", False):
+    if x.device.type != "cpu" or getattr(fn, "runs_own_threads", False):
         return fn(x, *rows)
+    if threads < 2:
+        return in_pieces(fn, x, *rows)
     grad = torch.is_grad_enabled()
     cast = torch.is_autocast_enabled("cpu")
     cast_dtype = torch.get_autocast_dtype("cpu")
 
     def run(*share: torch.Tensor) -> torch.Tensor:
         with torch.set_grad_enabled(grad), torch.autocast("cpu", cast_dtype, enabled=cast):
-            return fn(*share)
+            return in_pieces(fn, *share)
 
     shares = list(zip(*(t.tensor_split(threads) for t in (x, *rows)), strict=True))
     return torch.cat(_run_shares(run, shares))
+
+
+def in_pieces(fn: Callable[..., torch.Tensor], x: torch.Tensor, *rows: torch.Tensor):
+    """``fn(x, *rows)`` of a per-image ``fn`` (as :func:`split_forward` takes it), run on
+    as many images of ``x (B, ...)`` at a time as fit :data:`PIECE_VOXELS` (at least one),
+    the outputs concatenated: the same result, with activations small enough that freed
+    memory is reused (module docstring)."""
+    per = max(1, PIECE_VOXELS // max(1, x[0].numel())) if len(x) else 1
+    if len(x) <= per:
+        return fn(x, *rows)
+    starts = range(0, len(x), per)
+    return torch.cat([fn(*(t[i : i + per] for t in (x, *rows))) for i in starts])
