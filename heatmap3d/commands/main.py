@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from heatmap3d import log as logs
+from heatmap3d.commands.allocator import keep_freed_memory
 from heatmap3d.commands.parser import parse
 from heatmap3d.errors import InputError, Interrupted, NonFiniteLossError
 
@@ -161,6 +162,7 @@ def entry(argv: list[str] | None = None) -> NoReturn:
 
     An unexpected exception is printed as a traceback and exits with status 1.
     """
+    keep_freed_memory()  # this process's own allocator, not an importing program's
     try:
         code = main(argv)
     except SystemExit as stop:  # argparse and check exit this way
