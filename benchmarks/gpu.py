@@ -2,6 +2,10 @@
 
     python -m benchmarks.gpu [--results benchmarks/RESULTS.md] [--quick]
 
+(On a lent machine that lacks some of the package's dependencies: build the kit here with
+``python -m benchmarks.gpu_kit`` and run ``source .gpu/setup.sh && python -m benchmarks.gpu``
+there, ``.gpu`` carried.)
+
 On a machine with CUDA it runs, one after another, each as its own process:
 
 0. first, while the machine is fresh: a training process's one-time costs piece by piece

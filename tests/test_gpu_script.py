@@ -5,6 +5,7 @@ The benchmarks are a package run from the repository root (``python -m benchmark
 ``pytest`` does not put the root on the import path, so this file does, as ``-m`` does."""
 
 import datetime
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -153,3 +154,40 @@ def test_the_cohort_step_runs_both_ways_on_a_cpu(tmp_path):
     assert figures.startswith("workers=") and "device=" in figures and "diff=" in figures
     for way in ("workers", "device"):
         assert len(list((tmp_path / way).glob("scan*.csv"))) == 2
+
+
+def test_the_kit_packs_the_real_scans_and_a_setup_that_unpacks_them(tmp_path):
+    """``benchmarks/gpu_kit.py`` without the network part (pip for the device's Python):
+    the data tar and ``setup.sh``, sourced here, put both where the benchmark looks."""
+    import tarfile
+
+    from benchmarks import gpu_kit
+
+    real, kit = tmp_path / "real", tmp_path / "kit"
+    kit.mkdir()
+    assert gpu_kit.pack_real(kit, real) is None  # no data: the AFIDs steps are skipped
+    for name in gpu_kit.SCANS:
+        (real / name).mkdir(parents=True)
+        (real / name / "scan.nii.gz").write_bytes(name.encode())
+    (real / "afids_population").mkdir()  # not carried: the scans and their files only
+    packed = gpu_kit.pack_real(kit, real)
+    with tarfile.open(packed) as tar:
+        names = set(tar.getnames())
+    assert {f"real/{n}/scan.nii.gz" for n in gpu_kit.SCANS} <= names
+    assert not any("afids_population" in n for n in names)
+    site = tmp_path / "site"
+    (site / "kitpkg").mkdir(parents=True)
+    (site / "kitpkg" / "__init__.py").write_text("")
+    with tarfile.open(kit / "site.tar.xz", "w:xz") as tar:
+        tar.add(site / "kitpkg", arcname="kitpkg")
+    (kit / "setup.sh").write_text(gpu_kit.SETUP.format(imports="kitpkg json"))
+    script = f'source {kit}/setup.sh && python -c "import kitpkg" && echo "$HEATMAP3D_REAL_DATA"'
+    unpack = tmp_path / "device_tmp"
+    unpack.mkdir()
+    env = {**os.environ, "TMPDIR": str(unpack), "PYTHONPATH": ""}
+    out = subprocess.run(
+        ["bash", "-c", script], capture_output=True, text=True, check=True, env=env
+    )
+    assert "kit: every dependency imports" in out.stdout
+    assert out.stdout.strip().endswith(f"{unpack}/kit-real/real")
+    assert (unpack / "kit-real" / "real" / gpu_kit.SCANS[0] / "scan.nii.gz").is_file()
