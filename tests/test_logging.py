@@ -171,3 +171,23 @@ def test_two_ranks_print_each_summary_line_once(tmp_path):
     ours = "[rank 1] error: 2 scan(s) of this job failed; rank 0 lists them"
     assert errors.count(ours) == 1, proc.stderr
     assert Path(out / "landmarks.csv").is_file()
+
+
+def test_a_scans_line_above_the_bar_is_one_write(monkeypatch):
+    """Two ranks share one stream: a line written as text, then newline, let the other
+    rank's line land between them (seen once in CI)."""
+    import io
+
+    from heatmap3d.inference.scans import _line
+
+    writes: list[str] = []
+
+    class Recorder(io.StringIO):
+        def write(self, s: str) -> int:
+            if s:
+                writes.append(s)
+            return super().write(s)
+
+    monkeypatch.setattr("sys.stdout", Recorder())
+    _line("[rank 1] error: s5.nii.gz: cannot read image")
+    assert writes == ["[rank 1] error: s5.nii.gz: cannot read image\n"]

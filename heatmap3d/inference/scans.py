@@ -214,13 +214,13 @@ def predict_files(
                     traceback.print_exc()
                     err = InputError(f"{scan}: internal error ({one_line(err)}; traceback above)")
                 failures.append(ScanFailure(scan, str(err)))
-                tqdm.write(f"{say}error: {err}")
+                _line(f"{say}error: {err}")
             now = time.perf_counter()
             if progress and stems[scan] in results:
                 # With --preprocess device the readers only read; the inference time holds
                 # the preprocessing.
                 read_part = "read" if read.prepared is None else "read+preprocess"
-                tqdm.write(
+                _line(
                     f"{say}{scan}: {now - last:.2f} s ({read_part} {read.seconds:.2f} s, "
                     f"overlapped; inference {now - start:.2f} s)"
                 )
@@ -229,3 +229,11 @@ def predict_files(
     finally:  # an interrupt too: the bar ends before the message after it
         bar.close()
     return results, failures
+
+
+def _line(text: str) -> None:
+    """``text`` and its newline above the progress bar in one write: tqdm writes them as
+    two, and another rank's line, on the same stream, landed between them."""
+    from tqdm import tqdm
+
+    tqdm.write(text + "\n", end="")
