@@ -141,3 +141,20 @@ def test_a_dataset_of_mixed_formats_checks_clean_and_trains(phantoms, copy_of, t
     run = cli(*train_args(data, tmp_path, "train.epochs=1"))
     assert run.returncode == 0, run.stderr
     assert (tmp_path / "run" / "predictions").is_dir()
+
+
+def test_a_ctrl_c_during_the_checkpoint_lands_after_its_note():
+    """last.pt and the run's note of its epoch go together: the interrupt raised inside
+    waits for the block's end, then arrives as it would have."""
+    from heatmap3d.training.trainer import ctrl_c_after
+
+    handler = signal.getsignal(signal.SIGINT)
+    noted = []
+    with pytest.raises(KeyboardInterrupt), ctrl_c_after():
+        signal.raise_signal(signal.SIGINT)  # Ctrl-C between the write and the note
+        noted.append("epoch 1")
+    assert noted == ["epoch 1"]
+    assert signal.getsignal(signal.SIGINT) is handler
+    with ctrl_c_after():  # nothing held: nothing raised
+        noted.append("epoch 2")
+    assert noted == ["epoch 1", "epoch 2"]

@@ -13,8 +13,11 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import signal
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -202,8 +205,9 @@ class Trainer:
                 state.save(self.run_dir / "best.pt", self.cfg, self.world)
         state.sched.step()  # the learning rate of the next epoch, on the plan as it stands
         if self._checkpoint_due(plan):
-            state.save(self.run_dir / "last.pt", self.cfg, self.world)
-            self.saved_epoch, self._saved_at = state.epoch, time.perf_counter()
+            with ctrl_c_after():  # last.pt and the note of its epoch, or neither
+                state.save(self.run_dir / "last.pt", self.cfg, self.world)
+                self.saved_epoch, self._saved_at = state.epoch, time.perf_counter()
         return postfix
 
     def _checkpoint_due(self, plan: EpochPlan) -> bool:
@@ -255,3 +259,27 @@ class Trainer:
         self.monitor.scalar("train/data_wait", waited / seconds, epoch + 1)
         self.monitor.scalar("train/epoch_seconds", seconds, epoch + 1)
         return mean_loss
+
+
+@contextmanager
+def ctrl_c_after() -> Iterator[None]:
+    """Ctrl-C (SIGINT) held back until the block ends, then delivered as it would have been.
+
+    Why: a Ctrl-C that landed after last.pt was in place but before the run noted its
+    epoch made the run say "no checkpoint was written yet" of a run whose last.pt was
+    there (seen in CI). Python runs signal handlers in the main thread only, so off it
+    (and where no handler can be set) the block runs as it is.
+    """
+    if threading.current_thread() is not threading.main_thread() or (
+        signal.getsignal(signal.SIGINT) is None  # set outside Python: not ours to swap
+    ):
+        yield
+        return
+    held: list[int] = []
+    before = signal.signal(signal.SIGINT, lambda signum, frame: held.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, before)
+        if held:
+            signal.raise_signal(signal.SIGINT)
