@@ -146,7 +146,7 @@ def test_a_dataset_of_mixed_formats_checks_clean_and_trains(phantoms, copy_of, t
 def test_a_ctrl_c_during_the_checkpoint_lands_after_its_note():
     """last.pt and the run's note of its epoch go together: the interrupt raised inside
     waits for the block's end, then arrives as it would have."""
-    from heatmap3d.training.trainer import ctrl_c_after
+    from heatmap3d.io.atomic import ctrl_c_after
 
     handler = signal.getsignal(signal.SIGINT)
     noted = []

@@ -26,11 +26,8 @@ dead rank is torchrun's to notice (it stops the job), so the process group's tim
 from __future__ import annotations
 
 import datetime
-import signal
-import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -41,6 +38,7 @@ from heatmap3d.geometry import Volume
 from heatmap3d.inference.prediction import Prediction
 from heatmap3d.inference.reading import read_ahead
 from heatmap3d.inference.scans import Outcome, Read, ScanPredictor, Skipped, predict_files
+from heatmap3d.io.atomic import ctrl_c_after
 from heatmap3d.io.destination import Destination
 from heatmap3d.log import get_logger
 from heatmap3d.predictions import resume
@@ -162,7 +160,7 @@ def _predict_share(
 
     def write_and_record(stem: str, pred: Prediction, raw: Volume) -> None:
         scan, sha = hashes[stem]
-        with _after_writing():  # Ctrl-C now: this scan's files and record first
+        with ctrl_c_after():  # Ctrl-C now: this scan's files and record first
             write(stem, pred, raw)
             resume.write_record(job.out, stem, scan, sha, job.model, job.names(stem))
             # Counted inside: a Ctrl-C deferred to the block's end must find it counted.
@@ -182,23 +180,6 @@ def _predict_share(
     finally:
         report.ran_s = time.perf_counter() - start
     report.failures += [(str(f.scan), f.reason) for f in failures]
-
-
-@contextmanager
-def _after_writing() -> Iterator[None]:
-    """Ctrl-C while a scan's files are written takes effect once they all are, so an
-    interrupted run never leaves a scan with some new files and an old record."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    caught: list[int] = []
-    previous = signal.signal(signal.SIGINT, lambda signum, frame: caught.append(signum))
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
-        if caught:
-            raise KeyboardInterrupt
 
 
 def _finish(job: Job, world: DistInfo, reports: list[RankReport]) -> None:

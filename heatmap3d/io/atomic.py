@@ -12,12 +12,15 @@ written over at all is decided before, by :meth:`heatmap3d.io.destination.Destin
 from __future__ import annotations
 
 import os
+import signal
 import tempfile
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import BinaryIO
 
-__all__ = ["atomic_write", "atomic_write_bytes", "remove_stale", "umask"]
+__all__ = ["atomic_write", "atomic_write_bytes", "ctrl_c_after", "remove_stale", "umask"]
 
 
 def umask() -> int:
@@ -66,3 +69,29 @@ def remove_stale(path: str | Path) -> None:
     path = Path(path)
     for stale in path.parent.glob(f".{path.name}.*.tmp"):
         stale.unlink(missing_ok=True)
+
+
+@contextmanager
+def ctrl_c_after() -> Iterator[None]:
+    """Ctrl-C (SIGINT) held back until the block ends, then delivered as it would have been:
+    files and the record of them written together, or neither.
+
+    Why: a Ctrl-C that landed after a run's last.pt was in place but before the run noted
+    its epoch made it say "no checkpoint was written yet" of a run whose last.pt was there
+    (seen in CI); a cohort's scan must not be left with some new files and an old record.
+    Python runs signal handlers in the main thread only, so off it (and where the handler
+    was set outside Python) the block runs as it is.
+    """
+    if threading.current_thread() is not threading.main_thread() or (
+        signal.getsignal(signal.SIGINT) is None
+    ):
+        yield
+        return
+    held: list[int] = []
+    before = signal.signal(signal.SIGINT, lambda signum, frame: held.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, before)
+        if held:
+            signal.raise_signal(signal.SIGINT)

@@ -13,11 +13,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import signal
-import threading
 import time
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -28,6 +25,7 @@ from heatmap3d import distributed
 from heatmap3d.data.loaders import build_cache, training_loader
 from heatmap3d.data.setup import prepare_dataset
 from heatmap3d.errors import InputError, Interrupted
+from heatmap3d.io.atomic import ctrl_c_after
 from heatmap3d.io.destination import Destination
 from heatmap3d.log import get_logger
 from heatmap3d.training.anatomy import load_population
@@ -259,27 +257,3 @@ class Trainer:
         self.monitor.scalar("train/data_wait", waited / seconds, epoch + 1)
         self.monitor.scalar("train/epoch_seconds", seconds, epoch + 1)
         return mean_loss
-
-
-@contextmanager
-def ctrl_c_after() -> Iterator[None]:
-    """Ctrl-C (SIGINT) held back until the block ends, then delivered as it would have been.
-
-    Why: a Ctrl-C that landed after last.pt was in place but before the run noted its
-    epoch made the run say "no checkpoint was written yet" of a run whose last.pt was
-    there (seen in CI). Python runs signal handlers in the main thread only, so off it
-    (and where no handler can be set) the block runs as it is.
-    """
-    if threading.current_thread() is not threading.main_thread() or (
-        signal.getsignal(signal.SIGINT) is None  # set outside Python: not ours to swap
-    ):
-        yield
-        return
-    held: list[int] = []
-    before = signal.signal(signal.SIGINT, lambda signum, frame: held.append(signum))
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, before)
-        if held:
-            signal.raise_signal(signal.SIGINT)
