@@ -33,6 +33,8 @@ import tempfile
 from pathlib import Path
 
 from benchmarks.common import REAL, ROOT
+from heatmap3d.io.atomic import atomic_write, atomic_write_bytes
+from heatmap3d.io.destination import Destination
 
 PACKAGES = ["nibabel", "zlib-ng", "SimpleITK"]
 # The package's import names, checked on the device after setup (pyproject's dependencies).
@@ -79,9 +81,7 @@ def build_site(out: Path, python: str, packages: list[str]) -> Path:
             check=True,
         )  # fmt: skip
         archive = out / "site.tar.xz"
-        with tarfile.open(archive, "w:xz") as tar:
-            for path in sorted(target.iterdir()):
-                tar.add(path, arcname=path.name)
+        _pack(archive, "w:xz", [(path, path.name) for path in sorted(target.iterdir())])
     return archive
 
 
@@ -90,10 +90,28 @@ def pack_real(out: Path, real: Path) -> Path | None:
     if not all((real / name).is_dir() for name in SCANS):
         return None
     archive = out / "real.tar"
-    with tarfile.open(archive, "w") as tar:
-        for name in SCANS:
-            tar.add(real / name, arcname=f"real/{name}")
+    _pack(archive, "w", [(real / name, f"real/{name}") for name in SCANS])
     return archive
+
+
+def _pack(archive: Path, mode: str, members: list[tuple[Path, str]]) -> None:
+    """``members`` (path, name in the archive) as a tar at ``archive``, written atomically."""
+
+    def write(f) -> None:
+        with tarfile.open(fileobj=f, mode=mode) as tar:
+            for path, name in members:
+                tar.add(path, arcname=name)
+
+    atomic_write(archive, write)
+
+
+def _ours(path: Path) -> bool:
+    """Whether ``path`` is a file of a kit this script wrote: its folder's setup.sh is."""
+    setup = path.parent / "setup.sh"
+    try:
+        return setup.read_text(encoding="utf-8").startswith(SETUP.splitlines()[0])
+    except (OSError, UnicodeDecodeError):
+        return False
 
 
 def main() -> None:
@@ -101,11 +119,15 @@ def main() -> None:
     p.add_argument("--out", type=Path, default=ROOT / ".gpu")
     p.add_argument("--python", default="3.12", help="the device's Python version")
     p.add_argument("--packages", nargs="+", default=PACKAGES)
+    p.add_argument("--overwrite", action="store_true", help="replace files not of a kit")
     args = p.parse_args()
+    out = Destination(args.out, replace=args.overwrite)
+    for name in ("site.tar.xz", "real.tar", "setup.sh"):  # before minutes of building
+        out.check(name, _ours)
     args.out.mkdir(parents=True, exist_ok=True)
     made = [build_site(args.out, args.python, args.packages), pack_real(args.out, REAL)]
     setup = args.out / "setup.sh"
-    setup.write_text(SETUP.format(imports=IMPORTS), encoding="utf-8")
+    atomic_write_bytes(setup, SETUP.format(imports=IMPORTS).encode())
     made.append(setup)
     total = 0
     for path in made:

@@ -109,7 +109,9 @@ def split_forward(
     return torch.cat(_run_shares(run, shares))
 
 
-def in_pieces(fn: Callable[..., torch.Tensor], x: torch.Tensor, *rows: torch.Tensor):
+def in_pieces(
+    fn: Callable[..., torch.Tensor], x: torch.Tensor, *rows: torch.Tensor
+) -> torch.Tensor:
     """``fn(x, *rows)`` of a per-image ``fn`` (as :func:`split_forward` takes it), run on
     as many images of ``x (B, ...)`` at a time as fit :data:`PIECE_VOXELS` (at least one),
     the outputs concatenated: the same result, with activations small enough that freed
