@@ -8,7 +8,10 @@ it is and with landmarks moved by 5 to 40 mm, some 4000 looks. Each version runs
 power it measured, which must agree.
 
     git worktree add --detach /tmp/base <commit>
-    python -m benchmarks.shape_power_speed --base /tmp/base [--repeats 3]
+    python -m benchmarks.shape_power_speed --base /tmp/base [--repeats 3] [--cases N]
+
+``--cases N`` measures on the prior's first N configurations only (a quicker run of the
+same comparison; the figures in RESULTS.md are of all 122).
 
 The last line is ``shape_power_speed: before=A after=B s speedup=S same=yes|no``.
 """
@@ -25,21 +28,23 @@ from pathlib import Path
 from benchmarks.common import ROOT, env_first
 
 MEASURE = """
-import json, time
+import json, sys, time
 from heatmap3d.review.shape_file import read_prior
 from heatmap3d.review.shape_power import measure_power
 prior = read_prior("afids")
+cases = int(sys.argv[1]) if len(sys.argv) > 1 else len(prior.configurations)
 start = time.perf_counter()
-power = measure_power(prior, prior.configurations)
+power = measure_power(prior, prior.configurations[:cases])
 print(json.dumps({"s": time.perf_counter() - start, "power": repr(power)}))
 """
 
 
-def measured(code: Path) -> dict:
-    """One measurement by ``code``'s heatmap3d, in a fresh process started outside both
-    repositories (so that neither shadows the other)."""
+def measured(code: Path, cases: int | None = None) -> dict:
+    """One measurement by ``code``'s heatmap3d (on the prior's first ``cases``
+    configurations, all when None), in a fresh process started outside both repositories
+    (so that neither shadows the other)."""
     out = subprocess.run(
-        [sys.executable, "-c", MEASURE],
+        [sys.executable, "-c", MEASURE, *([] if cases is None else [str(cases)])],
         env=env_first(code),
         cwd="/",
         capture_output=True,
@@ -53,13 +58,14 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--base", type=Path, required=True, help="the earlier commit's worktree")
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--cases", type=int, help="the prior's first N configurations (default all)")
     args = p.parse_args(argv)
     codes = {"before": args.base.resolve(), "after": ROOT}
     seconds: dict[str, list[float]] = {name: [] for name in codes}
     powers: dict[str, set[str]] = {name: set() for name in codes}
     for _ in range(args.repeats):
         for name, code in codes.items():  # turn by turn
-            got = measured(code)
+            got = measured(code, args.cases)
             seconds[name].append(got["s"])
             powers[name].add(got["power"])
     for name in codes:

@@ -67,6 +67,7 @@ def test_bf16_reaches_the_network_and_stays_near_float32(tmp_path):
     torch.testing.assert_close(heat["bf16"], heat["fp32"], rtol=0.0, atol=0.05 * scale)
 
 
+@pytest.mark.slow  # runs the command 2-3 times
 def test_predict_in_bf16_says_so(tmp_path):
     model = checkpoint(tmp_path / "m.pt")
     path = tmp_path / "s.nii.gz"
@@ -78,6 +79,7 @@ def test_predict_in_bf16_says_so(tmp_path):
         assert len(points(tmp_path / asked / "s.csv")) == 3
 
 
+@pytest.mark.slow  # runs the command 2-3 times
 def test_another_explicit_precision_predicts_again(tmp_path):
     model = checkpoint(tmp_path / "m.pt")
     path = tmp_path / "s.nii.gz"

@@ -143,6 +143,7 @@ def test_property_a_stray_character_in_a_label_never_passes_silently(which, stra
             read_configurations(files)
 
 
+@pytest.mark.slow  # two fits of 320 files, each measuring its power: 25 s
 @pytest.mark.skipif(not (REAL / "AFIDs-OASIS").is_dir(), reason=f"no AFIDs population at {REAL}")
 def test_the_320_real_files_fit_with_the_mistyped_one_skipped(tmp_path, capsys):
     prior = tmp_path / "prior.json"
