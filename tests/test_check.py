@@ -208,10 +208,10 @@ def test_missing_landmark_file(data, capsys):
 
 
 def test_unparseable_landmark_file(data, capsys):
-    path = edit_csv(data, "case002", "name,x,y,z", "name;x;y;z")
+    path = edit_csv(data, "case002", "name,x,y,z", "label,x,y,z")
     status, out = check(data, capsys)
     assert status == 1
-    assert "header lacks columns" in lines_about(out, path)[0]
+    assert "lacks columns name,x,y,z" in lines_about(out, path)[0]
 
 
 def test_non_numeric_coordinate(data, capsys):

@@ -311,6 +311,8 @@ BROKEN = {
         ("nonnum.fcsv", FCSV_HEAD + fcsv_row("AC", y="abc")),
         ("nonnum.json", json_doc('{"AC": [1, "x", 3]}')),
         ("nonnum.mrk.json", mrk_doc([{"label": "AC", "position": [1, True, 3]}])),
+        # A point and a comma in one number of a semicolon file: no guess at which is which.
+        ("thousands.csv", "# coordinate_system = RAS\nname;x;y;z\nAC;1.234,5;2;3\n"),
     ],
     "expected 3 coordinates": [
         ("short.json", json_doc('{"AC": [1, 2]}')),
@@ -324,6 +326,8 @@ BROKEN = {
         ("fewcols.csv", CSV_HEAD + "AC,1,2\n"),
         ("fewcols.fcsv", FCSV_HEAD + "id,1,2,3,0,0\n"),
         ("nocol.csv", "# coordinate_system = RAS\nname,x,y\nAC,1,2\n"),
+        # A semicolon header over comma rows: each row is then one cell.
+        ("mixed.csv", "# coordinate_system = RAS\nname;x;y;z\nAC,1,2,3\n"),
     ],
     "coordinate system": [
         ("ijk.csv", "# coordinate_system = IJK\nname,x,y,z\nAC,1,2,3\n"),
@@ -353,6 +357,30 @@ def test_landmark_reader_errors(tmp_path: Path, problem: str, filename: str, con
     path = tmp_path / filename
     path.write_text(content)
     with raises_naming(path, problem):
+        read_landmarks(path)
+
+
+@pytest.mark.parametrize(
+    "table",
+    [
+        "name;x;y;z\nAC;1,5;-82;-12,25\nPC;;;\n",  # a spreadsheet of a decimal-comma locale
+        "name\tx\ty\tz\nAC\t1.5\t-82\t-12.25\nPC\t\t\t\n",  # tab-separated
+        "name;x;y;z\nAC;1.5;-82;-12.25\nPC;nan;nan;nan\n",  # semicolons, decimal points
+    ],
+)
+def test_csv_separated_by_semicolons_or_tabs_reads_as_with_commas(tmp_path: Path, table: str):
+    path = tmp_path / "sheet.csv"
+    path.write_text("# coordinate_system = LPS\n" + table, encoding="utf-8-sig")  # Excel's BOM
+    got = read_landmarks(path)
+    assert got.names == ["AC", "PC"]
+    np.testing.assert_array_equal(got.points[0], [-1.5, 82.0, -12.25])  # LPS -> RAS
+    assert np.isnan(got.points[1]).all()
+
+
+def test_a_header_without_the_columns_is_quoted_in_the_message(tmp_path: Path) -> None:
+    path = tmp_path / "other.csv"
+    path.write_text("# coordinate_system = RAS\nlabel;r;a;s\nAC;1;2;3\n")
+    with raises_naming(path, "header 'label;r;a;s' lacks columns name,x,y,z"):
         read_landmarks(path)
 
 

@@ -58,20 +58,50 @@ def _read_csv(path: Path, text: str) -> Parsed:
         )
     # '#' lines between it and the header are notes (a prediction's review basis).
     notes = next((i for i, line in enumerate(lines[1:]) if not line.startswith("#")), 0)
-    reader = csv.DictReader(lines[1 + notes :])
-    header = [c.strip() for c in (reader.fieldnames or [])]
-    missing = [c for c in ("name", "x", "y", "z") if c not in header]
-    if missing:
-        raise InputError(f"{path}: header lacks columns {missing} (need at least name,x,y,z)")
-    reader.fieldnames = header
+    body = lines[1 + notes :]
+    delimiter = _delimiter(body[0] if body else "")
+    if delimiter is None:
+        raise InputError(
+            f"{path}: header {_short_line(body[0] if body else '')} lacks columns "
+            "name,x,y,z (separated by commas, semicolons or tabs)"
+        )
+    reader = csv.DictReader(body, delimiter=delimiter)
+    reader.fieldnames = [c.strip() for c in (reader.fieldnames or [])]
     names, points = [], []
     for row in reader:
         number = reader.line_num + 1 + notes  # +1: the coordinate_system line
         if None in row.values() or None in row:
             raise InputError(f"{path}: line {number}: wrong number of columns")
         names.append(from_spreadsheet_safe(row["name"].strip()))
-        points.append(parse_xyz(path, f"line {number}", [row["x"], row["y"], row["z"]]))
+        xyz = [row["x"], row["y"], row["z"]]
+        if delimiter != ",":  # a spreadsheet of a decimal-comma locale: "12,5" is 12.5
+            xyz = [_decimal_point(v) for v in xyz]
+        points.append(parse_xyz(path, f"line {number}", xyz))
     return names, points, match.group(1)
+
+
+def _delimiter(header: str) -> str | None:
+    """The separator of a CSV ``header`` line that names columns name, x, y and z: a
+    comma, or a semicolon or tab (what a spreadsheet writes where the comma is the decimal
+    mark); None when no separator gives those columns."""
+    for delimiter in (",", ";", "\t"):
+        cells = {c.strip() for c in next(csv.reader([header], delimiter=delimiter), [])}
+        if {"name", "x", "y", "z"} <= cells:
+            return delimiter
+    return None
+
+
+def _decimal_point(value: str) -> str:
+    """``value`` with one decimal comma read as a point ("-12,25" -> "-12.25"); anything
+    else as it is (a value that is then no number is refused by :func:`parse_xyz`)."""
+    if value.count(",") == 1 and "." not in value:
+        return value.replace(",", ".")
+    return value
+
+
+def _short_line(line: str, limit: int = 60) -> str:
+    """``line`` quoted for a message, cut at ``limit`` characters."""
+    return repr(line if len(line) <= limit else line[:limit] + "...")
 
 
 def _csv_text(names: list[str], points: np.ndarray, system: str, conf: np.ndarray | None) -> str:
