@@ -166,3 +166,16 @@ def test_what_predict_writes_is_what_evaluate_reads(tmp_path):
             assert "stated error radius" not in text
         else:
             assert "stated error radius: 66.7% of true errors inside (n=3)" in text
+
+
+def test_truth_cases_without_a_prediction_are_named_as_not_scored(tmp_path):
+    pred, truth = folders(tmp_path)
+    (pred / "case003.csv").unlink()  # its prediction failed, say
+    write_landmarks(truth / "case009.fcsv", Landmarks(NAMES, TRUTH["case000"]))
+    last = evaluate_dirs(pred, truth).splitlines()[-1]
+    assert last == (
+        f"not scored: 2 case(s) of {truth} have no prediction in {pred} "
+        "(case003, case009); the figures are of the 3 predicted"
+    )
+    # Every truth case predicted: no such line.
+    assert "not scored" not in evaluate_dirs(*folders(tmp_path / "all"))

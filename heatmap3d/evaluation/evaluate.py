@@ -251,7 +251,22 @@ def evaluate_dirs(
     stated = radii is not None and bool(np.isfinite(radii).any())
     extra = [radius_line(errors, radii)] if stated else []
     extra.append(presence_line(pred, truth, names, ids))
-    return "\n".join([*warning, text, *extra])
+    unscored = unpredicted_line(pred_dir, truth_dir, set(pred))
+    return "\n".join([*warning, text, *extra, *unscored])
+
+
+def unpredicted_line(pred_dir: Path, truth_dir: Path, predicted: set[str]) -> list[str]:
+    """The line saying which cases of ``truth_dir`` have no prediction in ``pred_dir`` and
+    are not in the figures (none when every one has): a scan whose prediction failed
+    would otherwise leave the cohort's figures silently."""
+    left = [c for c in landmark_files(truth_dir) if c not in predicted]
+    if not left:
+        return []
+    shown = ", ".join(left[:5]) + (f", ... ({len(left) - 5} more)" if len(left) > 5 else "")
+    return [
+        f"not scored: {len(left)} case(s) of {truth_dir} have no prediction in {pred_dir} "
+        f"({shown}); the figures are of the {len(predicted)} predicted"
+    ]
 
 
 def _check_one_model(pred_dir: Path, paths: Mapping[str, Path], mixed: bool) -> list[str]:
