@@ -69,7 +69,7 @@ def fit_prior(
     if absent:
         raise InputError(f"{files[0].parent}: landmark(s) {absent[:4]} in fewer than 2 files")
     prior = PopulationShape.fit(names, shapes)
-    prior = dataclasses.replace(prior, power=measure_power(prior, shapes))
+    prior = dataclasses.replace(prior, power=measure_power(prior, shapes, progress=True))
     # The aligned configurations are kept for anatomy augmentation (augment.anatomy_prior).
     doc = {"written_by": MARKER, **prior.to_dict(configurations=True), "files": len(shapes)}
     atomic_write_bytes(out, seal(json.dumps(doc) + "\n", MARKER).encode("utf-8"))

@@ -100,7 +100,7 @@ def _with_power(model, shapes: np.ndarray | None):
     """``model`` with its power measured on ``shapes`` ``(N, K, 3)`` mm (said at the end
     of training, with what the radii rest on)."""
     if shapes is not None:
-        model = dataclasses.replace(model, power=measure_power(model, shapes))
+        model = dataclasses.replace(model, power=measure_power(model, shapes, progress=True))
     return model
 
 
