@@ -58,3 +58,21 @@ def one_error(capsys, *args) -> str:
     assert status == 2, err
     assert err.startswith("error: ") and err.count("\n") == 1, err
     return err.strip()
+
+
+class Terminal:
+    """A stream that says it is a terminal (what tqdm asks before it draws a bar): put it
+    in place of ``sys.stderr`` and read what was drawn in ``text``."""
+
+    def __init__(self) -> None:
+        self.text = ""
+
+    def write(self, text: str) -> int:
+        self.text += text
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+    def isatty(self) -> bool:
+        return True

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from assertions import raises_naming
+from assertions import Terminal, raises_naming
 from PIL import Image
 from report_folders import HOSTILE, prediction_folder
 
@@ -67,6 +67,16 @@ def test_hostile_landmark_names_are_text(tmp_path, capsys):
     assert HOSTILE not in page
     assert "&lt;script&gt;alert(&quot;x&quot;)&lt;/script&gt;" in page
     assert page.count("<script>") == 1  # the page's own sorting script only
+
+
+def test_a_bar_shows_the_pictures_being_drawn_on_a_terminal(tmp_path, monkeypatch):
+    """500 scans take about a minute to draw: a bar on a terminal, cleared at the end."""
+    pred, scans, _ = prediction_folder(tmp_path)
+    screen = Terminal()
+    monkeypatch.setattr("sys.stderr", screen)
+    write_report(pred, scans=[scans])
+    assert "report:   0%| " in screen.text and "0/4 [" in screen.text
+    assert screen.text.endswith("\r")
 
 
 def test_without_scans_the_page_says_so_and_uses_the_snapshots(tmp_path, capsys):

@@ -11,6 +11,7 @@ import json
 
 import numpy as np
 import pytest
+from assertions import Terminal
 
 from heatmap3d.io.destination import Destination
 from heatmap3d.io.landmarks import Landmarks, read_landmarks
@@ -78,29 +79,12 @@ def test_leave_one_out_keeps_the_fitted_floor():
     assert power.caught[-1] > 0.5  # 40 mm is beyond it
 
 
-class _Terminal:
-    """A stream that says it is a terminal (what tqdm asks before it draws a bar)."""
-
-    def __init__(self) -> None:
-        self.text = ""
-
-    def write(self, text: str) -> int:
-        self.text += text
-        return len(text)
-
-    def flush(self) -> None:
-        pass
-
-    def isatty(self) -> bool:
-        return True
-
-
 def test_measuring_power_shows_a_bar_on_a_terminal_when_asked(monkeypatch):
     """``heatmap3d shape fit`` of 300 configurations measures for 20-30 s: a bar on a
     terminal, none when not asked (the same figures either way)."""
     shapes = _people(6, 1.0, seed=1)
     check = ShapeModel.fit(_names(), shapes, floor_mm=5.0)
-    screen = _Terminal()
+    screen = Terminal()
     monkeypatch.setattr("sys.stderr", screen)
     quiet = measure_power(check, shapes)
     assert screen.text == ""

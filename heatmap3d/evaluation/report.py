@@ -27,6 +27,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import numpy as np
+from tqdm import tqdm
 
 from heatmap3d import __version__
 from heatmap3d.errors import InputError, one_line
@@ -182,7 +183,9 @@ def _draw(
         if np.isfinite(radii).any():  # a model without a calibration states no radius
             figures["stated radius vs true error"] = plots.radius_against_error(radii, ev.errors)
         page.plots = [(t, save(f"plot{k}.png", rgb)) for k, (t, rgb) in enumerate(figures.items())]
-    for n, scan in enumerate(cohort.scans):
+    # A cohort's pictures take a while (500 scans: about a minute): a bar on a terminal.
+    bar = tqdm(cohort.scans, desc="report", unit="scan", leave=False, disable=None)
+    for n, scan in enumerate(bar):
         which = scan.to_review + [
             scan.names.index(name)
             for stem, name, _ in page.worst
