@@ -4,6 +4,7 @@ right after install, small, with its card, and it places the AFIDs on a T1 templ
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -38,6 +39,21 @@ def test_a_misspelt_name_is_one_line_naming_the_packaged_models(capsys, tmp_path
     err = one_error(capsys, "predict", "--model", "afids-t2", tmp_path / "s.nii.gz",
                     "--out", tmp_path / "o")  # fmt: skip
     assert "afids-t2" in err and "packaged: afids-t1" in err
+
+
+def test_a_folder_here_of_its_name_that_is_no_model_is_said_to_hide_it(
+    capsys, tmp_path, monkeypatch
+):
+    from assertions import one_error
+
+    (tmp_path / "afids-t1").mkdir()  # say, where the user keeps this model's predictions
+    monkeypatch.chdir(tmp_path)
+    err = one_error(capsys, "predict", "--model", "afids-t1", tmp_path / "s.nii.gz",
+                    "--out", tmp_path / "o")  # fmt: skip
+    assert err.startswith("error: afids-t1: ") and "hides the packaged afids-t1" in err
+    # A model folder of the user's own of that name still wins (it is used as given).
+    (tmp_path / "afids-t1" / "model.json").write_text("{}")
+    assert catalogue.resolve_model(Path("afids-t1")) == Path("afids-t1")
 
 
 def test_it_places_the_afids_on_a_t1_template(capsys, tmp_path):

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from heatmap3d.errors import InputError
+from heatmap3d.io.model_folder import MODEL_FILE
 
 __all__ = [
     "AFIDS_SHORT_NAMES",
@@ -153,7 +154,16 @@ def model_folder(name: str) -> Path | None:
 def resolve_model(path: Path) -> Path:
     """``path`` itself where it exists (a folder of the user's always wins), else the
     packaged model of that name; InputError when a bare name is neither (a path with a
-    folder in it is left to its reader, which says what is missing)."""
+    folder in it is left to its reader, which says what is missing). A folder here that
+    is no model folder but has a packaged model's name is refused, saying so: it hides
+    the packaged model the user most likely meant."""
+    bare = len(path.parts) == 1 and model_folder(path.name) is not None
+    if bare and path.is_dir() and not (path / MODEL_FILE).exists():
+        raise InputError(
+            f"{path}: a folder here of the packaged model's name, and not a model folder "
+            f"(no {MODEL_FILE}): it hides the packaged {path.name}; run from another "
+            "folder, or rename this one"
+        )
     if path.exists() or len(path.parts) != 1:
         return path
     found = model_folder(path.name)
