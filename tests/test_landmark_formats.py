@@ -328,6 +328,7 @@ BROKEN = {
         ("nocol.csv", "# coordinate_system = RAS\nname,x,y\nAC,1,2\n"),
         # A semicolon header over comma rows: each row is then one cell.
         ("mixed.csv", "# coordinate_system = RAS\nname;x;y;z\nAC,1,2,3\n"),
+        ("twice.csv", "# coordinate_system = RAS\nname,x,y,z,X\nAC,1,2,3,4\n"),
     ],
     "coordinate system": [
         ("ijk.csv", "# coordinate_system = IJK\nname,x,y,z\nAC,1,2,3\n"),
@@ -366,9 +367,10 @@ def test_landmark_reader_errors(tmp_path: Path, problem: str, filename: str, con
         "name;x;y;z\nAC;1,5;-82;-12,25\nPC;;;\n",  # a spreadsheet of a decimal-comma locale
         "name\tx\ty\tz\nAC\t1.5\t-82\t-12.25\nPC\t\t\t\n",  # tab-separated
         "name;x;y;z\nAC;1.5;-82;-12.25\nPC;nan;nan;nan\n",  # semicolons, decimal points
+        "Name,X,Y,Z\nAC,1.5,-82,-12.25\nPC,,,\n",  # a header in capitals
     ],
 )
-def test_csv_separated_by_semicolons_or_tabs_reads_as_with_commas(tmp_path: Path, table: str):
+def test_csv_of_a_spreadsheet_reads_as_the_plain_one(tmp_path: Path, table: str):
     path = tmp_path / "sheet.csv"
     path.write_text("# coordinate_system = LPS\n" + table, encoding="utf-8-sig")  # Excel's BOM
     got = read_landmarks(path)

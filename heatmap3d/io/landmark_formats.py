@@ -45,6 +45,7 @@ from heatmap3d.io.slicer_markups import (
 
 # --------------------------------------------------------------------------------------
 
+_COLUMNS = ("name", "x", "y", "z")  # the CSV's own columns, in any case and order
 _CSV_SYSTEM_LINE = re.compile(r"#\s*coordinate_system\s*=\s*(\S+)\s*$", re.IGNORECASE)
 
 
@@ -66,7 +67,10 @@ def _read_csv(path: Path, text: str) -> Parsed:
             "name,x,y,z (separated by commas, semicolons or tabs)"
         )
     reader = csv.DictReader(body, delimiter=delimiter)
-    reader.fieldnames = [c.strip() for c in (reader.fieldnames or [])]
+    reader.fieldnames = [c.strip().lower() for c in (reader.fieldnames or [])]  # Name,X,Y,Z too
+    twice = sorted(c for c in _COLUMNS if reader.fieldnames.count(c) > 1)
+    if twice:
+        raise InputError(f"{path}: header has columns given twice: {', '.join(twice)}")
     names, points = [], []
     for row in reader:
         number = reader.line_num + 1 + notes  # +1: the coordinate_system line
@@ -81,12 +85,12 @@ def _read_csv(path: Path, text: str) -> Parsed:
 
 
 def _delimiter(header: str) -> str | None:
-    """The separator of a CSV ``header`` line that names columns name, x, y and z: a
-    comma, or a semicolon or tab (what a spreadsheet writes where the comma is the decimal
-    mark); None when no separator gives those columns."""
+    """The separator of a CSV ``header`` line that names columns name, x, y and z (in
+    any case): a comma, or a semicolon or tab (what a spreadsheet writes where the comma
+    is the decimal mark); None when no separator gives those columns."""
     for delimiter in (",", ";", "\t"):
-        cells = {c.strip() for c in next(csv.reader([header], delimiter=delimiter), [])}
-        if {"name", "x", "y", "z"} <= cells:
+        cells = {c.strip().lower() for c in next(csv.reader([header], delimiter=delimiter), [])}
+        if set(_COLUMNS) <= cells:
             return delimiter
     return None
 
