@@ -207,6 +207,21 @@ def test_missing_landmark_file(data, capsys):
     assert "no landmark file" in line and "case003.mrk.json" in line
 
 
+def test_a_scan_named_with_a_channel_suffix_is_paired_in_the_message(data, capsys):
+    """nnU-Net names a scan's channel (case002_0000.nii.gz): beside case002.mrk.json it is
+    two cases, each missing a file; both lines say they look like one."""
+    (data / "split.json").unlink(missing_ok=True)
+    image(data, "case002").rename(data / "images" / "case002_0000.nii.gz")
+    status, out = check(data, capsys)
+    assert status == 1
+    hint = "the scan 'case002_0000' and the landmark file 'case002' look like one case"
+    (line,) = lines_about(out, image(data, "case002"))
+    assert "image of case 'case002' not found" in line and hint in line
+    (line,) = lines_about(out, data / "landmarks" / "case002_0000")
+    assert "no landmark file" in line and hint in line
+    assert out.count("look like one case") == 2  # the other cases are not paired
+
+
 def test_unparseable_landmark_file(data, capsys):
     path = edit_csv(data, "case002", "name,x,y,z", "label,x,y,z")
     status, out = check(data, capsys)

@@ -44,6 +44,7 @@ of every case's files and the landmark names, which training reads instead of
 
 from __future__ import annotations
 
+import glob
 import itertools
 from collections import Counter
 from collections.abc import Callable
@@ -74,7 +75,9 @@ from heatmap3d.io.layout import (
     find_landmark_file,
     image_candidates,
     landmark_candidates,
+    landmark_case_id,
     no_validation,
+    scan_stem,
     split_is_implicit,
 )
 from heatmap3d.io.volumes import load_volume
@@ -287,18 +290,40 @@ def _locate_case(root: Path, case_id: str, report: Collector) -> Case | None:
         if image is None:
             images = image_candidates(root, case_id)
             others = ", ".join(p.name for p in images[1:])
-            report.error(images[0], f"image of case {case_id!r} not found (nor {others})")
+            hint = _suffixed_namesake(root, case_id)
+            report.error(images[0], f"image of case {case_id!r} not found (nor {others}){hint}")
     tried = landmark_candidates(root / "landmarks", case_id)
     marks: Path | None = None
     if not any(p.is_file() for p in tried):
         names = ", ".join(p.name for p in tried)
-        report.error(root / "landmarks" / case_id, f"no landmark file (tried {names})")
+        hint = _suffixed_namesake(root, case_id)
+        report.error(root / "landmarks" / case_id, f"no landmark file (tried {names}){hint}")
     else:
         try:
             marks = find_landmark_file(root / "landmarks", case_id)
         except InputError as err:  # two landmark files for the case
             report.input_error(_named_path(err), err)
     return Case(case_id, image, marks) if image is not None and marks is not None else None
+
+
+def _suffixed_namesake(root: Path, case_id: str) -> str:
+    """A hint, for a case missing its scan or its landmark file, when the other folder
+    holds the same name with a suffix (``case1_0000.nii.gz`` beside ``case1.fcsv``, as
+    nnU-Net names a scan's channel): ``""`` when there is none."""
+    pairs = []  # (the scan's case id, the landmark file's) that look like one case
+    for path in sorted((root / "images").glob(f"{glob.escape(case_id)}_*")):
+        pairs.append((scan_stem(path), case_id))
+    for path in sorted((root / "landmarks").glob("*")):
+        other = landmark_case_id(path)
+        if other and case_id.startswith(f"{other}_"):
+            pairs.append((case_id, other))
+    if not pairs:
+        return ""
+    scan, marks = pairs[0]
+    return (
+        f"; the scan {scan!r} and the landmark file {marks!r} look like one case: a scan "
+        "and its landmark file share one name (no suffix such as nnU-Net's _0000)"
+    )
 
 
 def _named_path(err: InputError) -> Path:
