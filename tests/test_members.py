@@ -105,3 +105,23 @@ def test_model_folder_lists_members_and_reads_the_first_format(tmp_path):
     (tmp_path / "model.json").write_text(json.dumps(old))
     ((stage, paths),) = read_model_folder(tmp_path).stages
     assert stage.checkpoints == ("a/coarse/best.pt",) and paths == [tmp_path / "a/coarse/best.pt"]
+
+
+def test_a_stage_folder_or_checkpoint_given_as_the_model_says_what_to_give(tmp_path):
+    stage = tmp_path / "run" / "fold0" / "coarse"
+    stage.mkdir(parents=True)
+    (stage / "best.pt").write_bytes(b"x")
+    write_model_folder(
+        tmp_path / "run", [StageEntry("coarse", "whole_scan", ("fold0/coarse/best.pt",))]
+    )
+    whole = f"the model folder above it is {tmp_path / 'run'}"
+    with pytest.raises(InputError) as folder:
+        read_model_folder(stage)
+    assert f"a training stage's folder: --checkpoint {stage / 'best.pt'}" in str(folder.value)
+    assert str(folder.value).endswith(whole + ")")
+    with pytest.raises(InputError) as file:
+        read_model_folder(stage / "best.pt")
+    assert f"a checkpoint: --checkpoint {stage / 'best.pt'}" in str(file.value)
+    assert whole in str(file.value)
+    with pytest.raises(InputError, match=r"no model\.json; heatmap3d train DATA writes one\)$"):
+        read_model_folder(tmp_path / "elsewhere")

@@ -28,6 +28,7 @@ network as ONNX (``onnx``: the files per stage, and the ``opset``).
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -92,6 +93,21 @@ def write_model_folder(
     return path
 
 
+def _what_instead(path: Path) -> str:
+    """Why ``path`` is no model folder, and what to give instead: a checkpoint file or a
+    stage's folder of a run is part of one (``--checkpoint`` runs one network)."""
+    above = next((p for p in path.resolve().parents[:3] if (p / MODEL_FILE).is_file()), None)
+    if above is not None and not path.is_absolute():  # said as the user gave the path
+        above = Path(os.path.relpath(above))
+    whole = f"; the model folder above it is {above}" if above is not None else ""
+    if path.is_file() and path.suffix == ".pt":
+        return f"a checkpoint: --checkpoint {path} runs this one network{whole}"
+    stage = [n for n in ("best.pt", "last.pt") if (path / n).is_file()]
+    if stage:
+        return f"a training stage's folder: --checkpoint {path / stage[0]} runs its network{whole}"
+    return f"no {MODEL_FILE}; heatmap3d train DATA writes one"
+
+
 def read_model_folder(folder: Path) -> ModelFolder:
     """The stages of a model folder with their checkpoints' full paths, in order.
 
@@ -103,9 +119,7 @@ def read_model_folder(folder: Path) -> ModelFolder:
     folder = Path(folder)
     path = folder / MODEL_FILE
     if not path.is_file():
-        raise InputError(
-            f"{folder}: not a model folder (no {MODEL_FILE}; heatmap3d train DATA writes one)"
-        )
+        raise InputError(f"{folder}: not a model folder ({_what_instead(folder)})")
     if not path.resolve().is_relative_to(folder.resolve()):  # a link to another folder's
         raise InputError(
             f"{path}: a link to {path.resolve()}, outside the model folder (a model folder "
