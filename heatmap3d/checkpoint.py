@@ -177,8 +177,12 @@ def load(path: str | Path) -> Checkpoint:
     arbitrary unpickling (which is refused, never attempted).
     """
     path = Path(path)
+    if path.is_dir():
+        model = " (a model folder: give it to --model)" if (path / "model.json").is_file() else ""
+        raise InputError(f"{path}: a folder, not a checkpoint file{model}")
     if not path.is_file():
         raise InputError(f"{path}: checkpoint not found")
+    _check_torch_file(path)
     try:
         raw = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:  # torch raises several types for unsafe or corrupt files
@@ -213,6 +217,32 @@ def load_weights(
         raise InputError(f"{path}: not a readable safetensors file ({first_line(err)})") from None
     raw = {"version": SCHEMA_VERSION, "model": model, "config": config}
     return Checkpoint.from_payload({**raw, "landmarks": landmarks, "role": role}, source=str(path))
+
+
+# How the files torch.load reads begin: a zip archive (torch.save since 1.6), or a pickle
+# stream of protocol 2 or more (the legacy format).
+_TORCH_STARTS = (b"PK\x03\x04", b"\x80")
+
+
+def _check_torch_file(path: Path) -> None:
+    """InputError when ``path`` does not even begin as a file ``torch.save`` writes (a scan
+    given as the checkpoint, say): torch's own message would be about unpickling."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(4)
+    except OSError as err:
+        raise InputError(f"{path}: cannot read the checkpoint ({err.strerror})") from None
+    if head.startswith(_TORCH_STARTS):
+        return
+    if not head:
+        what = "an empty file"
+    elif head.startswith(b"\x1f\x8b"):
+        what = "a gzip file: a .nii.gz scan?"
+    elif head[:1] in (b"{", b"["):
+        what = "JSON text"
+    else:
+        what = "its first bytes are not those of a file torch.save writes"
+    raise InputError(f"{path}: not a PyTorch checkpoint ({what})")
 
 
 def _reason(err: Exception) -> str:

@@ -1,3 +1,4 @@
+import gzip
 import os
 import pickle
 
@@ -86,6 +87,30 @@ def test_refuses_pickles_and_junk(tmp_path):
         checkpoint.load(junk)
     with pytest.raises(InputError, match="not found"):
         checkpoint.load(tmp_path / "absent.pt")
+
+
+@pytest.mark.parametrize(
+    ("content", "said"),
+    [
+        (gzip.compress(b"a scan"), "not a PyTorch checkpoint (a gzip file: a .nii.gz scan?)"),
+        (b'{"format": 3}', "not a PyTorch checkpoint (JSON text)"),
+        (b"", "not a PyTorch checkpoint (an empty file)"),
+    ],
+)
+def test_a_file_that_is_no_checkpoint_at_all_is_said_to_be_what_it_is(tmp_path, content, said):
+    path = tmp_path / "given.pt"
+    path.write_bytes(content)
+    with pytest.raises(InputError) as err:
+        checkpoint.load(path)
+    assert str(err.value) == f"{path}: {said}"
+
+
+def test_a_folder_given_as_the_checkpoint_says_where_a_model_folder_goes(tmp_path):
+    with pytest.raises(InputError, match=r"a folder, not a checkpoint file$"):
+        checkpoint.load(tmp_path)
+    (tmp_path / "model.json").write_text("{}")
+    with pytest.raises(InputError, match=r"a model folder: give it to --model\)$"):
+        checkpoint.load(tmp_path)
 
 
 # -- wrapped models, devices, compatibility, fine-tuning --------------------------------------
