@@ -11,6 +11,7 @@ but the checkpoint.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import reprlib
 import types
 import typing
@@ -36,7 +37,7 @@ def from_dict(raw: dict[str, Any], *, source: str = "config") -> Config:
     try:
         return _build(Config, raw or {}, source, prefix="")
     except ConfigValueError as err:
-        if source in ("defaults", "config"):
+        if source in ("defaults", "overrides", "config"):
             raise
         raise InputError(f"{source}: {err}") from None
 
@@ -48,7 +49,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     ``train.epochs=50``, ``data.spacing=[2,2,2]`` and ``train.amp=false`` all work.
     """
     raw: dict[str, Any] = {}
-    source = "defaults"
+    source = "overrides" if overrides else "defaults"  # section.key=value given
     if path is not None:
         source = str(path)
         # load_yaml: a folder, FIFO, binary or non-UTF-8 file, a key given twice, text that
@@ -100,7 +101,9 @@ def _build(cls: type, raw: Any, source: str, prefix: str) -> Any:
     if unknown:
         # str: YAML keys may be numbers; split/join: a key may hold a newline
         keys = ", ".join(" ".join((prefix + k).split()) for k in unknown)
-        raise InputError(f"{source}: unknown config key(s) {keys}; known: {sorted(names)}")
+        close = [m for k in unknown for m in difflib.get_close_matches(k, names, n=1)]
+        meant = f" (did you mean {', '.join(prefix + m for m in close)}?)" if close else ""
+        raise InputError(f"{source}: unknown config key(s) {keys}{meant}; known: {sorted(names)}")
     kwargs = {}
     for name, value in raw.items():
         hint = hints[name]

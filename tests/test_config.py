@@ -22,8 +22,8 @@ def test_round_trip_through_plain_dict():
 @pytest.mark.parametrize(
     "overrides, words",
     [
-        (["train.epoch=5"], ["unknown config key", "train.epoch"]),
-        (["trian.epochs=5"], ["unknown config key", "trian"]),
+        (["train.epoch=5"], ["overrides: unknown config key", "did you mean train.epochs?"]),
+        (["trian.epochs=5"], ["unknown config key", "trian (did you mean train?)"]),
         (["train.epochs=many"], ["train.epochs", "int"]),
         (["train.amp=1"], ["train.amp", "bool"]),
         (["data.spacing=3"], ["data.spacing", "list"]),
