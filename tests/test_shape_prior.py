@@ -250,3 +250,23 @@ def test_the_kept_precision_is_read_only_and_per_pattern(prior):
     assert a.shape == (3 * K, 3 * K) and b.shape == (3 * K - 3, 3 * K - 3)
     assert prior._precision(every.copy()) is a and not a.flags.writeable
     np.testing.assert_array_equal(a, np.linalg.inv(prior.cov))
+
+
+def test_training_keeps_the_power_a_prior_file_states(monkeypatch):
+    """The file's power was measured by ``shape fit`` on its people in their own mm;
+    training takes it as stated (not measured again on the kept, rescaled
+    configurations); a subset of the landmarks is measured, as its file states none."""
+    from heatmap3d.review.shape_file import read_prior
+    from heatmap3d.training import heldout
+
+    stated = read_prior("afids")
+    assert stated.power is not None
+
+    def measured(*args, **kwargs):
+        raise AssertionError("measured again")
+
+    monkeypatch.setattr(heldout, "measure_power", measured)
+    kept = heldout.fit_shape([], list(stated.names), "afids")
+    assert kept.power == stated.power
+    with pytest.raises(AssertionError, match="measured again"):
+        heldout.fit_shape([], list(stated.names[:10]), "afids")

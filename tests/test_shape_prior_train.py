@@ -64,6 +64,7 @@ def test_a_model_trained_with_a_prior_carries_a_copy_as_its_shape_model(phantoms
     fitted = json.loads(prior.read_text())
     assert shape["kind"] == "population" and shape["names"] == list(LANDMARK_NAMES)
     assert np.allclose(shape["cov"], fitted["cov"]) and shape["n_cases"] == 12
+    assert shape["power"] == fitted["power"]  # what shape fit measured on its people, kept
     assert "the population prior" in proc.stdout
     # predict --model reviews scans with it (the prior read back from the folder's copy)
     prior.unlink()

@@ -81,12 +81,16 @@ def fit_shape(
     With ``prior`` (``train.shape_prior``): that population prior for ``names`` instead,
     copied into the model folder by the caller (shape.json), so the folder stays whole.
     With ``measure``, its power (what it catches) measured on the configurations it was
-    fitted on (:mod:`heatmap3d.review.shape_power`; a prior that keeps none keeps the
-    power its file states, if any)."""
+    fitted on (:mod:`heatmap3d.review.shape_power`). A prior's file states the power
+    ``heatmap3d shape fit`` measured on its people as they were, in their own mm; that
+    one is kept (for a subset of its landmarks, or a file without one, it is measured on
+    the configurations the file keeps, which are aligned to its mean and so rescaled)."""
     if prior:
         found = read_prior(prior, names)
         log.info(f"shape model: the population prior {prior} ({found.n_cases} configurations)")
-        return _with_power(found, found.configurations) if measure else found
+        if found.power is not None or not measure:  # 8 s of a run for the 122 AFIDs people
+            return found
+        return _with_power(found, found.configurations)
     shapes = np.stack(list(truth_points(cases, names).values()))
     try:
         model = ShapeModel.fit(names, shapes, floor_mm=shape_floor_mm(len(shapes)))
