@@ -125,3 +125,6 @@ def test_a_stage_folder_or_checkpoint_given_as_the_model_says_what_to_give(tmp_p
     assert whole in str(file.value)
     with pytest.raises(InputError, match=r"no model\.json; heatmap3d train DATA writes one\)$"):
         read_model_folder(tmp_path / "elsewhere")
+    with pytest.raises(InputError) as fold:  # a fold's folder, holding stage folders
+        read_model_folder(tmp_path / "run" / "fold0")
+    assert str(fold.value).endswith(f"writes one; {whole})")

@@ -105,7 +105,7 @@ def _what_instead(path: Path) -> str:
     stage = [n for n in ("best.pt", "last.pt") if (path / n).is_file()]
     if stage:
         return f"a training stage's folder: --checkpoint {path / stage[0]} runs its network{whole}"
-    return f"no {MODEL_FILE}; heatmap3d train DATA writes one"
+    return f"no {MODEL_FILE}; heatmap3d train DATA writes one{whole}"
 
 
 def read_model_folder(folder: Path) -> ModelFolder:
