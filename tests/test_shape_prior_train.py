@@ -6,6 +6,7 @@ the file, before training."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -66,6 +67,17 @@ def test_a_model_trained_with_a_prior_carries_a_copy_as_its_shape_model(phantoms
     assert np.allclose(shape["cov"], fitted["cov"]) and shape["n_cases"] == 12
     assert shape["power"] == fitted["power"]  # what shape fit measured on its people, kept
     assert "the population prior" in proc.stdout
+    # The last line says where the command's time went (the budget is training's alone).
+    last = proc.stdout.strip().splitlines()[-1]
+    times = re.fullmatch(
+        r"done in ([\d.]+) min: ([\d.]+) min training \(the budget's, with the case checks "
+        r"and the cache\), ([\d.]+) before it \(the plan\), ([\d.]+) after it \(shape "
+        r"model, held-out predictions, calibration, report\)",
+        last,
+    )
+    assert times, last
+    total, *parts = map(float, times.groups())
+    assert abs(total - sum(parts)) <= 0.15  # each rounded to 0.1 min
     # predict --model reviews scans with it (the prior read back from the folder's copy)
     prior.unlink()
     (case,) = json.loads((data / "split.json").read_text())["test"]

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import time
 from pathlib import Path
 
 from heatmap3d import distributed
@@ -71,6 +72,7 @@ def train_dataset(
     ``members`` (seeds) or ``folds`` (:mod:`heatmap3d.training.members`). Returns the whole
     model's statistics on held-out scans (on every rank).
     """
+    started = time.monotonic()
     base = load_config(None, overrides)  # bad overrides stop here, before any work
     # The folder of model folders, and --overwrite's say over an earlier run there.
     out = Destination(Path(base.train.out_dir), replace=overwrite)
@@ -98,7 +100,9 @@ def train_dataset(
                 Path(first.root), first.split_file, model.folder, members=members, folds=folds
             ),
         )
-        return run_stages(world, stages, model, plan_file, members=team, resume=resume)
+        return run_stages(
+            world, stages, model, plan_file, members=team, resume=resume, started=started
+        )
     finally:
         distributed.teardown()
 
@@ -184,6 +188,7 @@ def run_stages(
     *,
     members: list[Member] | None = None,
     resume: bool = False,
+    started: float | None = None,
 ) -> list[LandmarkStats] | None:
     """Train ``stages`` (name, config) of every member into the model folder ``model`` (by
     its rule for an earlier run's checkpoints) in the process group of ``world``; the
@@ -191,8 +196,12 @@ def run_stages(
 
     Each stage's run folder is ``model_dir/<member>/<name>`` (``model_dir/<name>`` for a
     lone model). ``plan_file`` is copied into the folder for the record. Members train one
-    after the other (:mod:`heatmap3d.training.members`).
+    after the other (:mod:`heatmap3d.training.members`). The last line says where the
+    command's time went (``started``: ``time.monotonic()`` when it began, if earlier):
+    the budget is the training's, and a user sizing a cluster job needs the rest too.
     """
+    training = time.monotonic()
+    started = training if started is None else started
     members = members or [Member("")]
     model_dir = model.folder
     first = stages[0][1]
@@ -210,7 +219,21 @@ def run_stages(
             out = model.sub(member.name)
             trainers.append(train(cfg, world, resume=resume, out=out, later=later))
         runs.append(trainers)
-    return _finish(runs, members, model_dir, plan_file, world)
+    after = time.monotonic()
+    stats = _finish(runs, members, model_dir, plan_file, world)
+    log.info(_time_line(started, training, after, time.monotonic()))
+    return stats
+
+
+def _time_line(started: float, training: float, after: float, done: float) -> str:
+    """Where a training command's time went, from four ``time.monotonic()`` readings."""
+    total, before = (done - started) / 60, (training - started) / 60
+    trained, rest = (after - training) / 60, (done - after) / 60
+    return (
+        f"done in {total:.1f} min: {trained:.1f} min training (the budget's, with the case "
+        f"checks and the cache), {before:.1f} before it (the plan), {rest:.1f} after it "
+        "(shape model, held-out predictions, calibration, report)"
+    )
 
 
 def _record_plan(plan_file: Path | None, record: Path) -> None:
