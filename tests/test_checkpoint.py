@@ -92,10 +92,15 @@ def test_refuses_pickles_and_junk(tmp_path):
 @pytest.mark.parametrize(
     ("content", "said"),
     [
-        (gzip.compress(b"a scan"), "not a PyTorch checkpoint (a gzip file: a .nii.gz scan?)"),
+        # mtime=0: gzip stamps the time, and xdist's workers must collect the same tests
+        (
+            gzip.compress(b"a scan", mtime=0),
+            "not a PyTorch checkpoint (a gzip file: a .nii.gz scan?)",
+        ),
         (b'{"format": 3}', "not a PyTorch checkpoint (JSON text)"),
         (b"", "not a PyTorch checkpoint (an empty file)"),
     ],
+    ids=["gzip", "json", "empty"],
 )
 def test_a_file_that_is_no_checkpoint_at_all_is_said_to_be_what_it_is(tmp_path, content, said):
     path = tmp_path / "given.pt"
