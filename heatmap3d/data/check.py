@@ -12,13 +12,13 @@ legal but worth a look. Checks, one function each:
   empty or missing, or no ``split.json`` at all, when every case found is a training
   case: :func:`heatmap3d.io.layout.dataset_split`) is only a warning: cross-validation
   (``--folds K``) pools every case, and training without it refuses the dataset;
-* per case: image and landmark file present; the image readable, 3D, finite, not
-  constant, with a non-singular affine (:func:`heatmap3d.io.volumes.load_volume` raises for
-  these) and not very anisotropic; the landmark file parses (duplicated names are a parse
-  error) and has at least one landmark; the landmarks' coordinate system is plausible:
-  a warning when they fall on the image background as stated but on its foreground with
-  x and y negated (a RAS file labelled LPS, or the reverse, whose points still fall
-  inside the image);
+* per case: image and landmark file present (:mod:`heatmap3d.data.case_files`); the image
+  readable, 3D, finite, not constant, with a non-singular affine
+  (:func:`heatmap3d.io.volumes.load_volume` raises for these) and not very anisotropic;
+  the landmark file parses (duplicated names are a parse error) and has at least one
+  landmark; the landmarks' coordinate system is plausible: a warning when they fall on the
+  image background as stated but on its foreground with x and y negated (a RAS file
+  labelled LPS, or the reverse, whose points still fall inside the image);
 * across cases: landmark names against the reference set (``--landmarks``, else the
   most common set): a name the set lacks is an error, a file that leaves out some of the
   set's names only a warning (training treats those as missing, as it treats NaN), a
@@ -44,7 +44,6 @@ of every case's files and the landmark names, which training reads instead of
 
 from __future__ import annotations
 
-import glob
 import itertools
 from collections import Counter
 from collections.abc import Callable
@@ -53,6 +52,7 @@ from pathlib import Path
 
 import numpy as np
 
+from heatmap3d.data.case_files import locate_case, named_path
 from heatmap3d.data.case_memo import case_key, keep, recall
 from heatmap3d.data.case_threads import map_cases
 from heatmap3d.data.findings import ERROR, WARNING, CheckReport, Collector, Finding
@@ -68,18 +68,7 @@ from heatmap3d.data.reflection import check_orientation
 from heatmap3d.errors import InputError
 from heatmap3d.geometry import Volume
 from heatmap3d.io.landmarks import Landmarks, read_landmarks
-from heatmap3d.io.layout import (
-    Case,
-    dataset_split,
-    find_image,
-    find_landmark_file,
-    image_candidates,
-    landmark_candidates,
-    landmark_case_id,
-    no_validation,
-    scan_stem,
-    split_is_implicit,
-)
+from heatmap3d.io.layout import Case, dataset_split, no_validation, split_is_implicit
 from heatmap3d.io.volumes import load_volume
 
 __all__ = [
@@ -127,7 +116,7 @@ def check_dataset(
     found = Collector(CheckReport(root))
     split = _check_split(root / split_file, found)
     ids = list(dict.fromkeys(itertools.chain.from_iterable(split.values())))
-    located = {case_id: _locate_case(root, case_id, found) for case_id in ids}
+    located = {case_id: locate_case(root, case_id, found) for case_id in ids}
     cases = {
         name: [located[c] for c in members if located[c] is not None]
         for name, members in split.items()
@@ -210,12 +199,12 @@ def _check_split(path: Path, report: Collector) -> dict[str, list[str]]:
 
     def on_bad(err: InputError) -> None:
         # Without a split file a bad id is a bad file name: reported against that file.
-        report.input_error(_named_path(err) if implicit else path, err)
+        report.input_error(named_path(err) if implicit else path, err)
 
     try:
         split = dataset_split(root, name, on_bad=on_bad)
     except InputError as err:
-        report.input_error(_named_path(err) if implicit else path, err)
+        report.input_error(named_path(err) if implicit else path, err)
         return {}
     if not split.get("train"):
         state = "empty" if "train" in split else "missing"
@@ -276,59 +265,6 @@ def _read_case(
             check_frame(case, vol, data.landmarks, report)
     keep(key, (data, report.result.findings))
     return data, report.result.findings
-
-
-def _locate_case(root: Path, case_id: str, report: Collector) -> Case | None:
-    """The case's image and landmark file, as training finds them (:mod:`heatmap3d.io.layout`);
-    an error for each one that is missing, or that is two files (which one is meant?)."""
-    try:
-        image = find_image(root, case_id)
-    except InputError as err:  # two images for the case
-        report.input_error(_named_path(err), err)
-        image = None
-    else:
-        if image is None:
-            images = image_candidates(root, case_id)
-            others = ", ".join(p.name for p in images[1:])
-            hint = _suffixed_namesake(root, case_id)
-            report.error(images[0], f"image of case {case_id!r} not found (nor {others}){hint}")
-    tried = landmark_candidates(root / "landmarks", case_id)
-    marks: Path | None = None
-    if not any(p.is_file() for p in tried):
-        names = ", ".join(p.name for p in tried)
-        hint = _suffixed_namesake(root, case_id)
-        report.error(root / "landmarks" / case_id, f"no landmark file (tried {names}){hint}")
-    else:
-        try:
-            marks = find_landmark_file(root / "landmarks", case_id)
-        except InputError as err:  # two landmark files for the case
-            report.input_error(_named_path(err), err)
-    return Case(case_id, image, marks) if image is not None and marks is not None else None
-
-
-def _suffixed_namesake(root: Path, case_id: str) -> str:
-    """A hint, for a case missing its scan or its landmark file, when the other folder
-    holds the same name with a suffix (``case1_0000.nii.gz`` beside ``case1.fcsv``, as
-    nnU-Net names a scan's channel): ``""`` when there is none."""
-    pairs = []  # (the scan's case id, the landmark file's) that look like one case
-    for path in sorted((root / "images").glob(f"{glob.escape(case_id)}_*")):
-        pairs.append((scan_stem(path), case_id))
-    for path in sorted((root / "landmarks").glob("*")):
-        other = landmark_case_id(path)
-        if other and case_id.startswith(f"{other}_"):
-            pairs.append((case_id, other))
-    if not pairs:
-        return ""
-    scan, marks = pairs[0]
-    return (
-        f"; the scan {scan!r} and the landmark file {marks!r} look like one case: a scan "
-        "and its landmark file share one name (no suffix such as nnU-Net's _0000)"
-    )
-
-
-def _named_path(err: InputError) -> Path:
-    """The path an InputError's message starts with (``<path>: problem``)."""
-    return Path(str(err).split(": ", 1)[0])
 
 
 def _read_image(path: Path, report: Collector, nifti_frame: str | None) -> Volume | None:
