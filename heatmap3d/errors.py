@@ -29,3 +29,11 @@ def first_line(exc: BaseException) -> str:
     """The first line of a library's message (its type's name if it has none)."""
     text = str(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__
+
+
+def listed(items: list[str], most: int = 5) -> str:
+    """``a, b, c`` (``and N more``), or ``none``: a message's list, kept to one line."""
+    if not items:
+        return "none"
+    more = f" and {len(items) - most} more" if len(items) > most else ""
+    return ", ".join(items[:most]) + more

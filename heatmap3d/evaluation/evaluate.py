@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 
 from heatmap3d import __version__
-from heatmap3d.errors import InputError, one_line
+from heatmap3d.errors import InputError, listed, one_line
 from heatmap3d.evaluation.metrics import (
     LandmarkStats,
     format_table,
@@ -262,10 +262,9 @@ def unpredicted_line(pred_dir: Path, truth_dir: Path, predicted: set[str]) -> li
     left = [c for c in landmark_files(truth_dir) if c not in predicted]
     if not left:
         return []
-    shown = ", ".join(left[:5]) + (f", ... ({len(left) - 5} more)" if len(left) > 5 else "")
     return [
         f"not scored: {len(left)} case(s) of {truth_dir} have no prediction in {pred_dir} "
-        f"({shown}); the figures are of the {len(predicted)} predicted"
+        f"({listed(left)}); the figures are of the {len(predicted)} predicted"
     ]
 
 

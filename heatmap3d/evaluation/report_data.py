@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from heatmap3d.errors import InputError, one_line
+from heatmap3d.errors import InputError, listed, one_line
 from heatmap3d.io.landmark_fields import from_spreadsheet_safe
 from heatmap3d.predictions.reading import TABLES as COHORT_TABLES
 from heatmap3d.predictions.reading import (
@@ -187,29 +187,21 @@ def _read_scans(folder: Path, problems: list[str]) -> list[ScanRecord]:
     )
     if half or lone:
         problems.append(
-            f"half-written folder: {_listed(half)} without .mrk.json, {_listed(lone)} "
+            f"half-written folder: {listed(half)} without .mrk.json, {listed(lone)} "
             "without .csv (an interrupted run? rerun the same predict command)"
         )
     stale = sorted(p.name for p in [*folder.glob(".*.tmp"), *(folder / RECORDS).glob(".*.tmp")])
     if stale:
-        problems.append(f"temporary files of an interrupted write: {_listed(stale)}")
+        problems.append(f"temporary files of an interrupted write: {listed(stale)}")
     unrecorded = [s.stem for s in scans if s.scan is None]
     # Records kept for some scan, or a records folder: a scan without one was interrupted
     # (its record goes last) or its rewrite failed part way (its record goes first).
     if unrecorded and (len(unrecorded) < len(scans) or (folder / RECORDS).is_dir()):
         problems.append(
-            f"no record of what made {_listed(unrecorded)} (in {RECORDS}/, written last: "
+            f"no record of what made {listed(unrecorded)} (in {RECORDS}/, written last: "
             "interrupted, or predicted by an older version)"
         )
     return scans
-
-
-def _listed(items: list[str], most: int = 5) -> str:
-    """``a, b, c`` (``and N more``), or ``none``."""
-    if not items:
-        return "none"
-    more = f" and {len(items) - most} more" if len(items) > most else ""
-    return ", ".join(items[:most]) + more
 
 
 def _check_sameness(cohort: Cohort) -> None:
@@ -225,7 +217,7 @@ def _check_sameness(cohort: Cohort) -> None:
     if len(sets) > 1:
         odd = [s.stem for s in cohort.scans if tuple(s.names) != sets.most_common(1)[0][0]]
         cohort.problems.append(
-            f"{len(sets)} different landmark sets; unlike the most common: {_listed(odd)}"
+            f"{len(sets)} different landmark sets; unlike the most common: {listed(odd)}"
         )
 
 
@@ -242,7 +234,7 @@ def _check_cohort_table(cohort: Cohort) -> None:
         return
     gone = sorted(listed - {s.stem for s in cohort.scans} - {""})
     if gone:
-        cohort.problems.append(f"{path.name} lists scans with no files here: {_listed(gone)}")
+        cohort.problems.append(f"{path.name} lists scans with no files here: {listed(gone)}")
 
 
 def read_evaluation(folder: Path) -> Evaluation:
