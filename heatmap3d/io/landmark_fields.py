@@ -57,15 +57,15 @@ def parse_xyz(path: Path, where: str, values: Sequence[Any]) -> list[float]:
             continue
         # bool is excluded explicitly: float(True) == 1.0, but JSON true is no coordinate.
         if isinstance(value, bool) or not isinstance(value, (int, float, str)):
-            raise InputError(f"{path}: {where}: non-numeric coordinate {_short(value)}")
+            raise InputError(f"{path}: {where}: non-numeric coordinate {short(value)}")
         try:
             number = float(value)
         except ValueError:
-            raise InputError(f"{path}: {where}: non-numeric coordinate {_short(value)}") from None
+            raise InputError(f"{path}: {where}: non-numeric coordinate {short(value)}") from None
         except OverflowError:  # a JSON integer of 400 digits: beyond any float
             number = math.inf
         if math.isinf(number):
-            raise InputError(f"{path}: {where}: infinite coordinate {_short(value)}")
+            raise InputError(f"{path}: {where}: infinite coordinate {short(value)}")
         out.append(number)
     n_missing = sum(math.isnan(v) for v in out)
     if 0 < n_missing < 3:
@@ -91,7 +91,7 @@ def from_spreadsheet_safe(cell: str) -> str:
     return cell[1:] if cell.startswith("'") and _FORMULA.match(cell[1:]) else cell
 
 
-def _short(value: Any) -> str:
+def short(value: Any) -> str:
     """``repr(value)``, cut to 40 characters (a 5000-digit number makes no useful message)."""
     text = repr(value)
     return text if len(text) <= 40 else f"{text[:37]}..."

@@ -32,6 +32,7 @@ from heatmap3d.io.landmark_fields import (
     from_spreadsheet_safe,
     load_json,
     parse_xyz,
+    short,
     spreadsheet_safe,
 )
 from heatmap3d.io.slicer_markups import (
@@ -63,7 +64,7 @@ def _read_csv(path: Path, text: str) -> Parsed:
     delimiter = _delimiter(body[0] if body else "")
     if delimiter is None:
         raise InputError(
-            f"{path}: header {_short_line(body[0] if body else '')} lacks columns "
+            f"{path}: header {short(body[0] if body else '')} lacks columns "
             "name,x,y,z (separated by commas, semicolons or tabs)"
         )
     reader = csv.DictReader(body, delimiter=delimiter)
@@ -101,11 +102,6 @@ def _decimal_point(value: str) -> str:
     if value.count(",") == 1 and "." not in value:
         return value.replace(",", ".")
     return value
-
-
-def _short_line(line: str, limit: int = 60) -> str:
-    """``line`` quoted for a message, cut at ``limit`` characters."""
-    return repr(line if len(line) <= limit else line[:limit] + "...")
 
 
 def _csv_text(names: list[str], points: np.ndarray, system: str, conf: np.ndarray | None) -> str:
