@@ -124,6 +124,9 @@ def test_every_format_predicts_the_same_landmarks(models, tmp_path):
             save_volume(scans[-1], vol)
     proc = predict("--checkpoint", models["coarse"], *scans, "--out", tmp_path / "out")
     assert proc.returncode == 0, proc.stderr
+    # Off a terminal (a pipe here, a log file on a cluster) a line a scan, and no bar.
+    assert sum(f"{path}: " in proc.stdout for path in scans) == len(scans)
+    assert "%|" not in proc.stderr + proc.stdout  # a bar's "predict:  50%|#####  | 6/12"
     for frame in FRAMES:
         found = {fmt: points(tmp_path / "out" / f"{frame}_{fmt}.csv") for fmt in FORMATS}
         assert np.isfinite(found["nifti"]).all(1).sum() >= 2  # most landmarks have a peak

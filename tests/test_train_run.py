@@ -37,6 +37,8 @@ def test_a_new_run_never_replaces_an_earlier_runs_checkpoints(phantoms, tmp_path
     data = phantoms(n_train=2, n_val=1, seed=2)
     first = cli(*train_args(data, tmp_path, "train.epochs=1"))
     assert first.returncode == 0, first.stderr
+    # Into a log file (a pipe here): the epoch as a line, no bar ("train: 100%|####| 1/1").
+    assert "train: epoch 1 of 1, loss " in first.stdout and "%|" not in first.stderr
     run = tmp_path / "run"
     before = {n: (run / n).read_bytes() for n in ("best.pt", "last.pt")}
     again = cli(*train_args(data, tmp_path, "train.epochs=1"))

@@ -192,7 +192,9 @@ def predict_files(
     failures: list[ScanFailure] = []
     caught = Exception if keep_going else InputError
     last = time.perf_counter()
-    bar = tqdm(total=len(scans), desc="predict", unit="scan", disable=not progress)
+    # On a terminal only (None: tqdm asks the stream): in a log file each scan's line says
+    # it, and the bar's redraws would pile up there.
+    bar = tqdm(total=len(scans), desc="predict", unit="scan", disable=None if progress else True)
     try:
         for scan, read in reads:
             start = time.perf_counter()

@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
-from tqdm import tqdm
 
 from heatmap3d import distributed
 from heatmap3d.data.loaders import build_cache, training_loader
@@ -31,6 +30,7 @@ from heatmap3d.log import get_logger
 from heatmap3d.training.anatomy import load_population
 from heatmap3d.training.budget import EpochPlan
 from heatmap3d.training.monitor import make_monitor
+from heatmap3d.training.progress import EpochProgress
 from heatmap3d.training.state import TrainState, check_run_dir, claim_run_dir, read_checkpoint
 from heatmap3d.training.steps import Stepper, groups
 from heatmap3d.training.validation import Validator
@@ -166,20 +166,14 @@ class Trainer:
         allows); Ctrl-C raises :class:`Interrupted` (one line)."""
         plan, state = EpochPlan(self.cfg.train, self.state, self.world), self.state
         self._saved_at = time.perf_counter()  # the checkpoint interval counts from here
-        bar = tqdm(
-            desc="train",
-            unit="epoch",
-            initial=state.epoch,
-            total=state.planned_epochs,
-            disable=not self.world.is_main,
+        bar = EpochProgress(
+            first_epoch=state.epoch, planned=state.planned_epochs, show=self.world.is_main
         )
         # A run that stops on an error still leaves its TensorBoard events on disk.
         try:
             while not plan.finished():
                 postfix = self._epoch(plan)
-                bar.total = state.planned_epochs
-                bar.update()
-                bar.set_postfix(postfix)
+                bar.update(state.epoch, state.planned_epochs, postfix, state.best_mre)
             note = plan.warm_up_note()
             if note and self.world.is_main:
                 log.warning(f"{self.run_dir}: {note}")
