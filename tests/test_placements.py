@@ -168,3 +168,8 @@ def test_the_calibration_places_at_most_its_cap_of_held_out_scans(n, most, parts
     said = caplog.text
     assert f"4 random placements of {want} of {n}" in said if want < n else f"of {n} held" in said
     assert ("train.calibration_max_cases" in said) == (want < n)
+    assert said.count("calibration: ") == 1  # no part named: the model folder's
+    caplog.clear()
+    with caplog.at_level("INFO", logger="heatmap3d"):
+        placed_cases(n, most, parts, 4, " (fold 2)")
+    assert "calibration (fold 2): 4 random placements" in caplog.text

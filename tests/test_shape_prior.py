@@ -270,3 +270,17 @@ def test_training_keeps_the_power_a_prior_file_states(monkeypatch):
     assert kept.power == stated.power
     with pytest.raises(AssertionError, match="measured again"):
         heldout.fit_shape([], list(stated.names[:10]), "afids")
+
+
+def test_the_prior_is_named_once_a_run_not_once_a_fold(caplog):
+    """The model folder's shape model names its prior; each fold's copy of it is silent
+    (a 3-fold run printed the same line four times)."""
+    from heatmap3d.training import heldout
+
+    names = list(heldout.read_prior("afids").names)
+    with caplog.at_level("INFO", logger="heatmap3d"):
+        heldout.fit_shape([], names, "afids")
+        for _ in range(3):
+            heldout.fit_shape([], names, "afids", measure=False, say=False)
+    said = [r.getMessage() for r in caplog.records if "population prior" in r.getMessage()]
+    assert said == ["shape model: the population prior afids (122 configurations)"]

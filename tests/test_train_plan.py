@@ -96,6 +96,8 @@ def test_an_edited_plan_with_a_refiner_trains_a_cascade_of_folds(phantoms, copy_
     split = json.loads((data / "split.json").read_text())
     assert pooled == sorted(split["train"] + split["val"])  # each case validated once
     assert "out_of_fold" in proc.stdout or (model / "out_of_fold" / "evaluation").is_dir()
+    for f in (0, 1):  # each fold's calibration says whose it is
+        assert f"calibration (fold {f}): " in proc.stdout, proc.stdout
     # 6 held-out scans (each under placements too) are too few for a 90 % bound: said.
     assert json.loads((model / "calibration.json").read_text())["n_scans"] == 6
     caveat = "note: radius_mm: NOT CALIBRATED. It rests on 6 held-out scan(s); a 90% bound"

@@ -75,7 +75,7 @@ def shape_floor_mm(n_cases: int) -> float:
 
 
 def fit_shape(
-    cases: list[Case], names: list[str], prior: str = "", *, measure: bool = True
+    cases: list[Case], names: list[str], prior: str = "", *, measure: bool = True, say: bool = True
 ) -> ShapeModel | PopulationShape | None:
     """The shape model of ``cases``' landmarks; None (said why) when they cannot make one.
     With ``prior`` (``train.shape_prior``): that population prior for ``names`` instead,
@@ -84,10 +84,12 @@ def fit_shape(
     fitted on (:mod:`heatmap3d.review.shape_power`). A prior's file states the power
     ``heatmap3d shape fit`` measured on its people as they were, in their own mm; that
     one is kept (for a subset of its landmarks, or a file without one, it is measured on
-    the configurations the file keeps, which are aligned to its mean and so rescaled)."""
+    the configurations the file keeps, which are aligned to its mean and so rescaled).
+    ``say``: log which prior it is (the folds' copies of the folder's prior do not)."""
     if prior:
         found = read_prior(prior, names)
-        log.info(f"shape model: the population prior {prior} ({found.n_cases} configurations)")
+        if say:
+            log.info(f"shape model: the population prior {prior} ({found.n_cases} configurations)")
         if found.power is not None or not measure:  # 8 s of a run for the 122 AFIDs people
             return found
         return _with_power(found, found.configurations)
@@ -242,7 +244,9 @@ def held_out_predictions(runs, members, entries, model_dir, world, extras) -> He
             fold_shape, fold_pose = distributed.main_then_broadcast(
                 world,
                 lambda run=run: (
-                    fit_shape(run[0].train_cases, names, cfg.train.shape_prior, measure=False),
+                    fit_shape(
+                        run[0].train_cases, names, cfg.train.shape_prior, measure=False, say=False
+                    ),
                     fit_training_pose(run[0].train_cases, names, cfg.data),
                 ),
             )
@@ -256,10 +260,11 @@ def held_out_predictions(runs, members, entries, model_dir, world, extras) -> He
     held.truth.update(truth_points(held.cases, names))
     with_threshold(parts, held)
     ranges = Placements(intensities=cfg.data.normalization != "ct")
-    for pipeline, trainer in parts:
+    for f, (pipeline, trainer) in enumerate(parts):
         cases = trainer.validator.cases
-        chosen = placed_cases(len(cases), cfg.train.calibration_max_cases, len(parts), views)
-        people = calibration_people(cfg, pipeline.shape)
+        part = f" (fold {f})" if len(parts) > 1 else ""
+        chosen = placed_cases(len(cases), cfg.train.calibration_max_cases, len(parts), views, part)
+        people = calibration_people(cfg, pipeline.shape, part)
         placed, truth = placed_predictions(
             pipeline,
             cases,
@@ -277,16 +282,17 @@ def held_out_predictions(runs, members, entries, model_dir, world, extras) -> He
     return held
 
 
-def placed_cases(n: int, most: int, parts: int, views: int) -> list[int]:
+def placed_cases(n: int, most: int, parts: int, views: int, part: str = "") -> list[int]:
     """Which of a part's ``n`` held-out scans are placed (indices): at most ``most`` over
-    all ``parts`` (folds share it; ``most`` 0: all), evenly spread. Says (logs) how many."""
+    all ``parts`` (folds share it; ``most`` 0: all), evenly spread. Says (logs) how many,
+    after ``calibration`` and ``part`` (`` (fold 1)``)."""
     share = 0 if most <= 0 else max(1, most // parts)
     chosen = even_spread(n, share)
     if views:
         some = "" if len(chosen) == n else f"{len(chosen)} of "
         cap = "" if len(chosen) == n else " (train.calibration_max_cases)"
         each = "placement" if views == 1 else "placements"
-        log.info(f"calibration: {views} random {each} of {some}{n} held-out scan(s){cap}")
+        log.info(f"calibration{part}: {views} random {each} of {some}{n} held-out scan(s){cap}")
     return chosen
 
 
@@ -312,22 +318,23 @@ def with_threshold(parts: list, held: HeldOut) -> None:
             held.results.update(trainer.validator.predict_cases(pipeline, cut))
 
 
-def calibration_people(cfg, shape) -> np.ndarray | None:
+def calibration_people(cfg, shape, part: str = "") -> np.ndarray | None:
     """The real configurations ``(M, K, 3)`` mm the calibration views are warped to: those
     the model's shape model keeps when it is the population prior of ``train.shape_prior``
     (as :func:`fit_shape` read it), with ``train.calibration_anatomy`` on and views to warp;
-    None otherwise. Says (logs) which it is when there is a prior."""
+    None otherwise. Says (logs) which it is when there is a prior (after ``part``, as
+    :func:`placed_cases`)."""
     t = cfg.train
     if not (t.calibration_anatomy and t.calibration_views and isinstance(shape, PopulationShape)):
         return None
     people = shape.configurations
     if people is None:
         log.info(
-            f"calibration: {t.shape_prior} keeps no configurations (a model folder's "
+            f"calibration{part}: {t.shape_prior} keeps no configurations (a model folder's "
             "shape.json, or a prior written before they were kept): placements only"
         )
     else:
-        log.info(f"calibration: each placement warped to one of {len(people)} real people")
+        log.info(f"calibration{part}: each placement warped to one of {len(people)} real people")
     return people
 
 
