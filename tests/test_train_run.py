@@ -52,6 +52,25 @@ def test_a_new_run_never_replaces_an_earlier_runs_checkpoints(phantoms, tmp_path
     assert resumed.returncode == 0 and "continuing from" in resumed.stdout
 
 
+@pytest.mark.slow
+def test_a_run_that_stopped_before_its_first_last_pt_resumes_from_best_pt(phantoms, tmp_path):
+    """last.pt is written a checkpoint interval apart, best.pt at each better validation: a
+    run killed in its first interval left best.pt alone, and --resume continues from it
+    (it said "starting from scratch", then refused the folder for holding best.pt)."""
+    data = phantoms(n_train=2, n_val=1, seed=2)
+    assert cli(*train_args(data, tmp_path, "train.epochs=1")).returncode == 0
+    run = tmp_path / "run"
+    best, last = (torch.load(run / n, weights_only=True) for n in ("best.pt", "last.pt"))
+    # Written after the same epoch, they hold the same state (the schedule stepped first).
+    assert best["epoch"] == last["epoch"] == 1 and best["scheduler"] == last["scheduler"]
+    (run / "last.pt").unlink()  # what a run killed before its first last.pt leaves
+    resumed = cli(*train_args(data, tmp_path, "train.epochs=2"), "--resume")
+    assert resumed.returncode == 0, resumed.stderr
+    said = f"resume: continuing from {run / 'best.pt'} after epoch 1"
+    assert said in resumed.stdout, resumed.stdout
+    assert torch.load(run / "last.pt", weights_only=True)["epoch"] == 2
+
+
 def _epoch_of(path: Path) -> int:
     try:
         return int(torch.load(path, weights_only=True)["epoch"])

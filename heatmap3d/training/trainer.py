@@ -136,18 +136,27 @@ class Trainer:
         self.validator = Validator(self.cfg, world, val_cases, self.monitor, self.run_dir)
 
     def _resume(self) -> bool:
-        """Continue from ``<run>/last.pt``; False when there is none yet.
+        """Continue from ``<run>/last.pt``, else from ``best.pt``; False when neither is
+        there yet.
 
+        Why ``best.pt``: last.pt is written ``train.checkpoint_minutes`` apart, best.pt at
+        every better validation, so a run that died in its first interval left best.pt
+        alone (a ``heatmap3d train`` killed early in a stage); continuing from it keeps
+        its epochs and its best MRE, so its best.pt is only replaced by a better one.
         Rank 0 reads it and every rank gets its contents: the run folder need not be on a
         file system every node shares, and every rank takes the same path.
         """
-        path = self.run_dir / "last.pt"
-        ckpt = read_checkpoint(self.world, path)
-        if ckpt is None:
-            log.info(f"resume: {path} does not exist yet; starting from scratch")
+        for name in ("last.pt", "best.pt"):
+            path = self.run_dir / name
+            ckpt = read_checkpoint(self.world, path)
+            if ckpt is not None:
+                break
+        else:
+            log.info(f"resume: {self.run_dir} holds no checkpoint yet; starting from scratch")
             return False
         self.state.resume(ckpt, self.cfg, source=str(path))
-        log.info(f"resume: continuing from {path} after epoch {self.state.epoch}")
+        before = "" if name == "last.pt" else " (the run stopped before its first last.pt)"
+        log.info(f"resume: continuing from {path} after epoch {self.state.epoch}{before}")
         return True
 
     def _init_from(self, path: Path) -> None:
@@ -189,13 +198,16 @@ class Trainer:
         plan.before_epoch()
         postfix = {"loss": f"{self._train_epoch(epoch):.3g}"}
         state.epoch = epoch + 1
-        if plan.after_epoch():  # also moves the planned end under a time budget
+        validate = plan.after_epoch()  # also moves the planned end under a time budget
+        # The learning rate of the next epoch, on the plan as it stands; before any
+        # checkpoint, so best.pt holds what last.pt would: either can be resumed from.
+        state.sched.step()
+        if validate:
             mre = self.validator.validate(state.model, state.epoch)[-1].mre
             postfix["val_mre_mm"] = f"{mre:.2f}"
             if mre < state.best_mre:
                 state.best_mre = mre
                 state.save(self.run_dir / "best.pt", self.cfg, self.world)
-        state.sched.step()  # the learning rate of the next epoch, on the plan as it stands
         if self._checkpoint_due(plan):
             with ctrl_c_after():  # last.pt and the note of its epoch, or neither
                 state.save(self.run_dir / "last.pt", self.cfg, self.world)
