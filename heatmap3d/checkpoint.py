@@ -33,7 +33,7 @@ import torch
 
 from heatmap3d.config import Config
 from heatmap3d.config_io import from_dict
-from heatmap3d.errors import InputError, first_line
+from heatmap3d.errors import InputError, first_line, one_line
 from heatmap3d.io.atomic import atomic_write, remove_stale
 from heatmap3d.model import ARCHITECTURE_KEYS
 
@@ -165,9 +165,27 @@ def save(path: str | Path, ckpt: Checkpoint) -> None:
     writes each checkpoint, so no other writer owns them).
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write(path, lambda f: torch.save(ckpt.to_payload(), f))
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write(path, lambda f: torch.save(ckpt.to_payload(), f))
+    except (OSError, RuntimeError) as err:
+        cause = _write_failure(err)
+        if cause is None:
+            raise
+        raise InputError(f"{path}: cannot write the checkpoint ({one_line(cause)})") from None
     remove_stale(path)
+
+
+def _write_failure(err: BaseException) -> BaseException | None:
+    """The file system's refusal behind ``err`` (a full disk, a quota, a lost mount), or
+    None for anything else. torch's writer reports a failed write as a RuntimeError raised
+    while handling the OSError ("unexpected pos ..."), or alone as "PytorchStreamWriter
+    failed writing file"."""
+    if isinstance(err, OSError):
+        return err
+    if isinstance(err.__context__, OSError):
+        return err.__context__
+    return err if "PytorchStreamWriter failed" in str(err) else None
 
 
 def load(path: str | Path) -> Checkpoint:

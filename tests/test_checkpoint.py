@@ -56,6 +56,56 @@ def test_failed_write_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
     assert [p.name for p in tmp_path.iterdir()] == ["last.pt"]
 
 
+@pytest.mark.parametrize("room", [10, 2000])  # torch's own refusal; its RuntimeError after it
+def test_a_full_disk_is_one_line_naming_the_checkpoint(tmp_path, monkeypatch, room):
+    """A file system that refuses the write (full, over quota): InputError naming the file
+    and the reason, the previous checkpoint intact, no temporary file left. torch reports a
+    failed write past its first bytes as "unexpected pos" (a RuntimeError raised while
+    handling the OSError); that one is said as the OSError it was."""
+    import errno
+
+    model = build_model(ModelConfig(channels=2, depth=1), 1)
+    path = tmp_path / "last.pt"
+    checkpoint.save(path, _payload(model))
+    before = path.read_bytes()
+    real = checkpoint.atomic_write
+
+    def full_disk(target, write):
+        def on_a_full_disk(f):
+            wrote = [0]
+            plain = f.write
+
+            def write_some(data):
+                if wrote[0] + len(data) > room:
+                    raise OSError(errno.ENOSPC, "No space left on device")
+                wrote[0] += len(data)
+                return plain(data)
+
+            f.write = write_some
+            write(f)
+
+        real(target, on_a_full_disk)
+
+    monkeypatch.setattr(checkpoint, "atomic_write", full_disk)
+    with pytest.raises(InputError) as err:
+        checkpoint.save(path, _payload(model))
+    reason = "OSError: [Errno 28] No space left on device"
+    assert str(err.value) == f"{path}: cannot write the checkpoint ({reason})"
+    assert path.read_bytes() == before
+    assert [p.name for p in tmp_path.iterdir()] == ["last.pt"]
+
+
+def test_a_runtime_error_that_is_no_write_failure_is_not_called_one(tmp_path, monkeypatch):
+    model = build_model(ModelConfig(channels=2, depth=1), 1)
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("a bug, not the disk")
+
+    monkeypatch.setattr(torch, "save", broken)
+    with pytest.raises(RuntimeError, match="a bug, not the disk"):
+        checkpoint.save(tmp_path / "last.pt", _payload(model))
+
+
 def test_next_save_removes_temp_files_left_by_a_killed_writer(tmp_path):
     model = build_model(ModelConfig(channels=2, depth=1), 1)
     path = tmp_path / "last.pt"

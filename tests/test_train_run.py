@@ -71,6 +71,52 @@ def test_a_run_that_stopped_before_its_first_last_pt_resumes_from_best_pt(phanto
     assert torch.load(run / "last.pt", weights_only=True)["epoch"] == 2
 
 
+# Run as ``python -c``: the checkpoint writer finds the disk full at the FULL_AT-th last.pt.
+_FULL_AT = """
+import errno, os, runpy, sys
+import heatmap3d.checkpoint as c
+real, seen = c.atomic_write, []
+def atomic_write(path, write):
+    if path.name == "last.pt":
+        seen.append(path)
+        if len(seen) == int(os.environ["FULL_AT"]):
+            def full(f):
+                f.write(b"half a checkpoint")
+                raise OSError(errno.ENOSPC, "No space left on device")
+            return real(path, full)
+    return real(path, write)
+c.atomic_write = atomic_write
+sys.argv = ["train_ddp.py", *sys.argv[1:]]
+runpy.run_path("train_ddp.py", run_name="__main__")
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("full_at", [2, 1])
+def test_a_full_disk_ends_training_in_one_line_that_says_what_is_kept(phantoms, tmp_path, full_at):
+    data = phantoms(n_train=2, n_val=1, seed=2)
+    args = train_args(data, tmp_path, "train.epochs=3", "train.checkpoint_minutes=0")
+    proc = run([sys.executable, "-c", _FULL_AT, *args], FULL_AT=str(full_at))
+    run_dir = tmp_path / "run"
+    last = run_dir / "last.pt"
+    kept = {
+        2: f"{last} is from epoch 1; resume with --resume once there is room",
+        1: f"no checkpoint was written in {run_dir} yet; run the same command with --resume "
+        "once there is room",
+    }[full_at]
+    reason = "OSError: [Errno 28] No space left on device"
+    said = f"error: {last}: cannot write the checkpoint ({reason}); {kept}"
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines()[-1] == said, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not list(run_dir.glob(".*.tmp"))
+    if full_at == 2:
+        assert torch.load(last, weights_only=True)["epoch"] == 1  # the last one written, whole
+    # What it says to do works (the disk has room again).
+    resumed = cli(*args, "--resume")
+    assert resumed.returncode == 0, resumed.stderr
+    assert torch.load(last, weights_only=True)["epoch"] == 3
+
+
 def _epoch_of(path: Path) -> int:
     try:
         return int(torch.load(path, weights_only=True)["epoch"])

@@ -113,8 +113,9 @@ class Trainer:
         self.state = TrainState.build(self.cfg, world.device)
         # Weights are loaded before DDP wraps the model (DDP broadcasts rank 0's anyway).
         distributed.main_then_broadcast(world, lambda: check_run_dir(self.run_dir))
+        # The checkpoint --resume would continue from, and its epoch (None: none yet).
+        self.resumable: tuple[Path, int] | None = None
         resumed = resume and self._resume()
-        self.saved_epoch = self.state.epoch  # the epoch last.pt holds (0: none yet)
         if not resumed:
             distributed.main_then_broadcast(world, lambda: claim_run_dir(run))
             if init_from:
@@ -155,6 +156,7 @@ class Trainer:
             log.info(f"resume: {self.run_dir} holds no checkpoint yet; starting from scratch")
             return False
         self.state.resume(ckpt, self.cfg, source=str(path))
+        self.resumable = (path, self.state.epoch)
         before = "" if name == "last.pt" else " (the run stopped before its first last.pt)"
         log.info(f"resume: continuing from {path} after epoch {self.state.epoch}{before}")
         return True
@@ -207,11 +209,14 @@ class Trainer:
             postfix["val_mre_mm"] = f"{mre:.2f}"
             if mre < state.best_mre:
                 state.best_mre = mre
-                state.save(self.run_dir / "best.pt", self.cfg, self.world)
+                self._save("best.pt")
+                if self.resumable is None or self.resumable[0].name == "best.pt":
+                    self.resumable = (self.run_dir / "best.pt", state.epoch)  # no last.pt yet
         if self._checkpoint_due(plan):
             with ctrl_c_after():  # last.pt and the note of its epoch, or neither
-                state.save(self.run_dir / "last.pt", self.cfg, self.world)
-                self.saved_epoch, self._saved_at = state.epoch, time.perf_counter()
+                self._save("last.pt")
+                self.resumable = (self.run_dir / "last.pt", state.epoch)
+                self._saved_at = time.perf_counter()
         return postfix
 
     def _checkpoint_due(self, plan: EpochPlan) -> bool:
@@ -227,13 +232,29 @@ class Trainer:
         since = time.perf_counter() - self._saved_at
         return plan.finished() or every_s <= 0 or since >= every_s
 
+    def _save(self, name: str) -> None:
+        """Write ``<run>/name`` (global rank 0); a file system that refuses it (full, over
+        quota) ends the run in one line that says what the run has kept."""
+        try:
+            self.state.save(self.run_dir / name, self.cfg, self.world)
+        except InputError as err:
+            raise InputError(f"{err}; {self._kept('once there is room')}") from None
+
+    def _kept(self, when: str = "") -> str:
+        """What a stopped run leaves and how to go on: ``<last.pt> is from epoch N; resume
+        with --resume`` (``when``: after that; best.pt where no last.pt was written), or
+        that this stage wrote nothing yet. --resume either way: ``heatmap3d train`` passes
+        over the stages and folds that finished (started afresh, it would refuse their
+        folder, and --overwrite would delete them)."""
+        if self.resumable is None:
+            said = f"no checkpoint was written in {self.run_dir} yet; run the same command"
+            return f"{said} with --resume {when}".rstrip()
+        path, epoch = self.resumable
+        return f"{path} is from epoch {epoch}; resume with --resume {when}".rstrip()
+
     def _interrupted(self) -> Interrupted:
         """What Ctrl-C leaves: the epoch it hit, the epoch ``last.pt`` holds, how to go on."""
-        last = self.run_dir / "last.pt"
-        saved = self.saved_epoch
-        kept = f"{last} is from epoch {saved}" if saved else "no checkpoint was written yet"
-        how = "resume with --resume" if saved else "start it again"
-        return Interrupted(f"interrupted in epoch {self.state.epoch + 1}; {kept}; {how}")
+        return Interrupted(f"interrupted in epoch {self.state.epoch + 1}; {self._kept()}")
 
     def _train_epoch(self, epoch: int) -> float:
         self.stepper.net.train()
