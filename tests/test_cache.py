@@ -70,6 +70,29 @@ def test_entry_matches_preprocess_and_is_memory_mapped(root):
     assert len(entry_files(cfg)) == 2  # <key>.npy and <key>.json, no temporary files
 
 
+@pytest.mark.parametrize("where", ["read-only", "under a file"])
+def test_a_cache_folder_that_cannot_be_written_says_the_ways_on(root, tmp_path, where, monkeypatch):
+    """A shared dataset is often mounted read-only: building its cache (by default in the
+    data folder) names the folder and the two settings that avoid it."""
+    image = cases_of(root)[0].image
+    if where == "under a file":
+        (tmp_path / "file").write_text("")
+        cfg = config(root, cache_dir=str(tmp_path / "file" / "cache"))
+    else:  # the mount's refusal (root may write through permission bits, so simulated)
+        cfg = config(root)
+
+        def read_only(*args, **kwargs):
+            raise OSError(30, "Read-only file system")
+
+        monkeypatch.setattr(cache, "atomic_write", read_only)
+    with pytest.raises(InputError) as err:
+        cache.cached_volume(image, cfg)
+    said = str(err.value)
+    assert said.startswith(f"{cache.cache_dir_of(cfg)}: cannot write the preprocessed-volume")
+    assert "data.cache_dir=<a writable folder>" in said and "data.disk_cache=false" in said
+    assert ("Read-only file system" in said) == (where == "read-only")
+
+
 def test_changed_file_gets_a_new_entry_even_with_size_and_mtime_kept(root):
     cfg = config(root)
     image = root / "images" / "case000.nii"  # uncompressed: change a voxel, keep the size

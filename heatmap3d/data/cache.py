@@ -47,7 +47,7 @@ import numpy as np
 from heatmap3d.config import DataConfig
 from heatmap3d.data.case_threads import map_cases
 from heatmap3d.data.preprocess import preprocess
-from heatmap3d.errors import InputError
+from heatmap3d.errors import InputError, one_line
 from heatmap3d.geometry import Volume
 from heatmap3d.io.atomic import atomic_write
 from heatmap3d.io.json_file import load_json
@@ -151,7 +151,21 @@ def _crc32(path: Path) -> int:
 
 
 def write_entry(entry: Entry, vol: Volume, source: Path, cfg: DataConfig) -> None:
-    """Store a preprocessed volume: the ``.npy`` first, then the ``.json`` that vouches for it."""
+    """Store a preprocessed volume: the ``.npy`` first, then the ``.json`` that vouches for it.
+
+    A cache folder that cannot be written (a shared dataset mounted read-only, a full disk)
+    is an InputError that names it and the two ways on: another folder, or no cache."""
+    try:
+        _write_entry(entry, vol, source, cfg)
+    except OSError as err:
+        raise InputError(
+            f"{entry.npy.parent}: cannot write the preprocessed-volume cache "
+            f"({err.strerror or one_line(err)}); give data.cache_dir=<a writable folder>, or "
+            "data.disk_cache=false to preprocess the scans as they are read"
+        ) from None
+
+
+def _write_entry(entry: Entry, vol: Volume, source: Path, cfg: DataConfig) -> None:
     entry.npy.parent.mkdir(parents=True, exist_ok=True)
     data = np.ascontiguousarray(vol.data, dtype=np.float32)
     atomic_write(entry.npy, lambda f: np.save(f, data, allow_pickle=False))
