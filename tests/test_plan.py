@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from assertions import one_error
 
 from heatmap3d.commands.main import main
 from heatmap3d.commands.plan import add_plan_arguments, plan_command
@@ -349,6 +350,31 @@ def test_plan_a_dataset_without_validation_cases(phantoms, copy_of, capsys, spli
     assert main(["plan", str(data), "--device", "cpu"]) == 0
     assert "3 cases (3 train), 6 landmarks" in capsys.readouterr().out
     assert [s.name for s in read_plan(data / "plan.yaml")] == ["coarse"]
+
+
+def test_a_dataset_folder_that_takes_no_plan_says_where_else_it_can_go(
+    phantoms, copy_of, capsys, monkeypatch, tmp_path
+):
+    """A shared dataset mounted read-only: the default plan.yaml in it cannot be written;
+    the refusal names --out and --plan. Given --out, the refusal is the file's alone."""
+    from heatmap3d.planning import plan_file
+
+    data = copy_of(phantoms(n_train=3, n_val=0, seed=2))
+    real = plan_file.atomic_write_bytes
+
+    def read_only(path, text):
+        if Path(path).parent == data:
+            raise OSError(30, "Read-only file system")
+        return real(path, text)
+
+    monkeypatch.setattr(plan_file, "atomic_write_bytes", read_only)
+    assert one_error(capsys, "plan", data, "--device", "cpu") == (
+        f"error: {data / 'plan.yaml'}: cannot write the plan (Read-only file system); "
+        "--out FILE writes it elsewhere (train it with --plan FILE)"
+    )
+    elsewhere = tmp_path / "mine.yaml"
+    assert main(["plan", str(data), "--device", "cpu", "--out", str(elsewhere)]) == 0
+    assert [s.name for s in read_plan(elsewhere)] == ["coarse"]
 
 
 def test_fingerprint_refuses_a_dataset_with_errors(tmp_path):

@@ -77,7 +77,15 @@ def plan(
     print(plan_text(made, fp), end="")
     if replacing is not None:
         log.info(f"note: --overwrite: replacing {target}, {replacing}")
-    write_plan(target, made, fp)
+    try:
+        write_plan(target, made, fp)
+    except InputError as err:
+        if out is not None:
+            raise
+        # The default place is the dataset folder, which a shared dataset may not allow.
+        raise InputError(
+            f"{err}; --out FILE writes it elsewhere (train it with --plan FILE)"
+        ) from None
     log.info(f"wrote {target}")
     return made
 
