@@ -20,6 +20,17 @@ class Interrupted(Exception):
     """Training stopped by Ctrl-C (SIGINT); the message says what was kept and how to go on."""
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, as the ``heatmap3d`` command receives it (a batch scheduler's time limit or
+    preemption, ``kill``): raised where Ctrl-C's KeyboardInterrupt would be, so the work
+    stops as it does on Ctrl-C, with the line that says what was kept."""
+
+
+def stopped_by_sigterm(err: BaseException) -> bool:
+    """Whether ``err`` is, or was raised while handling, :class:`Terminated`."""
+    return isinstance(err, Terminated) or isinstance(err.__context__, Terminated)
+
+
 def one_line(exc: BaseException) -> str:
     """``Type: message`` on one line (library messages may contain newlines)."""
     return f"{type(exc).__name__}: {' '.join(str(exc).split())}"

@@ -124,9 +124,12 @@ def _epoch_of(path: Path) -> int:
         return -1
 
 
-def _interrupt_after_first_epoch(args: list[str], last: Path) -> subprocess.Popen:
-    """Start ``args`` in its own session, wait for ``last`` to hold an epoch, then SIGINT the
-    whole process group, as Ctrl-C in a terminal does."""
+def _interrupt_after_first_epoch(
+    args: list[str], last: Path, sig: int = signal.SIGINT
+) -> subprocess.Popen:
+    """Start ``args`` in its own session, wait for ``last`` to hold an epoch, then signal the
+    whole process group: SIGINT, as Ctrl-C in a terminal does; SIGTERM, as SLURM does to a
+    job step's processes at its time limit."""
     proc = subprocess.Popen(
         args,
         cwd=ROOT,
@@ -142,19 +145,23 @@ def _interrupt_after_first_epoch(args: list[str], last: Path) -> subprocess.Pope
     while _epoch_of(last) < 1 and time.monotonic() < deadline and proc.poll() is None:
         time.sleep(0.2)
     assert _epoch_of(last) >= 1, "no checkpoint before the deadline"
-    os.killpg(proc.pid, signal.SIGINT)
+    os.killpg(proc.pid, sig)
     return proc
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("nproc", [1, 2])
-def test_ctrl_c_ends_training_with_one_line_and_exit_130(phantoms, tmp_path, nproc):
+@pytest.mark.parametrize(
+    "nproc, sig", [(1, signal.SIGINT), (2, signal.SIGINT), (1, signal.SIGTERM)]
+)
+def test_ctrl_c_ends_training_with_one_line_and_exit_130(phantoms, tmp_path, nproc, sig):
+    """SIGTERM (a scheduler's time limit, kill) the same, with exit status 143: Python's
+    default would end the process mid-step without a word."""
     data = phantoms(n_train=2, n_val=1, seed=2)
     args = train_args(data, tmp_path, "train.epochs=1000")
     launch = [sys.executable, "train_ddp.py", *args]
     if nproc > 1:
         launch = torchrun_args(nproc, *args)
-    proc = _interrupt_after_first_epoch(launch, tmp_path / "run" / "last.pt")
+    proc = _interrupt_after_first_epoch(launch, tmp_path / "run" / "last.pt", sig)
     out, err = proc.communicate(timeout=120)
     lines = [line for line in err.splitlines() if "interrupted in epoch" in line]
     assert len(lines) == 1, err  # one line per run, from rank 0 only
@@ -162,7 +169,7 @@ def test_ctrl_c_ends_training_with_one_line_and_exit_130(phantoms, tmp_path, npr
     assert "KeyboardInterrupt" not in err, err
     frames = [line for line in err.splitlines() if line.strip().startswith('File "')]
     if nproc == 1:
-        assert proc.returncode == 130 and not frames, err
+        assert proc.returncode == 128 + sig and not frames, err
     else:  # torchrun's agent reports the signal with its own traceback; none of ours
         assert all("/torch/" in f or "<frozen" in f for f in frames), err
 
@@ -225,3 +232,24 @@ def test_a_ctrl_c_during_the_checkpoint_lands_after_its_note():
     with ctrl_c_after():  # nothing held: nothing raised
         noted.append("epoch 2")
     assert noted == ["epoch 1", "epoch 2"]
+
+
+def test_a_sigterm_during_the_checkpoint_lands_after_its_note():
+    """The command handles SIGTERM as Ctrl-C (a batch scheduler's time limit): held back
+    the same way; the system's default handler (a library's caller) is left alone."""
+    from heatmap3d.errors import Terminated
+    from heatmap3d.io.atomic import ctrl_c_after
+    from heatmap3d.signals import _on_sigterm
+
+    before = signal.signal(signal.SIGTERM, _on_sigterm)
+    try:
+        noted = []
+        with pytest.raises(Terminated), ctrl_c_after():
+            signal.raise_signal(signal.SIGTERM)
+            noted.append("epoch 1")
+        assert noted == ["epoch 1"] and signal.getsignal(signal.SIGTERM) is _on_sigterm
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        with ctrl_c_after():
+            assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # not taken over
+    finally:
+        signal.signal(signal.SIGTERM, before)

@@ -16,7 +16,13 @@ from typing import NoReturn
 from heatmap3d import log as logs
 from heatmap3d.commands.allocator import keep_freed_memory
 from heatmap3d.commands.parser import parse
-from heatmap3d.errors import InputError, Interrupted, NonFiniteLossError
+from heatmap3d.errors import (
+    InputError,
+    Interrupted,
+    NonFiniteLossError,
+    stopped_by_sigterm,
+)
+from heatmap3d.signals import handle_sigterm
 
 log = logs.get_logger(__name__)
 
@@ -153,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     except (Interrupted, KeyboardInterrupt) as err:  # Ctrl-C: one line, from rank 0 only
         log.error(f"error: {str(err) or 'interrupted'}")
-        return 130
+        return 143 if stopped_by_sigterm(err) else 130  # 128 + the signal, as a shell says
     return 0
 
 
@@ -163,6 +169,7 @@ def entry(argv: list[str] | None = None) -> NoReturn:
     An unexpected exception is printed as a traceback and exits with status 1.
     """
     keep_freed_memory()  # this process's own allocator, not an importing program's
+    handle_sigterm()  # SLURM's time limit, kill: stop as on Ctrl-C (heatmap3d.signals)
     try:
         code = main(argv)
     except SystemExit as stop:  # argparse and check exit this way

@@ -24,6 +24,7 @@ from heatmap3d.distributed import DistInfo
 from heatmap3d.errors import InputError
 from heatmap3d.io.layout import Case
 from heatmap3d.log import get_logger
+from heatmap3d.signals import keep_in_worker
 
 log = get_logger(__name__)
 
@@ -97,6 +98,7 @@ def seed_worker(worker_id: int) -> None:
     seed = torch.initial_seed() % 2**32
     np.random.seed(seed)  # noqa: NPY002  (the legacy global RNG is what libraries draw from)
     random.seed(seed)
+    keep_in_worker(worker_id)  # SIGTERM to the whole job: end quietly, as on Ctrl-C
 
 
 def training_loader(

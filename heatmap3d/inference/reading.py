@@ -33,6 +33,7 @@ from heatmap3d.geometry import Volume
 from heatmap3d.inference.scans import Read, ScanPredictor, Skipped
 from heatmap3d.io.volumes import load_volume
 from heatmap3d.predictions.resume import input_identity
+from heatmap3d.signals import keep_in_worker
 
 __all__ = ["ScanReads", "check_workers", "reading_workers", "read_ahead"]
 
@@ -172,6 +173,7 @@ def read_ahead(
         num_workers=workers,
         collate_fn=_as_is,
         prefetch_factor=1 if workers > 0 else None,
+        worker_init_fn=keep_in_worker,  # SIGTERM to the whole job: end quietly
     )
     batches = iter(loader)
     try:

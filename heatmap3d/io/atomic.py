@@ -73,25 +73,29 @@ def remove_stale(path: str | Path) -> None:
 
 @contextmanager
 def ctrl_c_after() -> Iterator[None]:
-    """Ctrl-C (SIGINT) held back until the block ends, then delivered as it would have been:
-    files and the record of them written together, or neither.
+    """Ctrl-C (SIGINT), and SIGTERM where Python handles it (the ``heatmap3d`` command
+    does), held back until the block ends, then delivered as they would have been: files
+    and the record of them written together, or neither.
 
     Why: a Ctrl-C that landed after a run's last.pt was in place but before the run noted
     its epoch made it say "no checkpoint was written yet" of a run whose last.pt was there
     (seen in CI); a cohort's scan must not be left with some new files and an old record.
-    Python runs signal handlers in the main thread only, so off it (and where the handler
-    was set outside Python) the block runs as it is.
+    Python runs signal handlers in the main thread only, so off it (and for a signal whose
+    handler was set outside Python, or is the system's default) the block runs as it is.
     """
-    if threading.current_thread() is not threading.main_thread() or (
-        signal.getsignal(signal.SIGINT) is None
-    ):
+    if threading.current_thread() is not threading.main_thread():
         yield
         return
     held: list[int] = []
-    before = signal.signal(signal.SIGINT, lambda signum, frame: held.append(signum))
+    before = {
+        sig: signal.signal(sig, lambda signum, frame: held.append(signum))
+        for sig in (signal.SIGINT, signal.SIGTERM)
+        if callable(signal.getsignal(sig))
+    }
     try:
         yield
     finally:
-        signal.signal(signal.SIGINT, before)
-        if held:
-            signal.raise_signal(signal.SIGINT)
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
+        for sig in dict.fromkeys(held):  # each once, in the order they came
+            signal.raise_signal(sig)
