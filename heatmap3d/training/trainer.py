@@ -209,9 +209,10 @@ class Trainer:
             postfix["val_mre_mm"] = f"{mre:.2f}"
             if mre < state.best_mre:
                 state.best_mre = mre
-                self._save("best.pt")
-                if self.resumable is None or self.resumable[0].name == "best.pt":
-                    self.resumable = (self.run_dir / "best.pt", state.epoch)  # no last.pt yet
+                with ctrl_c_after():  # best.pt and the note of it, or neither
+                    self._save("best.pt")
+                    if self.resumable is None or self.resumable[0].name == "best.pt":
+                        self.resumable = (self.run_dir / "best.pt", state.epoch)  # no last.pt
         if self._checkpoint_due(plan):
             with ctrl_c_after():  # last.pt and the note of its epoch, or neither
                 self._save("last.pt")
