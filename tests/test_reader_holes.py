@@ -171,6 +171,21 @@ def test_a_line_hidden_behind_a_line_break_never_names_a_file_outside(
     refused_or_inside(path)
 
 
+@pytest.mark.parametrize("suffix", [".mhd", ".mha"])
+@pytest.mark.parametrize("stray", [b"# note\r", b"# note", b"this is no field"])
+def test_a_metaimage_line_without_a_separator_is_refused_not_skipped(tmp_path, suffix, stray):
+    """MetaIO reads a key on to the next '=' across line breaks: after a line without one,
+    the ElementDataFile line below it was swallowed into that key, and the reader took the
+    next one, which named a file outside the folder; the check had skipped the line and
+    seen the first (found by Hypothesis: the property below, 2026-11-28)."""
+    head = mhd_header(
+        stray + b"\nElementDataFile = LOCAL\nElementDataFile = ../outside/secret.raw\n"
+    )
+    path = write_scan(tmp_path / "scans", suffix, head)
+    with raises_naming(path, "cannot read MetaImage header: line 10", "one key with the"):
+        load_volume(path)
+
+
 @settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
 @given(
     suffix=st.sampled_from([".nhdr", ".nrrd", ".mhd", ".mha"]),

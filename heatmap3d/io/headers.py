@@ -208,7 +208,19 @@ def _metaimage_header(path: Path, text: str, *, truncated: bool) -> Header:
         _check_line(path, n, line, "MetaImage")
         match = re.match(r"[ \t]*([^=:]*?)[ \t]*[=:][ \t]*(.*?)[ \t]*$", line)
         if not match:
-            continue
+            if not line.strip(" \t"):
+                continue  # MetaIO skips blank lines
+            # MetaIO reads a key up to the next '=' or ':', across line breaks (and a
+            # field's numbers across them too): this line and the next would be one key,
+            # and the next line's field would vanish (an ElementDataFile seen here but
+            # not by the reader, which took a later one: found by Hypothesis).
+            last = list(header.fields)[-1] if header.fields else ""
+            before = f"part of the value of {last}, or " if last else ""
+            raise InputError(
+                f"{path}: cannot read MetaImage header: line {n + 1} ({line[:40]!r}) is "
+                f"no 'Key = Value' field (MetaIO would read it as {before}one key with the "
+                "next line)"
+            )
         key, value = match.group(1), match.group(2)
         header.fields[key] = value
         if key.lower() == "elementdatafile":
