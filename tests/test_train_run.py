@@ -125,11 +125,11 @@ def _epoch_of(path: Path) -> int:
 
 
 def _interrupt_after_first_epoch(
-    args: list[str], last: Path, sig: int = signal.SIGINT
+    args: list[str], last: Path, sig: int | None = signal.SIGINT
 ) -> subprocess.Popen:
     """Start ``args`` in its own session, wait for ``last`` to hold an epoch, then signal the
     whole process group: SIGINT, as Ctrl-C in a terminal does; SIGTERM, as SLURM does to a
-    job step's processes at its time limit."""
+    job step's processes at its time limit; None: leave it running."""
     proc = subprocess.Popen(
         args,
         cwd=ROOT,
@@ -145,7 +145,8 @@ def _interrupt_after_first_epoch(
     while _epoch_of(last) < 1 and time.monotonic() < deadline and proc.poll() is None:
         time.sleep(0.2)
     assert _epoch_of(last) >= 1, "no checkpoint before the deadline"
-    os.killpg(proc.pid, sig)
+    if sig is not None:
+        os.killpg(proc.pid, sig)
     return proc
 
 
@@ -172,6 +173,29 @@ def test_ctrl_c_ends_training_with_one_line_and_exit_130(phantoms, tmp_path, npr
         assert proc.returncode == 128 + sig and not frames, err
     else:  # torchrun's agent reports the signal with its own traceback; none of ours
         assert all("/torch/" in f or "<frozen" in f for f in frames), err
+
+
+@pytest.mark.slow
+def test_a_second_run_in_the_same_folder_is_refused_while_the_first_trains(phantoms, tmp_path):
+    """The same job submitted twice: both would find no checkpoint and replace each other's
+    best.pt and last.pt. The second is refused, naming the first; once that one has ended,
+    the folder is free (the lock ends with its process)."""
+    data = phantoms(n_train=2, n_val=1, seed=2)
+    args = train_args(data, tmp_path, "train.epochs=1000")
+    first = _interrupt_after_first_epoch(
+        [sys.executable, "train_ddp.py", *args], tmp_path / "run" / "last.pt", sig=None
+    )
+    try:
+        second = cli(*args, "--resume")
+    finally:
+        os.killpg(first.pid, signal.SIGINT)
+        first.communicate(timeout=120)
+    err = second.stderr.strip()
+    assert second.returncode == 2 and "\n" not in err, err
+    assert f"{tmp_path / 'run'}: another training run is writing here (pid {first.pid} on " in err
+    assert "another train.name" in err
+    assert first.returncode == 130  # the first trained on, undisturbed, until stopped
+    assert cli(*train_args(data, tmp_path, "train.epochs=1"), "--resume").returncode == 0
 
 
 @pytest.mark.slow

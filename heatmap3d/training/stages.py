@@ -47,6 +47,7 @@ from heatmap3d.training.heldout import (
     held_out_predictions,
 )
 from heatmap3d.training.members import Member, member_config, plan_members
+from heatmap3d.training.run_lock import RunLock
 from heatmap3d.training.trainer import Trainer, train
 from heatmap3d.training.validation import write_results
 
@@ -79,6 +80,7 @@ def train_dataset(
     world = distributed.setup(
         base.train.device, timeout=distributed.timeout_minutes(base.train.timeout_min)
     )
+    lock = RunLock()  # the model folder's, from before the plan is written there
     try:
         stages, model, plan_file = distributed.main_then_broadcast(
             world,
@@ -91,6 +93,7 @@ def train_dataset(
                 resume=resume,
                 out=out,
                 cross_validate=folds > 0,
+                lock=lock,
             ),
         )
         first = stages[0][1].data
@@ -104,6 +107,7 @@ def train_dataset(
             world, stages, model, plan_file, members=team, resume=resume, started=started
         )
     finally:
+        lock.release()
         distributed.teardown()
 
 
@@ -117,6 +121,7 @@ def _planned_stages(
     resume: bool = False,
     out: Destination,
     cross_validate: bool = False,
+    lock: RunLock | None = None,
 ) -> tuple[list[tuple[str, Config]], Destination, Path]:
     """Rank 0: the stage configs, the model folder (in ``out``, by its rule) and the plan
     file (written if new).
@@ -126,7 +131,8 @@ def _planned_stages(
     a model folder holding an earlier run's checkpoints (without ``resume`` or
     ``--overwrite``), and a ``plan.yaml`` there that a person edited (never replaced; it may
     be trained by with ``--plan``). A resumed run without a plan of the dataset goes on by
-    the model folder's.
+    the model folder's. ``lock`` takes the model folder before anything is written there: a
+    run training there now is refused, and nothing of its folder is touched.
     """
     root = Path(data) if data is not None else Path(plan).parent
     if not (cross_validate or base.data.manifest):  # a manifest lists its own cases
@@ -141,6 +147,8 @@ def _planned_stages(
         _refuse_earlier_run(model_dir)
     if plan is None or Path(plan).resolve() != record.resolve():
         check_plan_target(record)  # the copy _finish writes, or the new plan below
+    if lock is not None:  # the last check, and the first thing written (its lock file)
+        lock.take(model_dir)
     if plan is None and resume and record.is_file():
         plan = record  # a resumed run goes on by the plan it started with, not a new one
     if plan is None:

@@ -31,6 +31,7 @@ from heatmap3d.training.anatomy import load_population
 from heatmap3d.training.budget import EpochPlan
 from heatmap3d.training.monitor import make_monitor
 from heatmap3d.training.progress import EpochProgress
+from heatmap3d.training.run_lock import run_lock
 from heatmap3d.training.state import TrainState, check_run_dir, claim_run_dir, read_checkpoint
 from heatmap3d.training.steps import Stepper, groups
 from heatmap3d.training.validation import Validator
@@ -64,10 +65,17 @@ def run(
         cfg.train.device, timeout=distributed.timeout_minutes(cfg.train.timeout_min)
     )
     try:
-        trainer = train(cfg, world, resume=resume, init_from=init_from, out=out)
-        return trainer.validator.final_report(trainer.run_dir / "best.pt")
+        with run_lock(run_destination(cfg, out).folder, world):
+            trainer = train(cfg, world, resume=resume, init_from=init_from, out=out)
+            return trainer.validator.final_report(trainer.run_dir / "best.pt")
     finally:
         distributed.teardown()
+
+
+def run_destination(cfg: Config, out: Destination | None = None) -> Destination:
+    """The run folder ``out/<train.name>`` (``out``: ``train.out_dir`` by default, with its
+    rule for what is already there)."""
+    return (out or Destination(Path(cfg.train.out_dir))).sub(cfg.train.name)
 
 
 def train(
@@ -108,7 +116,7 @@ class Trainer:
         # The resolved names go into the checkpoint's config, so predict needs nothing else.
         self.cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, landmarks=names))
         # out is train.out_dir as its callers build it, with their rule (--overwrite).
-        run = (out or Destination(Path(cfg.train.out_dir))).sub(cfg.train.name)
+        run = run_destination(cfg, out)
         self.run_dir = run.folder
         self.state = TrainState.build(self.cfg, world.device)
         # Weights are loaded before DDP wraps the model (DDP broadcasts rank 0's anyway).
