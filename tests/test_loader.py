@@ -174,3 +174,19 @@ def test_the_epoch_stream_keeps_one_iterator_until_an_epoch_is_skipped_or_left_u
     again = stream._iterator
     list(stream.epoch(6))
     assert stream._iterator is not again
+
+
+def test_closing_the_epoch_stream_ends_its_workers_and_a_later_epoch_starts_new_ones():
+    """A finished stage's trainer outlives the stage; its workers must not (every stage's
+    stayed alive, idle, until the run ended)."""
+    stream, _ = _stream(0, workers=2)
+    before = [b.tolist() for b in stream.epoch(0)]
+    workers = list(stream._iterator._workers)
+    assert len(workers) == 2 and all(w.is_alive() for w in workers)
+    stream.close()
+    for w in workers:
+        w.join(timeout=30)
+    assert not any(w.is_alive() for w in workers)
+    assert [b.tolist() for b in stream.epoch(0)] == before  # usable again, the same batches
+    stream.close()
+    stream.close()  # twice: nothing left to end

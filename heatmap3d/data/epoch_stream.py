@@ -70,6 +70,22 @@ class EpochStream:
             yield as_tensors(next(self._iterator))
         self._next = epoch + 1
 
+    def close(self) -> None:
+        """End the loader's workers now, not when the stream is collected.
+
+        Why: a finished stage's trainer lives on until the run's end (the held-out
+        predictions and calibration use it), and with it this iterator: every stage's
+        workers stayed alive, idle (measured: six of them after three folds of two stages,
+        420-840 MB resident each). The next :meth:`epoch` would start new ones.
+        """
+        shutdown = getattr(self._iterator, "_shutdown_workers", None)
+        if shutdown is not None:
+            shutdown()
+        # A loader with persistent workers hands out its cached iterator again: forget it.
+        if getattr(self.loader, "_iterator", None) is self._iterator:
+            self.loader._iterator = None
+        self._iterator, self._next = None, None
+
 
 class ByValue:
     """A collate function whose batches send ``keys`` (small arrays) as numpy, by value.

@@ -201,6 +201,7 @@ class Trainer:
         finally:
             bar.close()
             self.monitor.close()
+            self.batches.close()  # the workers end with the stage, not with the run
 
     def _epoch(self, plan: EpochPlan) -> dict[str, str]:
         """Train one epoch, validate when due, save the checkpoints; the progress postfix."""
