@@ -11,7 +11,10 @@ import pytest
 
 from heatmap3d.commands import main as command
 
-# A CPU training step of a small U-Net, as the trainer runs it: page faults a step.
+# A CPU training step of a small U-Net, as the trainer runs it: the median step's page
+# faults over 9 steps. The median, not the mean: with freed memory kept, a step now and
+# then grows the heap once (about 1000 faults, then none), which in a mean of 5 steps
+# read as 205-513 a step (and failed the test once in CI, whose default steps faulted less).
 STEPS = """
 import json, resource, sys, torch
 from heatmap3d.commands.allocator import keep_freed_memory
@@ -38,10 +41,12 @@ data = {"image": torch.randn(2, 1, 32, 32, 32), "coords": 4 + 20 * torch.rand(2,
         "mask": torch.ones(2, 8, dtype=torch.bool)}
 for _ in range(3):
     stepper.step([data], 0)
-start = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-for _ in range(5):
+faults = []
+for _ in range(9):
+    start = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     stepper.step([data], 0)
-print(json.dumps((resource.getrusage(resource.RUSAGE_SELF).ru_minflt - start) / 5))
+    faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - start)
+print(json.dumps(sorted(faults)[len(faults) // 2]))
 """
 
 
@@ -56,9 +61,10 @@ def _faults_a_step(mode: str) -> float:
 @pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's malloc only")
 def test_kept_memory_ends_the_page_faults_of_every_training_step():
     """Without it, glibc returns the step's activations to the kernel and maps them again
-    (thousands of fresh, zeroed pages a step); with it, a step reuses them."""
+    (thousands of fresh, zeroed pages a step: 992-6080 measured); with it, a step reuses
+    them (0 or 1)."""
     kept, default = _faults_a_step("keep"), _faults_a_step("default")
-    assert default > 1000 and kept < default / 5, (kept, default)
+    assert default > 500 and kept < default / 20, (kept, default)
 
 
 def test_the_command_keeps_freed_memory_before_it_runs(monkeypatch):
