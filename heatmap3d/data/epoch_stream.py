@@ -78,9 +78,7 @@ class EpochStream:
         workers stayed alive, idle (measured: six of them after three folds of two stages,
         420-840 MB resident each). The next :meth:`epoch` would start new ones.
         """
-        shutdown = getattr(self._iterator, "_shutdown_workers", None)
-        if shutdown is not None:
-            shutdown()
+        end_workers(self._iterator)
         # A loader with persistent workers hands out its cached iterator again: forget it.
         if getattr(self.loader, "_iterator", None) is self._iterator:
             self.loader._iterator = None
@@ -113,3 +111,11 @@ def as_tensors(batch: Any) -> Any:
     if not isinstance(batch, dict):
         return batch
     return {k: torch.from_numpy(v) if isinstance(v, np.ndarray) else v for k, v in batch.items()}
+
+
+def end_workers(iterator: object) -> None:
+    """End a DataLoader iterator's worker processes now (torch's own shutdown; nothing for
+    an iterator without workers), not when the iterator is collected."""
+    shutdown = getattr(iterator, "_shutdown_workers", None)
+    if shutdown is not None:
+        shutdown()

@@ -28,6 +28,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from heatmap3d.data.epoch_stream import end_workers
 from heatmap3d.errors import InputError, one_line
 from heatmap3d.geometry import Volume
 from heatmap3d.inference.scans import Read, ScanPredictor, Skipped
@@ -182,6 +183,4 @@ def read_ahead(
                 outcome.raw, outcome.prepared = _unpack(outcome.raw), _unpack(outcome.prepared)
             yield scans[n], outcome
     finally:  # Ctrl-C or an error in the consumer: stop the workers now, not at exit
-        shutdown = getattr(batches, "_shutdown_workers", None)
-        if shutdown is not None:
-            shutdown()
+        end_workers(batches)
