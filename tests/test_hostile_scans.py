@@ -198,7 +198,7 @@ def test_attached_data_is_read(tmp_path: Path, suffix: str) -> None:
 def test_header_parser_reads_only_fields(tmp_path: Path) -> None:
     """Comments and ``key:=value`` pairs name no file; a field given twice has both values
     checked; the header ends at its first empty line."""
-    from heatmap3d.io.headers import named_files
+    from heatmap3d.io.header_files import named_files
 
     text = itk_pair(tmp_path, ".nhdr")
     extra = "# data file: ../../etc/passwd\nmykey:=../../etc/passwd\n"

@@ -134,7 +134,8 @@ _WORDS = st.text(alphabet="ab%d0123-+ ./\\:=\x00\x0b\x0c\x1c\x85\u2028\r\n\t", m
     suffix=st.sampled_from([".nhdr", ".nrrd", ".mhd", ".mha"]),
 )
 def test_any_header_text_gives_a_header_or_one_line(lines, suffix, tmp_path_factory) -> None:
-    from heatmap3d.io.headers import check_frame, check_header
+    from heatmap3d.io.header_files import check_header
+    from heatmap3d.io.header_frames import check_frame
 
     folder = tmp_path_factory.mktemp("header")
     (folder / "a.raw").write_bytes(b"\0" * 8)

@@ -23,7 +23,8 @@ import SimpleITK as sitk
 
 from heatmap3d.errors import InputError
 from heatmap3d.geometry import Volume
-from heatmap3d.io.headers import check_frame, check_header
+from heatmap3d.io.header_files import check_header
+from heatmap3d.io.header_frames import check_frame
 from heatmap3d.io.volume_checks import (
     SHEAR_TOLERANCE,
     check_claimed_size,
@@ -159,7 +160,7 @@ def read_itk_file(path: Path) -> tuple[np.ndarray, np.ndarray]:
     voxel -> world RAS mm affine. A 4D image whose last axis has length 1 comes back 4D
     (the caller squeezes it); 2D, other 4D and multi-component (vector, RGB) images are
     refused with :class:`InputError`, as are complex voxels, a header claiming more voxels
-    than memory holds, and whatever :func:`heatmap3d.io.headers.check_header` and
+    than memory holds, and whatever :func:`heatmap3d.io.header_files.check_header` and
     :func:`heatmap3d.io.header_frames.check_frame` refuse (data files outside the header's
     folder, no patient frame, a geometry stated incompletely): all before any voxel is read.
     After reading: a direction whose columns are not unit vectors, and voxels float32

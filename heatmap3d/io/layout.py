@@ -25,7 +25,7 @@ from pathlib import Path
 from heatmap3d.errors import InputError
 from heatmap3d.io.case_ids import case_id_problem, normalise_case_id, sort_case_ids
 from heatmap3d.io.dicom import holds_dicom
-from heatmap3d.io.headers import named_files
+from heatmap3d.io.header_files import named_files
 from heatmap3d.io.itk_io import ITK_SUFFIXES
 from heatmap3d.io.json_file import load_json
 from heatmap3d.io.landmarks import LANDMARK_SUFFIXES
