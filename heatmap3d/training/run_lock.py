@@ -52,7 +52,7 @@ class RunLock:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            holder = os.pread(fd, 200, 0).decode("utf-8", "replace").strip() or "a process"
+            holder = " ".join(_said(fd).split()) or "a process"
             os.close(fd)
             raise InputError(
                 f"{folder}: another training run is writing here ({holder}); wait for it "
@@ -61,6 +61,11 @@ class RunLock:
         except OSError:  # the file system keeps no such locks
             os.close(fd)
             return
+        if _said(fd) and not _said(fd).startswith("pid "):  # a file of that name, not ours
+            os.close(fd)
+            raise InputError(
+                f"{folder / LOCK_FILE}: exists and was not written by heatmap3d; move it away"
+            )
         since = time.strftime("%Y-%m-%d %H:%M:%S")
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}, since {since}\n".encode(), 0)
@@ -82,3 +87,8 @@ def run_lock(folder: Path, world: DistInfo) -> Iterator[None]:
         yield
     finally:
         lock.release()
+
+
+def _said(fd: int) -> str:
+    """The start of the lock file: ``pid N on HOST, since TIME`` where heatmap3d wrote it."""
+    return os.pread(fd, 200, 0).decode("utf-8", "replace")
