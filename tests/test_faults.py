@@ -145,6 +145,8 @@ def test_nan_loss_step_is_skipped_when_asked(dataset, tmp_path):
     proc = torchrun(2, *args, **{ENV: "nan:0:1"})
     assert proc.returncode == 0, proc.output
     assert "at step 1 on rank(s) [0]; step skipped" in proc.output
+    # A batch of one crop: the one-channel stem's gradient fits its DDP bucket too.
+    assert "Grad strides do not match bucket view strides" not in proc.output
     ckpt = torch.load(tmp_path / "f" / "last.pt", weights_only=True)
     assert ckpt["epoch"] == 2
     assert all(torch.isfinite(v).all() for v in ckpt["model"].values())

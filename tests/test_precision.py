@@ -237,3 +237,19 @@ def test_channels_last_layout_keeps_1x1x1_weights_in_their_gradients_layout():
     x = torch.randn(1, 1, 8, 8, 8).contiguous(memory_format=torch.channels_last_3d)
     model(x).sum().backward()
     assert head.grad.stride() == head.stride()
+
+
+@pytest.mark.parametrize("batch", [1, 2])
+def test_under_ddp_every_gradient_gets_its_weights_strides_whatever_the_batch(batch):
+    """The one-channel stem's weight is the same memory in either layout, and the backward
+    gives its gradient the default strides for one crop, channels_last ones for two: DDP
+    would copy it into its bucket with a warning at every step."""
+    from heatmap3d.model import set_layout
+    from heatmap3d.training.state import _fit_gradients_to_buckets
+
+    model = set_layout(build_model(ModelConfig(channels=2, depth=1), 3), channels_last=True)
+    _fit_gradients_to_buckets(model)
+    x = torch.randn(batch, 1, 8, 8, 8).contiguous(memory_format=torch.channels_last_3d)
+    model(x).sum().backward()
+    for name, param in model.named_parameters():
+        assert param.grad.stride() == param.stride(), name

@@ -8,6 +8,7 @@ writer and one reader on the training side.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import os
 from pathlib import Path
@@ -128,6 +129,7 @@ class TrainState:
         if cfg.train.compile:
             net = torch.compile(net, mode=cfg.train.compile_mode)
         if world.is_distributed:  # a single process has no process group to wrap in
+            _fit_gradients_to_buckets(self.model)
             cuda = world.device.type == "cuda"
             net = DistributedDataParallel(net, device_ids=[world.local_rank] if cuda else None)
         return net
@@ -180,3 +182,26 @@ def claim_run_dir(run: Destination) -> None:
     for path in earlier:
         path.unlink()
     log.info(f"overwrite: removed {', '.join(str(p) for p in earlier)}")
+
+
+def _fit_gradients_to_buckets(model: torch.nn.Module) -> None:
+    """Give each gradient its weight's strides where the two can disagree, before DDP sees it.
+
+    DDP lays out its all-reduce buckets like the parameters and copies, with a warning
+    ("Grad strides do not match bucket view strides"), any gradient laid out otherwise.
+    A weight with a size-1 dimension is the same memory in either layout, and the backward
+    picks its gradient's strides by the batch: the one-channel stem's weight gets the
+    default strides from a batch of one crop, channels_last ones from two. Such a gradient
+    is copied into its weight's strides here (the stem's and the head's weights: a few
+    hundred numbers).
+    """
+    for param in model.parameters():
+        if param.requires_grad and 1 in param.shape:
+            param.register_hook(functools.partial(_with_strides, param.stride()))
+
+
+def _with_strides(strides: tuple[int, ...], grad: torch.Tensor) -> torch.Tensor:
+    if grad.stride() == strides:
+        return grad
+    out = torch.empty_strided(grad.shape, strides, dtype=grad.dtype, device=grad.device)
+    return out.copy_(grad)
