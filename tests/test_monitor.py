@@ -52,3 +52,34 @@ def test_only_rank_zero_writes_text(tmp_path):
     [event] = events.Tensors("val/worst_landmarks/text_summary")
     assert event.step == 7
     assert event.tensor_proto.string_val[0].decode() == table
+
+
+def test_a_full_disk_stops_tensorboard_with_one_warning_and_training_goes_on(
+    tmp_path, monkeypatch, capsys, caplog
+):
+    """The writer's thread meets the full disk; the monitor says it once, in one line, and
+    every later call (and close) does nothing: no traceback, from the thread or the call."""
+    import errno
+
+    import numpy as np
+    from tensorboard.summary.writer import record_writer
+
+    written = []
+
+    def write(self, data):
+        if len(written) >= 2:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        written.append(data)
+
+    monkeypatch.setattr(record_writer.RecordWriter, "write", write)
+    monitor = make_monitor(_world(0), tmp_path / "r0")
+    for step in range(20):  # the thread fails at its third record; the calls go on
+        monitor.scalar("train/loss", 1.0, step)
+        monitor.image("val/views", np.zeros((4, 4, 3), np.uint8), step)
+    monitor.close()
+    out, err = capsys.readouterr()
+    assert out + err == ""  # no "Exception in thread" traceback
+    assert [r.getMessage() for r in caplog.records] == [
+        f"warning: {tmp_path / 'r0'}: TensorBoard logging stopped, cannot write its events "
+        "(OSError: [Errno 28] No space left on device); training goes on"
+    ]

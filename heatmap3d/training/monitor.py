@@ -12,12 +12,17 @@ into a markdown table for the text tab ("which landmarks lag").
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+import threading
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
 
 from heatmap3d.distributed import DistInfo
+from heatmap3d.errors import one_line
+from heatmap3d.log import get_logger
+
+log = get_logger(__name__)
 
 
 class NullMonitor:
@@ -37,24 +42,66 @@ class NullMonitor:
 
 
 class TensorBoardMonitor(NullMonitor):
+    """A TensorBoard writer that a failed write turns off, with one warning.
+
+    The events are a view of the run, not the run: a full disk or a quota while writing
+    them must not end days of training with a traceback. The checkpoints, written next,
+    say for themselves whether there is room.
+    """
+
     def __init__(self, log_dir: Path) -> None:
         from torch.utils.tensorboard import SummaryWriter
 
-        self.writer = SummaryWriter(log_dir=str(log_dir))
+        self.log_dir = log_dir
+        self.writer: SummaryWriter | None = None
+        _quiet_writer_threads()
+        self._call(lambda: setattr(self, "writer", SummaryWriter(log_dir=str(log_dir))))
 
     def scalar(self, tag: str, value: float, step: int) -> None:
-        self.writer.add_scalar(tag, value, step)
+        if self.writer is not None:
+            self._call(self.writer.add_scalar, tag, value, step)
 
     def image(self, tag: str, image: np.ndarray, step: int) -> None:
         """``image``: uint8 ``(H, W, 3)``."""
-        self.writer.add_image(tag, image, step, dataformats="HWC")
+        if self.writer is not None:
+            self._call(self.writer.add_image, tag, image, step, dataformats="HWC")
 
     def text(self, tag: str, markdown: str, step: int) -> None:
         """``markdown`` shown in TensorBoard's text tab (tables render)."""
-        self.writer.add_text(tag, markdown, step)
+        if self.writer is not None:
+            self._call(self.writer.add_text, tag, markdown, step)
 
     def close(self) -> None:
-        self.writer.close()
+        if self.writer is not None:
+            self._call(self.writer.close)
+            self.writer = None
+
+    def _call(self, write: Callable[..., object], *args: object, **kwargs: object) -> None:
+        try:
+            write(*args, **kwargs)
+        except OSError as exc:
+            self.writer = None  # its thread has ended; nothing more reaches the file
+            log.warning(
+                f"warning: {self.log_dir}: TensorBoard logging stopped, cannot write its "
+                f"events ({one_line(exc)}); training goes on"
+            )
+
+
+def _quiet_writer_threads() -> None:
+    """TensorBoard's writer thread lets an OSError escape, which Python prints as a
+    traceback ("Exception in thread ..."), before the monitor meets the same error at its
+    next call and says it in one line: such tracebacks are not printed."""
+    previous = threading.excepthook
+    if getattr(previous, "quiets_tensorboard", False):
+        return
+
+    def hook(args: threading.ExceptHookArgs) -> None:
+        from_tensorboard = type(args.thread).__module__.startswith("tensorboard.")
+        if not (from_tensorboard and isinstance(args.exc_value, OSError)):
+            previous(args)
+
+    hook.quiets_tensorboard = True  # type: ignore[attr-defined]
+    threading.excepthook = hook
 
 
 def make_monitor(world: DistInfo, log_dir: Path) -> NullMonitor:
