@@ -156,7 +156,7 @@ def generate_dataset(
     """
     root = Path(root)
     ids = start_dataset(root, n_train, n_val, n_test, seed=seed)
-    for i, case in enumerate(tqdm(ids, desc="synthetic data", disable=not progress)):
+    for i, case in enumerate(tqdm(ids, desc="synthetic data", disable=None if progress else True)):
         vol, lm = generate_case(np.random.default_rng([seed, i]))
         image = root / "images" / f"{case}.nii.gz"
         save_volume(image, vol)

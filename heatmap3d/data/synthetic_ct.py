@@ -296,7 +296,7 @@ def generate_ct_dataset(
         root, n_train, n_val, n_test, seed=seed, case_voxels=voxels, work_bytes=CT_WORK_BYTES
     )
     dicom_done = False
-    for i, case_id in enumerate(tqdm(ids, desc="synthetic CT", disable=not progress)):
+    for i, case_id in enumerate(tqdm(ids, desc="synthetic CT", disable=None if progress else True)):
         vol, lm, case = generate_ct_case(np.random.default_rng([seed, i]), inplane_mm, slice_mm)
         if i % 5 == 4:
             image = root / "images" / f"{case_id}.nrrd"
