@@ -288,6 +288,9 @@ def test_the_pose_pass_predicts_the_posed_scan_and_maps_back(kind):
     assert np.allclose(second.affine[:3, :3], np.diag(np.diag(second.affine[:3, :3])))
     np.testing.assert_allclose(find_balls(second), REFERENCE, atol=0.5)  # in the training pose
     np.testing.assert_allclose(pred.landmarks.points, truth, atol=0.5)  # back in the scan's world
+    # The first pass rides along (training weighs the two), without its heatmaps.
+    np.testing.assert_allclose(pred.first_pass.landmarks.points, truth, atol=0.5)
+    assert pred.first_pass.heatmaps is None and pred.first_pass.first_pass is None
     # The voxels stay on the posed grid; the grid's affine now maps them into the scan's world.
     np.testing.assert_allclose(
         voxel_to_world(pred.voxels, pred.grid_affine), pred.landmarks.points, atol=1e-6
@@ -300,6 +303,7 @@ def test_without_enough_landmarks_the_first_pass_stands():
     pred = Pipeline(model, pose=pose_of_reference()).predict_volume(vol)
     assert len(model.seen) == 1
     assert np.isfinite(pred.landmarks.points).all(1).sum() == 3
+    assert pred.first_pass is None  # it is the first pass
 
 
 def test_a_pose_for_other_landmarks_is_refused():

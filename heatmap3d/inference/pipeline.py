@@ -112,8 +112,9 @@ class Pipeline:
     def predict_preprocessed(self, prepared, *, keep_heatmaps: bool = False) -> Prediction:
         """The model's landmarks, reviewed (module docstring); ``status``, ``radius_mm``,
         ``shape_residual_mm`` and ``signal_mm`` set. With a pose, those of the pose pass
-        (the heatmaps on the posed grid, ``grid_affine`` mapping it into the scan's world),
-        or the first pass's when its landmarks cannot say the pose."""
+        (the heatmaps on the posed grid, ``grid_affine`` mapping it into the scan's world;
+        the first pass in ``first_pass``), or the first pass's when its landmarks cannot
+        say the pose."""
         if self.pose is None:
             return self._reviewed(prepared, keep_heatmaps)
         raw, inner = prepared
@@ -133,7 +134,8 @@ class Pipeline:
         # landmarks with peaks of 0.9-1.0 (as in placements; calibration.py). Measured on
         # the CT-like set: with the posed pass's presence, 28 of 83 declared absent (7 are).
         second = self._reviewed(self.model.prepare(posed), keep_heatmaps, first.presence)
-        return _unposed(second, np.linalg.inv(to_pose))
+        first = dataclasses.replace(first, heatmaps=None)
+        return dataclasses.replace(_unposed(second, np.linalg.inv(to_pose)), first_pass=first)
 
     def _reviewed(self, prepared, keep_heatmaps: bool, presence=None) -> Prediction:
         """One pass of the model over its ``prepared`` input, reviewed; ``presence`` ``(K,)``

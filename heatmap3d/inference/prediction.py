@@ -5,7 +5,7 @@ inference path: the whole-scan model (:mod:`heatmap3d.inference.predictor`), the
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -36,6 +36,9 @@ class Prediction:
         radius_mm: ``(K,)`` calibrated expected error radius, mm (NaN: uncalibrated).
         shape_residual_mm: ``(K,)`` distance from where the other landmarks put it, mm.
         signal_mm: ``(K,)`` the uncalibrated error signal the radius is scaled from, mm.
+        first_pass: after a pose pass, the first pass's prediction (the scan as stored,
+            reviewed, without heatmaps), which training weighs against the pose pass on
+            held-out scans (:func:`heatmap3d.training.heldout.pose_pass_verdict`).
     """
 
     landmarks: Landmarks
@@ -49,6 +52,7 @@ class Prediction:
     radius_mm: np.ndarray | None = None
     shape_residual_mm: np.ndarray | None = None
     signal_mm: np.ndarray | None = None
+    first_pass: Prediction | None = field(default=None, compare=False, repr=False)
 
 
 def pass_spread(each: np.ndarray, combined: np.ndarray) -> np.ndarray:

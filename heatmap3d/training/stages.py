@@ -39,14 +39,17 @@ from heatmap3d.planning.plan_file import (
     write_plan_copy,
 )
 from heatmap3d.review.basis import ReviewBasis
+from heatmap3d.review.pose import Pose
 from heatmap3d.review.shape_file import read_prior
 from heatmap3d.training.heldout import (
+    HeldOut,
     calibrate,
     fit_shape,
     fit_training_pose,
     held_out_predictions,
 )
 from heatmap3d.training.members import Member, member_config, plan_members
+from heatmap3d.training.pose_verdict import pose_pass_verdict, without_pose
 from heatmap3d.training.run_lock import RunLock
 from heatmap3d.training.trainer import Trainer, train
 from heatmap3d.training.validation import write_results
@@ -278,8 +281,8 @@ def _finish(
     world: DistInfo,
 ) -> list[LandmarkStats] | None:
     """Write the model folder (rank 0): ``model.json``, the plan, the shape model, the
-    training pose and the calibration fitted on held-out predictions; then report the
-    held-out error."""
+    training pose (where held-out scans show that the pose pass pays) and the calibration
+    fitted on held-out predictions; then report the held-out error."""
     names = list(runs[0][0].cfg.data.landmarks)
     entries = [
         StageEntry(
@@ -303,10 +306,9 @@ def _finish(
         _record_plan(plan_file, model_dir / "plan.yaml")
         if shape is not None:
             _write_json(model_dir / "shape.json", shape.to_dict())
-        if pose is not None:
-            _write_json(model_dir / "pose.json", pose.to_dict())
     distributed.barrier()  # every checkpoint and model.json written
     held = held_out_predictions(runs, members, entries, model_dir, world, (shape, pose))
+    pose, held = _pose_if_it_pays(pose, held, model_dir, world)
     every = {**held.results, **held.placed}
     calibration = distributed.main_then_broadcast(
         world, lambda: calibrate(every, held.truth, names, stored=set(held.results))
@@ -331,6 +333,26 @@ def _finish(
         write_results(stated, held.cases, names, held.label, out, basis) if world.is_main else None
     )
     return distributed.broadcast_object(stats)
+
+
+def _pose_if_it_pays(
+    pose: Pose | None, held: HeldOut, model_dir: Path, world: DistInfo
+) -> tuple[Pose | None, HeldOut]:
+    """``pose`` and ``held`` as they stand where the pose pass is not worse on the held-out
+    scans (:mod:`heatmap3d.training.pose_verdict`), else None and ``held`` without it; the
+    pose written into the model folder (rank 0). Every rank holds every held-out prediction,
+    so every rank decides alike."""
+    if pose is not None:
+        verdict = pose_pass_verdict(held)
+        log.info(verdict.sentence())
+        if not verdict.keep:
+            pose, held = None, without_pose(held)
+    if world.is_main:
+        if pose is not None:
+            _write_json(model_dir / "pose.json", pose.to_dict())
+        else:  # an earlier after-phase's, in the model folder heatmap3d writes
+            (model_dir / "pose.json").unlink(missing_ok=True)
+    return pose, held
 
 
 def _write_json(path: Path, doc: dict) -> None:
