@@ -39,9 +39,12 @@ def test_the_pose_pass_is_kept_where_it_is_not_worse_and_dropped_where_it_is():
     assert verdict.keep and (verdict.n_predictions, verdict.n_landmarks) == (2, 6)
     assert verdict.sentence().startswith("pose pass: kept: held-out MRE 1.50 mm with it, 2.50")
 
+    alike = _held({"s": _pred(2.1, first_mm=2.0)}, {})  # 5 % worse: within the noise
+    assert pose_pass_verdict(alike).keep
     worse = _held({"s": _pred(6.0, first_mm=2.0)}, {"s@0": _pred(1.0, first_mm=2.0)})
     verdict = pose_pass_verdict(worse)
     assert not verdict.keep and (verdict.with_mm, verdict.without_mm) == (3.5, 2.0)
+    assert not pose_pass_verdict(_held({"s": _pred(2.21, first_mm=2.0)}, {})).keep
     assert "off (prediction runs one pass)" in verdict.sentence()
     plain = without_pose(worse)  # what calibration then rests on: the first passes
     for key in ("s", "s@0"):

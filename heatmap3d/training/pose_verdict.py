@@ -5,9 +5,10 @@ predicts it again. On AFIDs and the CT-like set it lowered the error (benchmarks
 but it resamples the scan onto a grid over the training scans' fields of view in that
 pose, which is larger than any one scan where the training scans lie in many poses: on
 phantoms posed at random the network, shown a grid three times the scan's volume, placed
-landmarks 6.6 mm off against 2.0 mm from the scan as stored, with peaks of 1.0. So a model
-keeps its pose pass only where it is not worse on scans it never trained on: the held-out
-predictions that calibrate it, made with both passes (``Prediction.first_pass``).
+landmarks 6.6 mm off against 2.0 mm from the scan as stored, with peaks of 1.0. So the
+held-out predictions that calibrate a model, made with both passes
+(``Prediction.first_pass``), decide: the pose pass is dropped where it is clearly worse
+on them (:data:`WORSE_BY`), and kept otherwise, as benchmarked.
 """
 
 from __future__ import annotations
@@ -21,7 +22,14 @@ from heatmap3d.evaluation.metrics import radial_errors
 from heatmap3d.inference.prediction import Prediction
 from heatmap3d.training.heldout import HeldOut
 
-__all__ = ["PoseVerdict", "pose_pass_verdict", "without_pose"]
+__all__ = ["WORSE_BY", "PoseVerdict", "pose_pass_verdict", "without_pose"]
+
+# Dropped where the held-out MRE with the pose pass is over 10 % above the first pass's.
+# Not at any difference: on AFIDs the held-out template (an average brain in the training
+# templates' space) scored both passes alike (1.30 mm each, 160 landmarks) while the pose
+# pass lowered the error on an individual under hard placements by about 0.3 mm; a held-out
+# set can be too easy to show the gain. On phantoms posed at random it was 71 % worse.
+WORSE_BY = 1.10
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,8 +44,8 @@ class PoseVerdict:
 
     @property
     def keep(self) -> bool:
-        """Kept unless measured worse (nothing to measure on: kept, as benchmarked)."""
-        return not self.with_mm > self.without_mm
+        """Kept unless measured clearly worse (nothing to measure on: kept)."""
+        return not self.with_mm > WORSE_BY * self.without_mm
 
     def sentence(self) -> str:
         if self.n_landmarks == 0:
