@@ -78,7 +78,7 @@ def test_a_full_disk_stops_tensorboard_with_one_warning_and_training_goes_on(
         monitor.image("val/views", np.zeros((4, 4, 3), np.uint8), step)
     monitor.close()
     out, err = capsys.readouterr()
-    assert out + err == ""  # no "Exception in thread" traceback
+    assert "Traceback" not in out + err and "Exception in thread" not in out + err
     assert [r.getMessage() for r in caplog.records] == [
         f"warning: {tmp_path / 'r0'}: TensorBoard logging stopped, cannot write its events "
         "(OSError: [Errno 28] No space left on device); training goes on"
