@@ -38,7 +38,7 @@ class Prediction:
         signal_mm: ``(K,)`` the uncalibrated error signal the radius is scaled from, mm.
         first_pass: after a pose pass, the first pass's prediction (the scan as stored,
             reviewed, without heatmaps), which training weighs against the pose pass on
-            held-out scans (:func:`heatmap3d.training.heldout.pose_pass_verdict`).
+            held-out scans (:func:`heatmap3d.training.pose_verdict.pose_pass_verdict`).
     """
 
     landmarks: Landmarks

@@ -27,7 +27,7 @@ __all__ = ["WORSE_BY", "PoseVerdict", "pose_pass_verdict", "without_pose"]
 # Dropped where the held-out MRE with the pose pass is over 10 % above the first pass's.
 # Not at any difference: on AFIDs the held-out template (an average brain in the training
 # templates' space) scored both passes alike (1.30 mm each, 160 landmarks) while the pose
-# pass lowered the error on an individual under hard placements by about 0.3 mm; a held-out
+# pass lowered the error on an individual under hard placements by 0.15-0.3 mm; a held-out
 # set can be too easy to show the gain. On phantoms posed at random it was 71 % worse.
 WORSE_BY = 1.10
 
