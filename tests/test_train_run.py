@@ -133,7 +133,7 @@ def _interrupt_after_first_epoch(
     proc = subprocess.Popen(
         args,
         cwd=ROOT,
-        env=env(),
+        env=env(PYTHONFAULTHANDLER="1"),  # stacks on SIGABRT: see _output
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -150,6 +150,19 @@ def _interrupt_after_first_epoch(
     return proc
 
 
+def _output(proc: subprocess.Popen, timeout: float = 120) -> tuple[str, str]:
+    """``proc``'s stdout and stderr once it has ended. One still running ``timeout`` s after
+    its signal fails the test with every thread's stack (SIGABRT to its group, which
+    faulthandler answers), so that a rare hang says where it hung (seen once, on a loaded
+    machine, after the run's last line; not reproduced in 60 runs since)."""
+    try:
+        return proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGABRT)
+        _, err = proc.communicate(timeout=60)
+        pytest.fail(f"still running {timeout:.0f} s after the signal; its stacks:\n{err[-8000:]}")
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "nproc, sig", [(1, signal.SIGINT), (2, signal.SIGINT), (1, signal.SIGTERM)]
@@ -163,7 +176,7 @@ def test_ctrl_c_ends_training_with_one_line_and_exit_130(phantoms, tmp_path, npr
     if nproc > 1:
         launch = torchrun_args(nproc, *args)
     proc = _interrupt_after_first_epoch(launch, tmp_path / "run" / "last.pt", sig)
-    out, err = proc.communicate(timeout=120)
+    out, err = _output(proc)
     lines = [line for line in err.splitlines() if "interrupted in epoch" in line]
     assert len(lines) == 1, err  # one line per run, from rank 0 only
     assert "last.pt is from epoch" in lines[0] and "resume with --resume" in lines[0]
