@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -55,36 +55,41 @@ class TensorBoardMonitor(NullMonitor):
         self.log_dir = log_dir
         self.writer: SummaryWriter | None = None
         _quiet_writer_threads()
-        self._call(lambda: setattr(self, "writer", SummaryWriter(log_dir=str(log_dir))))
+        try:
+            self.writer = SummaryWriter(log_dir=str(log_dir))
+        except OSError as exc:
+            self._stop(exc)
 
     def scalar(self, tag: str, value: float, step: int) -> None:
-        if self.writer is not None:
-            self._call(self.writer.add_scalar, tag, value, step)
+        self._call("add_scalar", tag, value, step)
 
     def image(self, tag: str, image: np.ndarray, step: int) -> None:
         """``image``: uint8 ``(H, W, 3)``."""
-        if self.writer is not None:
-            self._call(self.writer.add_image, tag, image, step, dataformats="HWC")
+        self._call("add_image", tag, image, step, dataformats="HWC")
 
     def text(self, tag: str, markdown: str, step: int) -> None:
         """``markdown`` shown in TensorBoard's text tab (tables render)."""
-        if self.writer is not None:
-            self._call(self.writer.add_text, tag, markdown, step)
+        self._call("add_text", tag, markdown, step)
 
     def close(self) -> None:
-        if self.writer is not None:
-            self._call(self.writer.close)
-            self.writer = None
+        self._call("close")
+        self.writer = None
 
-    def _call(self, write: Callable[..., object], *args: object, **kwargs: object) -> None:
+    def _call(self, method: str, *args: object, **kwargs: object) -> None:
+        """The writer's ``method``; nothing once a write has failed."""
+        if self.writer is None:
+            return
         try:
-            write(*args, **kwargs)
+            getattr(self.writer, method)(*args, **kwargs)
         except OSError as exc:
-            self.writer = None  # its thread has ended; nothing more reaches the file
-            log.warning(
-                f"warning: {self.log_dir}: TensorBoard logging stopped, cannot write its "
-                f"events ({one_line(exc)}); training goes on"
-            )
+            self._stop(exc)
+
+    def _stop(self, exc: OSError) -> None:
+        self.writer = None  # its thread has ended; nothing more reaches the file
+        log.warning(
+            f"warning: {self.log_dir}: TensorBoard logging stopped, cannot write its "
+            f"events ({one_line(exc)}); training goes on"
+        )
 
 
 def _quiet_writer_threads() -> None:
