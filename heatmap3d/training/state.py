@@ -192,8 +192,9 @@ def _fit_gradients_to_buckets(model: torch.nn.Module) -> None:
     A weight with a size-1 dimension is the same memory in either layout, and the backward
     picks its gradient's strides by the batch: the one-channel stem's weight gets the
     default strides from a batch of one crop, channels_last ones from two. Such a gradient
-    is copied into its weight's strides here (the stem's and the head's weights: a few
-    hundred numbers).
+    is copied into its weight's strides here (a few hundred numbers). The 1x1x1 head,
+    whose gradient has the default strides at any batch, already has them
+    (:func:`heatmap3d.model.set_layout`): its hook passes the gradient through.
     """
     for param in model.parameters():
         if param.requires_grad and 1 in param.shape:
