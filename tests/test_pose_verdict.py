@@ -67,7 +67,7 @@ def test_only_landmarks_the_truth_has_and_both_passes_found_count():
 
 @pytest.mark.parametrize("pays", [True, False])
 def test_the_model_folder_holds_a_pose_only_where_it_pays(tmp_path, pays):
-    from heatmap3d.training.stages import _pose_if_it_pays
+    from heatmap3d.training.after_phase import _pose_if_it_pays
 
     pose = Pose(NAMES, TRUTH.copy(), np.array([[-50.0] * 3, [50.0] * 3]), 2)
     (tmp_path / "pose.json").write_text("{}")  # an earlier after-phase's

@@ -60,7 +60,7 @@ MODEL_FOLDER_ENTRIES = frozenset(
     {"plan.yaml", "model.json", "shape.json", "pose.json", "calibration.json"}
     | {"folds", "out_of_fold", "predictions", "evaluation", "report.html"}
 )
-"""What the model folder holds beside the stages' run folders (heatmap3d.training.stages):
+"""What the model folder holds beside the stages' run folders (heatmap3d.training.after_phase):
 no stage may be named so."""
 
 

@@ -4,15 +4,14 @@
 (:mod:`heatmap3d.planning`; or reads ``DATA/plan.yaml``, or ``--plan FILE``), then trains
 its stages in one process group: a coarse whole-scan model, and a refinement model where
 the plan has one. Each stage is an ordinary run in ``runs/<name>/<stage>/``; the folder
-``runs/<name>/`` then gets ``model.json`` (:mod:`heatmap3d.io.model_folder`) and the plan,
-and the whole cascade is evaluated on the validation scans as ``heatmap3d predict --model``
-will run it.
+``runs/<name>/`` then gets ``model.json`` (:mod:`heatmap3d.io.model_folder`), the plan and
+what prediction reviews with, and the whole cascade is evaluated on the validation scans as
+``heatmap3d predict --model`` will run it (:mod:`heatmap3d.training.after_phase`).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import time
 from pathlib import Path
 
@@ -23,36 +22,21 @@ from heatmap3d.data.setup import require_validation
 from heatmap3d.distributed import DistInfo
 from heatmap3d.errors import InputError
 from heatmap3d.evaluation.metrics import LandmarkStats
-from heatmap3d.inference.pipeline import DEFAULT_REVIEW_RADIUS_MM, state
-from heatmap3d.io.atomic import atomic_write_bytes
 from heatmap3d.io.destination import Destination
-from heatmap3d.io.model_folder import StageEntry, write_model_folder
 from heatmap3d.log import get_logger
 from heatmap3d.planning.fingerprint import fingerprint_dataset
 from heatmap3d.planning.plan import make_plan
 from heatmap3d.planning.plan_file import (
     check_plan_target,
-    is_our_plan,
     read_plan,
     stage_configs,
     write_plan,
-    write_plan_copy,
 )
-from heatmap3d.review.basis import ReviewBasis
-from heatmap3d.review.pose import Pose
 from heatmap3d.review.shape_file import read_prior
-from heatmap3d.training.heldout import (
-    HeldOut,
-    calibrate,
-    fit_shape,
-    fit_training_pose,
-    held_out_predictions,
-)
+from heatmap3d.training.after_phase import finish_model_folder
 from heatmap3d.training.members import Member, member_config, plan_members
-from heatmap3d.training.pose_verdict import pose_pass_verdict, without_pose
 from heatmap3d.training.run_lock import RunLock
 from heatmap3d.training.trainer import Trainer, train
-from heatmap3d.training.validation import write_results
 
 log = get_logger(__name__)
 
@@ -149,7 +133,7 @@ def _planned_stages(
     if not (resume or model.replace):
         _refuse_earlier_run(model_dir)
     if plan is None or Path(plan).resolve() != record.resolve():
-        check_plan_target(record)  # the copy _finish writes, or the new plan below
+        check_plan_target(record)  # the copy the after-phase writes, or the new plan below
     if lock is not None:  # the last check, and the first thing written (its lock file)
         lock.take(model_dir)
     if plan is None and resume and record.is_file():
@@ -231,7 +215,7 @@ def run_stages(
             trainers.append(train(cfg, world, resume=resume, out=out, later=later))
         runs.append(trainers)
     after = time.monotonic()
-    stats = _finish(runs, members, model_dir, plan_file, world)
+    stats = finish_model_folder(runs, members, model_dir, plan_file, world)
     log.info(_time_line(started, training, after, time.monotonic()))
     return stats
 
@@ -247,113 +231,7 @@ def _time_line(started: float, training: float, after: float, done: float) -> st
     )
 
 
-def _record_plan(plan_file: Path | None, record: Path) -> None:
-    """Copy the plan trained by into the model folder (rank 0), stamped as ours; a plan
-    there that a person edited meanwhile is kept (and said so)."""
-    if plan_file is None or plan_file.resolve() == record.resolve():
-        return
-    if record.exists() and not is_our_plan(record):
-        log.info(f"note: {record} was edited; kept (the plan trained by is {plan_file})")
-        return
-    write_plan_copy(record, plan_file)
-
-
 def _in_folder(cfg: Config, model_dir: Path, member: Member, name: str) -> Config:
     out = Path(model_dir) / member.name if member.name else Path(model_dir)
     train_cfg = dataclasses.replace(cfg.train, out_dir=str(out), name=name)
     return dataclasses.replace(cfg, train=train_cfg)
-
-
-def _best_of(trainer: Trainer, member: Member) -> str:
-    """The stage's ``best.pt`` relative to the model folder; ``last.pt`` when no
-    validation found a landmark (MRE NaN). Rank 0's view: it wrote them."""
-    name, best = trainer.cfg.train.name, trainer.run_dir / "best.pt"
-    written = distributed.main_then_broadcast(trainer.world, best.is_file)
-    prefix = f"{member.name}/" if member.name else ""
-    return f"{prefix}{name}/best.pt" if written else f"{prefix}{name}/last.pt"
-
-
-def _finish(
-    runs: list[list[Trainer]],
-    members: list[Member],
-    model_dir: Path,
-    plan_file: Path | None,
-    world: DistInfo,
-) -> list[LandmarkStats] | None:
-    """Write the model folder (rank 0): ``model.json``, the plan, the shape model, the
-    training pose (where held-out scans show that the pose pass pays) and the calibration
-    fitted on held-out predictions; then report the held-out error."""
-    names = list(runs[0][0].cfg.data.landmarks)
-    entries = [
-        StageEntry(
-            t.cfg.train.name,
-            t.cfg.model.role,
-            tuple(_best_of(run[i], m) for run, m in zip(runs, members, strict=True)),
-        )
-        for i, t in enumerate(runs[0])
-    ]
-    train_cases = {c.case_id: c for run in runs for c in run[0].train_cases}
-    shape = distributed.main_then_broadcast(
-        world,
-        lambda: fit_shape(list(train_cases.values()), names, runs[0][0].cfg.train.shape_prior),
-    )
-    data = runs[0][0].cfg.data
-    pose = distributed.main_then_broadcast(
-        world, lambda: fit_training_pose(list(train_cases.values()), names, data)
-    )
-    if world.is_main:
-        write_model_folder(model_dir, entries)
-        _record_plan(plan_file, model_dir / "plan.yaml")
-        if shape is not None:
-            _write_json(model_dir / "shape.json", shape.to_dict())
-    distributed.barrier()  # every checkpoint and model.json written
-    held = held_out_predictions(runs, members, entries, model_dir, world, (shape, pose))
-    pose, held = _pose_if_it_pays(pose, held, model_dir, world)
-    every = {**held.results, **held.placed}
-    calibration = distributed.main_then_broadcast(
-        world, lambda: calibrate(every, held.truth, names, stored=set(held.results))
-    )
-    if world.is_main:
-        _write_json(model_dir / "calibration.json", calibration.to_dict())
-        write_model_folder(
-            model_dir,
-            entries,
-            shape="shape.json" if shape is not None else None,
-            calibration="calibration.json",
-            pose="pose.json" if pose is not None else None,
-        )
-    # Stated as prediction will state them, now that the calibration exists.
-    stated = {
-        key: state(p, calibration, DEFAULT_REVIEW_RADIUS_MM) for key, p in held.results.items()
-    }
-    out = model_dir / "out_of_fold" if members[0].split_file else model_dir
-    basis = ReviewBasis.of(calibration, shape)
-    log.info("\n".join(f"note: {line}" for line in basis.sentences()))
-    stats = (
-        write_results(stated, held.cases, names, held.label, out, basis) if world.is_main else None
-    )
-    return distributed.broadcast_object(stats)
-
-
-def _pose_if_it_pays(
-    pose: Pose | None, held: HeldOut, model_dir: Path, world: DistInfo
-) -> tuple[Pose | None, HeldOut]:
-    """``pose`` and ``held`` as they stand where the pose pass is not worse on the held-out
-    scans (:mod:`heatmap3d.training.pose_verdict`), else None and ``held`` without it; the
-    pose written into the model folder (rank 0). Every rank holds every held-out prediction,
-    so every rank decides alike."""
-    if pose is not None:
-        verdict = pose_pass_verdict(held)
-        log.info(verdict.sentence())
-        if not verdict.keep:
-            pose, held = None, without_pose(held)
-    if world.is_main:
-        if pose is not None:
-            _write_json(model_dir / "pose.json", pose.to_dict())
-        else:  # an earlier after-phase's, in the model folder heatmap3d writes
-            (model_dir / "pose.json").unlink(missing_ok=True)
-    return pose, held
-
-
-def _write_json(path: Path, doc: dict) -> None:
-    atomic_write_bytes(path, (json.dumps(doc, indent=1) + "\n").encode())
