@@ -17,9 +17,9 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from heatmap3d import distributed
+from heatmap3d.distributed import DistInfo
 from heatmap3d.errors import InputError
 from heatmap3d.io.atomic import umask
 from heatmap3d.training.state import check_run_dir
@@ -28,9 +28,6 @@ try:
     import fcntl
 except ImportError:  # Windows
     fcntl = None  # type: ignore[assignment]
-
-if TYPE_CHECKING:
-    from heatmap3d.distributed import DistInfo
 
 LOCK_FILE = ".heatmap3d-train.lock"
 
