@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
@@ -41,6 +42,24 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     """``-n auto``: one worker per core, at most 4 (each test may start torchrun ranks and
     loader workers of its own)."""
     return max(1, min(4, os.cpu_count() or 1))
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Files with more slow tests first, each file's tests in their order.
+
+    ``--dist loadfile`` hands whole files to the workers in collection order: a file of
+    training runs begun last keeps one worker busy for minutes while the other has nothing
+    left. Begun first, the many quick files fill in around it."""
+    slow = Counter(item.path for item in items if item.get_closest_marker("slow"))
+    items.sort(key=lambda item: -slow[item.path])  # a stable sort
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _temporary_files_under_basetemp(tmp_path_factory) -> None:
+    """The commands the tests start put their temporary files (torchrun's log folders
+    among them, which it leaves behind) under pytest's own temporary folder, which pytest
+    prunes, rather than in /tmp."""
+    os.environ["TMPDIR"] = str(tmp_path_factory.mktemp("tmpdir"))
 
 
 @pytest.fixture(scope="session")

@@ -139,7 +139,7 @@ def test_a_real_run_stops_at_its_budget(phantoms, tmp_path):
     data = phantoms(n_train=2, n_val=1, seed=2)
     args = [sys.executable, "train_ddp.py", "--config", str(ROOT / "configs" / "demo.yaml")]
     args += [*TINY, f"data.root={data}", f"train.out_dir={tmp_path}", "train.name=b"]
-    budget_s = 6.0  # many tiny epochs: the budget, not the epochs, ends the run
+    budget_s = 3.0  # many tiny epochs: the budget, not the epochs, ends the run
     args += [f"train.budget_minutes={budget_s / 60}", "train.epochs=100000", "train.device=cpu"]
     start = time.perf_counter()
     proc = run(args)

@@ -46,7 +46,7 @@ def test_a_model_trained_with_a_prior_carries_a_copy_as_its_shape_model(phantoms
     proc = cli(
         "train",
         data,
-        "train.budget_minutes=0.1",
+        "train.budget_minutes=0.05",
         "train.calibration_views=1",
         "train.calibration_max_cases=1",  # of the 2 validation scans
         f"train.out_dir={out}",

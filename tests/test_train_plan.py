@@ -44,21 +44,21 @@ def _test_scan(data: Path) -> Path:
 def test_train_data_plans_trains_to_the_budget_and_predict_model_runs_it(phantoms, copy_of):
     data = copy_of(phantoms(n_train=4, n_val=2, n_test=1, seed=3))
     out = data.parent / "runs"
-    proc = cli("train", data, "train.budget_minutes=0.1", f"train.out_dir={out}", *TINY)
+    proc = cli("train", data, "train.budget_minutes=0.05", f"train.out_dir={out}", *TINY)
     assert proc.returncode == 0, proc.stderr[-3000:]
     model = out / "data"  # named after the dataset folder
     assert (model / "plan.yaml").is_file() and "stages:" in (model / "plan.yaml").read_text()
     stages = json.loads((model / "model.json").read_text())["stages"]
     assert [s["name"] for s in stages] == ["coarse"]
     last = torch.load(model / "coarse" / "last.pt", weights_only=True)
-    assert last["config"]["train"]["budget_minutes"] == pytest.approx(0.1)
-    assert last["train_seconds"] <= 0.1 * 60 + 5
+    assert last["config"]["train"]["budget_minutes"] == pytest.approx(0.05)
+    assert last["train_seconds"] <= 0.05 * 60 + 5
     assert (model / "evaluation" / "metrics.csv").is_file()  # the whole model, evaluated
     scan = _test_scan(data)
     pred = cli("predict", "--model", model, scan, "--out", data.parent / "pred")
     assert pred.returncode == 0, pred.stderr[-2000:]
     # Again without --resume or --overwrite: refused, nothing replaced.
-    again = cli("train", data, "train.budget_minutes=0.1", f"train.out_dir={out}", *TINY)
+    again = cli("train", data, "train.budget_minutes=0.05", f"train.out_dir={out}", *TINY)
     assert again.returncode == 2 and "--resume" in again.stderr
 
 
@@ -70,7 +70,7 @@ def test_an_edited_plan_with_a_refiner_trains_a_cascade_of_folds(phantoms, copy_
     (data / "plan.yaml").write_text(TWO_STAGES)  # as a user would edit it
     out = data.parent / "runs"
     proc = cli(
-        "train", data, "--folds", "2", "train.budget_minutes=0.2", f"train.out_dir={out}", *TINY
+        "train", data, "--folds", "2", "train.budget_minutes=0.1", f"train.out_dir={out}", *TINY
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     model = out / "data"
@@ -96,7 +96,7 @@ def test_an_edited_plan_with_a_refiner_trains_a_cascade_of_folds(phantoms, copy_
         for f in ("fold0", "fold1")
         for s in ("coarse", "fine")
     ]
-    assert budgets == pytest.approx([0.05] * 4)  # the total, split by budget_share and fold
+    assert budgets == pytest.approx([0.025] * 4)  # the total, split by budget_share and fold
     folds = [json.loads((model / "folds" / f"fold{f}.json").read_text()) for f in (0, 1)]
     pooled = sorted(folds[0]["val"] + folds[1]["val"])
     split = json.loads((data / "split.json").read_text())
@@ -170,7 +170,7 @@ def test_members_train_with_other_seeds_and_predict_as_one_ensemble(phantoms, co
     data = copy_of(phantoms(n_train=4, n_val=2, n_test=1, seed=3))
     out = data.parent / "runs"
     proc = cli(
-        "train", data, "--members", "2", "train.budget_minutes=0.12", f"train.out_dir={out}", *TINY
+        "train", data, "--members", "2", "train.budget_minutes=0.06", f"train.out_dir={out}", *TINY
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     model = out / "data"
@@ -181,7 +181,7 @@ def test_members_train_with_other_seeds_and_predict_as_one_ensemble(phantoms, co
         for m in ("seed0", "seed1")
     ]
     assert trains[1]["seed"] == trains[0]["seed"] + 1
-    assert [t["budget_minutes"] for t in trains] == pytest.approx([0.06, 0.06])
+    assert [t["budget_minutes"] for t in trains] == pytest.approx([0.03, 0.03])
     scan = _test_scan(data)
     pred = cli("predict", "--model", model, scan, "--out", data.parent / "pred")
     assert pred.returncode == 0, pred.stderr[-2000:]
