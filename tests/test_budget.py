@@ -148,3 +148,41 @@ def test_a_real_run_stops_at_its_budget(phantoms, tmp_path):
     last = torch.load(tmp_path / "b" / "last.pt", weights_only=True)
     assert 1 <= last["epoch"] < 100000 and last["train_seconds"] <= budget_s + 5
     assert (tmp_path / "b" / "best.pt").is_file()
+
+
+@pytest.mark.parametrize("more", [{"epochs": 8}, {"budget_minutes": 2.0}])
+def test_a_finished_run_resumed_for_longer_trains_on_at_its_new_plans_rate(monkeypatch, more):
+    """A finished 4-epoch run (its rate down to 0) resumed with more epochs or a budget:
+    epoch 5 trains at the new plan's rate, not at the finished plan's 0."""
+    clock = Clock()
+    monkeypatch.setattr(budget.time, "perf_counter", clock)
+    cfg = Config(data=DataConfig(landmarks=["a"]), model=ModelConfig(channels=2, depth=1))
+    cfg.train = TrainConfig(lr=0.01, epochs=4)
+    done = TrainState.build(cfg, CPU)
+    _run(EpochPlan(cfg.train, done, SINGLE), done, clock, lambda e: 2.0)
+    done.train_seconds = 8.0  # 4 epochs of 2 s
+    assert done.opt.param_groups[0]["lr"] == 0.0
+    ckpt = done.to_checkpoint(cfg, SINGLE)
+
+    cfg.train = TrainConfig(lr=0.01, **{"epochs": 4, **more})
+    resumed = TrainState.build(cfg, CPU)
+    resumed.resume(ckpt, cfg, source="last.pt")
+    log = _run(EpochPlan(cfg.train, resumed, SINGLE), resumed, clock, lambda e: 2.0)
+    planned = log[0]["planned"]  # 8 epochs, or 4 + the 112 s left of the budget / 2 s
+    assert planned == (8 if "epochs" in more else 60)
+    assert log[0]["epoch"] == 5
+    assert log[0]["lr"] == pytest.approx(0.01 * resumed.lr_factor(4)) and log[0]["lr"] > 0
+    assert log[-1]["epoch"] == planned and log[-1]["lr"] < log[0]["lr"]
+
+
+def test_a_resumed_run_on_its_own_plan_keeps_its_rate_bit_for_bit():
+    cfg = Config(data=DataConfig(landmarks=["a"]), model=ModelConfig(channels=2, depth=1))
+    cfg.train = TrainConfig(lr=0.01, epochs=7)
+    first = TrainState.build(cfg, CPU)
+    for _ in range(3):
+        first.epoch += 1
+        first.sched.step()
+    resumed = TrainState.build(cfg, CPU)
+    resumed.resume(first.to_checkpoint(cfg, SINGLE), cfg, source="last.pt")
+    EpochPlan(cfg.train, resumed, SINGLE)
+    assert resumed.opt.param_groups[0]["lr"] == first.opt.param_groups[0]["lr"]

@@ -53,6 +53,7 @@ class EpochPlan:
             per_epoch = state.train_seconds / state.epoch
             left = max(0.0, self.budget_s - state.train_seconds)
             state.planned_epochs = state.epoch + math.floor(left / max(per_epoch, 1e-9))
+        state.follow_plan()
 
     @property
     def budgeted(self) -> bool:

@@ -74,6 +74,16 @@ class TrainState:
             1.0 + math.cos(math.pi * min(epoch, self.planned_epochs) / self.planned_epochs)
         )
 
+    def follow_plan(self) -> None:
+        """Give the optimizer the next epoch's learning rate on the plan as it stands.
+
+        A resumed optimizer holds the rate its own plan gave this epoch. Where the plan has
+        changed since (a finished run resumed with more ``train.epochs`` or a larger
+        budget), the first resumed epoch would train at that rate: 0, for a finished run.
+        """
+        for group, base in zip(self.opt.param_groups, self.sched.base_lrs, strict=True):
+            group["lr"] = base * self.lr_factor(self.epoch)
+
     def to_checkpoint(self, cfg: Config, world: DistInfo) -> Checkpoint:
         return Checkpoint(
             model=self.model.state_dict(),
