@@ -83,3 +83,33 @@ def test_a_full_disk_stops_tensorboard_with_one_warning_and_training_goes_on(
         f"warning: {tmp_path / 'r0'}: TensorBoard logging stopped, cannot write its events "
         "(OSError: [Errno 28] No space left on device); training goes on"
     ]
+
+
+def test_ctrl_c_during_a_write_arrives_once_the_write_has_returned(tmp_path):
+    """TensorBoard's writer hands each event to its thread through a queue: a Ctrl-C raised
+    inside the queue's notify left the thread asleep through the close that followed (a
+    SIGTERM'd run hung up to 120 s after its last line). The monitor holds Ctrl-C and
+    SIGTERM until the writer's call has returned, then delivers them."""
+    import os
+    import signal
+
+    monitor = make_monitor(DistInfo(0, 0, 1, 1, torch.device("cpu")), tmp_path / "run")
+    steps: list[str] = []
+    real = monitor.writer.add_scalar
+
+    def add_scalar(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C lands in the middle of the write
+        for _ in range(1000):  # calls: where Python runs a pending signal's handler
+            steps.append(str(len(steps)))
+        real(*args, **kwargs)
+        steps.append("written")
+
+    monitor.writer.add_scalar = add_scalar
+    handler = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            monitor.scalar("train/loss", 1.0, 1)
+        assert steps[-1] == "written"  # the whole write, then the Ctrl-C
+    finally:
+        signal.signal(signal.SIGINT, handler)
+        monitor.close()

@@ -153,8 +153,9 @@ def _interrupt_after_first_epoch(
 def _output(proc: subprocess.Popen, timeout: float = 120) -> tuple[str, str]:
     """``proc``'s stdout and stderr once it has ended. One still running ``timeout`` s after
     its signal fails the test with every thread's stack (SIGABRT to its group, which
-    faulthandler answers), so that a rare hang says where it hung (seen once, on a loaded
-    machine, after the run's last line; not reproduced in 60 runs since)."""
+    faulthandler answers), so that a hang says where it hung (one was TensorBoard's writer
+    thread asleep through the close for its 120 s flush time: see the monitor's
+    ``_call``)."""
     try:
         return proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
