@@ -26,12 +26,16 @@ class Clock:
         return self.now
 
 
-def _state(**train) -> tuple[TrainState, TrainConfig]:
-    cfg = Config(
+def _config(**train) -> Config:
+    return Config(
         data=DataConfig(landmarks=["a"]),
         model=ModelConfig(channels=2, depth=1),
         train=TrainConfig(**train),
     )
+
+
+def _state(**train) -> tuple[TrainState, TrainConfig]:
+    cfg = _config(**train)
     return TrainState.build(cfg, CPU), cfg.train
 
 
@@ -156,15 +160,14 @@ def test_a_finished_run_resumed_for_longer_trains_on_at_its_new_plans_rate(monke
     epoch 5 trains at the new plan's rate, not at the finished plan's 0."""
     clock = Clock()
     monkeypatch.setattr(budget.time, "perf_counter", clock)
-    cfg = Config(data=DataConfig(landmarks=["a"]), model=ModelConfig(channels=2, depth=1))
-    cfg.train = TrainConfig(lr=0.01, epochs=4)
+    cfg = _config(lr=0.01, epochs=4)
     done = TrainState.build(cfg, CPU)
     _run(EpochPlan(cfg.train, done, SINGLE), done, clock, lambda e: 2.0)
     done.train_seconds = 8.0  # 4 epochs of 2 s
     assert done.opt.param_groups[0]["lr"] == 0.0
     ckpt = done.to_checkpoint(cfg, SINGLE)
 
-    cfg.train = TrainConfig(lr=0.01, **{"epochs": 4, **more})
+    cfg = _config(lr=0.01, **{"epochs": 4, **more})
     resumed = TrainState.build(cfg, CPU)
     resumed.resume(ckpt, cfg, source="last.pt")
     log = _run(EpochPlan(cfg.train, resumed, SINGLE), resumed, clock, lambda e: 2.0)
@@ -176,8 +179,7 @@ def test_a_finished_run_resumed_for_longer_trains_on_at_its_new_plans_rate(monke
 
 
 def test_a_resumed_run_on_its_own_plan_keeps_its_rate_bit_for_bit():
-    cfg = Config(data=DataConfig(landmarks=["a"]), model=ModelConfig(channels=2, depth=1))
-    cfg.train = TrainConfig(lr=0.01, epochs=7)
+    cfg = _config(lr=0.01, epochs=7)
     first = TrainState.build(cfg, CPU)
     for _ in range(3):
         first.epoch += 1

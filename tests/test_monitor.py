@@ -93,7 +93,7 @@ def test_ctrl_c_during_a_write_arrives_once_the_write_has_returned(tmp_path):
     import os
     import signal
 
-    monitor = make_monitor(DistInfo(0, 0, 1, 1, torch.device("cpu")), tmp_path / "run")
+    monitor = make_monitor(_world(0), tmp_path / "run")
     steps: list[str] = []
     real = monitor.writer.add_scalar
 

@@ -83,10 +83,9 @@ class TensorBoardMonitor(NullMonitor):
         Why held: the writer hands each event to its thread through a ``queue.Queue``. A
         KeyboardInterrupt raised inside that queue's ``Condition.notify``, after it woke the
         thread and before it struck it from the waiters, leaves a stale waiter that the next
-        notify wakes in the thread's place: the thread then slept through the close that
-        followed, until its flush timer (120 s), and the interrupted run hung that long
-        after its last line (seen in 1 of 37 SIGTERM runs on a loaded machine, both stacks
-        taken with py-spy).
+        notify wakes in the thread's place: the thread then sleeps through the close that
+        follows, until its flush timer (120 s), and an interrupted run hangs that long after
+        its last line.
         """
         if self.writer is None:
             return
