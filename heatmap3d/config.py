@@ -175,6 +175,11 @@ class TrainConfig:
     # one fitted on the training landmarks, which few scans cannot make (how individuals
     # vary). "" = fit on them. heatmap3d plan sets it for a landmark set it knows.
     shape_prior: str = ""
+    # Weights to start from (fine-tuning): a checkpoint (.pt) or an exported stage's
+    # weights (.safetensors); the tensors that match this model by name and shape are
+    # loaded, the rest keep their initialisation. "" = none. heatmap3d train DATA
+    # --init-from MODEL sets it in each stage to MODEL's; a resumed run ignores it.
+    init_from: str = ""
     out_dir: str = "runs"  # folder of the run folders (train.name)
     name: str = "demo"  # run folder: out_dir/name (checkpoints, TensorBoard events)
     amp: bool = True  # bf16 autocast on CUDA (ignored on CPU); what precision "auto" follows

@@ -53,6 +53,7 @@ PATH_KEYS = (
     ("data", "cache_dir"),
     ("augment", "anatomy_prior"),
     ("train", "shape_prior"),
+    ("train", "init_from"),
     ("train", "out_dir"),
 )
 

@@ -102,7 +102,14 @@ def keys_text(section: str | None = None) -> str:
             lines.append("")
         last = key.section
         lines.append(f"{key.dotted} = {key.default}")
-        lines += textwrap.wrap(key.meaning, 88, initial_indent="    ", subsequent_indent="    ")
+        # Only at spaces: a flag (--init-from) or a key is never cut in two.
+        lines += textwrap.wrap(
+            key.meaning,
+            88,
+            initial_indent="    ",
+            subsequent_indent="    ",
+            break_on_hyphens=False,
+        )
     if not lines:
         sections = ", ".join(f.name for f in dataclasses.fields(Config))
         raise KeyError(f"no config section {section!r} (sections: {sections})")

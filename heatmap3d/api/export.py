@@ -45,6 +45,7 @@ PRIVATE_KEYS = (
     ("data", "cache_dir"),
     ("augment", "anatomy_prior"),
     ("train", "shape_prior"),
+    ("train", "init_from"),
     ("train", "out_dir"),
 )
 EXTRAS = ("shape", "calibration", "pose")

@@ -24,6 +24,7 @@ from heatmap3d.io.destination import Destination
 from heatmap3d.io.json_file import load_json
 from heatmap3d.log import get_logger
 from heatmap3d.planning.fingerprint import fingerprint_dataset
+from heatmap3d.planning.from_model import open_model, plan_from_model
 from heatmap3d.planning.plan import Plan, make_plan
 from heatmap3d.planning.plan_file import check_plan_out, plan_text, write_plan
 from heatmap3d.training.stages import train_dataset
@@ -45,6 +46,7 @@ def plan(
     split_file: str = "split.json",
     overwrite: bool = False,
     nifti_frame: str | None = None,
+    init_from: str | Path | None = None,
 ) -> Plan:
     """Fingerprint ``dataset`` and write its plan to ``out`` (default ``DATASET/plan.yaml``),
     printing both; the plan.
@@ -57,6 +59,9 @@ def plan(
     never replaces a file without ``overwrite``, and the refusal says what is there
     (:func:`heatmap3d.planning.plan_file.check_plan_out`). ``nifti_frame``: the frame to
     trust in a NIfTI whose sform and qform disagree (training: ``data.nifti_frame``).
+    ``init_from``: plan the fine-tuning of that trained model instead (its stages, each
+    from its weights: :mod:`heatmap3d.planning.from_model`); ``shape_prior`` then applies
+    where the model was trained without one.
     """
     data = Path(dataset)
     if not data.is_dir():
@@ -64,16 +69,20 @@ def plan(
     target = Path(out) if out is not None else data / "plan.yaml"
     replacing = check_plan_out(Destination(target.parent, replace=overwrite), target.name)
     descriptions = _read_labels(None if labels is None else Path(labels))
+    source = None if init_from is None else open_model(init_from)
     fp = fingerprint_dataset(data, split_file=split_file, nifti_frame=nifti_frame)
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
-    made = make_plan(
-        fp,
-        device=device,
-        budget_minutes=budget_minutes,
-        descriptions=descriptions,
-        shape_prior=shape_prior,
-    )
+    if source is not None:
+        made = plan_from_model(source, fp, device=device, shape_prior=shape_prior)
+    else:
+        made = make_plan(
+            fp,
+            device=device,
+            budget_minutes=budget_minutes,
+            descriptions=descriptions,
+            shape_prior=shape_prior,
+        )
     print(plan_text(made, fp), end="")
     if replacing is not None:
         log.info(f"note: --overwrite: replacing {target}, {replacing}")
@@ -108,7 +117,10 @@ def train(
 
     ``overrides``: ``section.key=value`` for every stage; ``budget_minutes`` the time for
     all of it (module docstring); ``members`` seeds or ``folds`` cross-validation folds
-    make an ensemble. ``init_from`` (a single run only) starts from a checkpoint's weights.
+    make an ensemble. ``init_from``: fine-tune; with a dataset a trained model (a model
+    folder, an export or a packaged model's name) whose stages the plan takes, each
+    starting from its weights (:mod:`heatmap3d.planning.from_model`); for a single run a
+    checkpoint (``.pt``) or an exported stage's ``.safetensors``.
     """
     extra = list(overrides)
     if budget_minutes is not None:
@@ -120,10 +132,16 @@ def train(
         init = None if init_from is None else Path(init_from)
         runs = Destination(Path(cfg.train.out_dir), replace=overwrite)  # the run folder's parent
         return run(cfg, resume=resume, init_from=init, out=runs)
-    if config is not None or init_from is not None:
+    if config is not None:
         raise InputError(
-            "--config and --init-from go with a single run; a dataset trains by its plan "
+            "--config goes with a single run; a dataset trains by its plan "
             "(change a value with section.key=value, or edit the plan file)"
+        )
+    if init_from is not None and Path(init_from).is_file():
+        raise InputError(
+            f"{init_from}: a file; a dataset fine-tunes a model folder (heatmap3d train DATA "
+            "--init-from MODEL: a training run's folder, an export or a packaged model's "
+            "name), whose stages it trains from their weights"
         )
     return train_dataset(
         None if dataset is None else Path(dataset),
@@ -133,6 +151,7 @@ def train(
         overwrite=overwrite,
         members=members,
         folds=folds,
+        init_from=None if init_from is None else Path(init_from),
     )
 
 

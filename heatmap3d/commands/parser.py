@@ -98,7 +98,10 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--init-from",
         type=Path,
-        help="fine-tune: start from this checkpoint's weights that match (name and shape)",
+        metavar="MODEL",
+        help="fine-tune: with a dataset, a trained model (a model folder, an export or a "
+        "packaged model's name) whose stages are trained from their weights; for a single "
+        "run, a checkpoint or .safetensors whose matching weights (name and shape) it starts from",
     )
     p.add_argument(
         "overrides",

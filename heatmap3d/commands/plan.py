@@ -41,6 +41,13 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--split-file", default="split.json", help="relative to DATA")
     parser.add_argument(
+        "--init-from",
+        metavar="MODEL",
+        default=None,
+        help="plan the fine-tuning of a trained model (a model folder, an export or a "
+        "packaged model's name): its stages, each starting from its weights",
+    )
+    parser.add_argument(
         "--overwrite",
         action="store_true",
         help="replace the file at the plan's path, even one heatmap3d did not write or one "
@@ -80,4 +87,5 @@ def plan_command(args: argparse.Namespace) -> None:
         split_file=args.split_file,
         overwrite=args.overwrite,
         nifti_frame=getattr(args, "nifti_frame", None),  # the CLI adds it to every reader
+        init_from=args.init_from,
     )

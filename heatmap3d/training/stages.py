@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 from heatmap3d import distributed
+from heatmap3d.checkpoint import load_matching
 from heatmap3d.config import Config
 from heatmap3d.config_io import load_config, sets_key
 from heatmap3d.data.setup import require_validation
@@ -23,8 +24,11 @@ from heatmap3d.distributed import DistInfo
 from heatmap3d.errors import InputError
 from heatmap3d.evaluation.metrics import LandmarkStats
 from heatmap3d.io.destination import Destination
+from heatmap3d.io.model_folder import ModelFolder
 from heatmap3d.log import get_logger
+from heatmap3d.model import build_model
 from heatmap3d.planning.fingerprint import fingerprint_dataset
+from heatmap3d.planning.from_model import open_model, plan_from_model
 from heatmap3d.planning.plan import make_plan
 from heatmap3d.planning.plan_file import (
     check_plan_target,
@@ -36,6 +40,7 @@ from heatmap3d.review.shape_file import read_prior
 from heatmap3d.training.after_phase import finish_model_folder
 from heatmap3d.training.members import Member, member_config, plan_members
 from heatmap3d.training.run_lock import RunLock
+from heatmap3d.training.state import read_init_weights
 from heatmap3d.training.trainer import Trainer, train
 
 log = get_logger(__name__)
@@ -52,8 +57,11 @@ def train_dataset(
     overwrite: bool = False,
     members: int = 1,
     folds: int = 0,
+    init_from: Path | None = None,
 ) -> list[LandmarkStats] | None:
     """``heatmap3d train DATA`` / ``--plan FILE``: plan (rank 0), then train every stage.
+    ``init_from``: a model to fine-tune; the plan is then its stages, each starting from
+    its weights (:mod:`heatmap3d.planning.from_model`).
 
     ``overrides`` (``section.key=value``) apply to every stage; ``train.budget_minutes`` is
     the total, split between the stages by the plan and between the ensemble's
@@ -81,6 +89,7 @@ def train_dataset(
                 out=out,
                 cross_validate=folds > 0,
                 lock=lock,
+                init_from=init_from,
             ),
         )
         first = stages[0][1].data
@@ -109,6 +118,7 @@ def _planned_stages(
     out: Destination,
     cross_validate: bool = False,
     lock: RunLock | None = None,
+    init_from: Path | None = None,
 ) -> tuple[list[tuple[str, Config]], Destination, Path]:
     """Rank 0: the stage configs, the model folder (in ``out``, by its rule) and the plan
     file (written if new).
@@ -119,15 +129,17 @@ def _planned_stages(
     ``--overwrite``), and a ``plan.yaml`` there that a person edited (never replaced; it may
     be trained by with ``--plan``). A resumed run without a plan of the dataset goes on by
     the model folder's. ``lock`` takes the model folder before anything is written there: a
-    run training there now is refused, and nothing of its folder is touched.
+    run training there now is refused, and nothing of its folder is touched. With
+    ``init_from`` the plan is made from that model (a resumed run goes on by its record).
     """
+    source = None if init_from is None else _fine_tuned(init_from, plan, data)
     root = Path(data) if data is not None else Path(plan).parent
     if not (cross_validate or base.data.manifest):  # a manifest lists its own cases
         require_validation(root, base.data.split_file)
     named = sets_key(overrides, "train.name")
     model = out.sub(base.train.name if named else root.resolve().name)
     model_dir = model.folder
-    if plan is None and (root / "plan.yaml").is_file():
+    if plan is None and source is None and (root / "plan.yaml").is_file():
         plan = root / "plan.yaml"
     record = model_dir / "plan.yaml"
     if not (resume or model.replace):
@@ -143,7 +155,11 @@ def _planned_stages(
             root, split_file=base.data.split_file, nifti_frame=base.data.nifti_frame or None
         )
         log.info(fp.summary())
-        new_plan = make_plan(fp, device=world.device.type)
+        device = world.device.type
+        if source is None:
+            new_plan = make_plan(fp, device=device)
+        else:
+            new_plan = plan_from_model(source, fp, device=device)
         plan = record
         model_dir.mkdir(parents=True, exist_ok=True)
         write_plan(plan, new_plan, fp)
@@ -154,6 +170,20 @@ def _planned_stages(
         read_plan(plan), data_root=root, overrides=overrides, budget_minutes=budget
     )
     return configs, model, plan
+
+
+def _fine_tuned(model: Path, plan: Path | None, data: Path | None) -> ModelFolder:
+    """The model ``--init-from`` names, read before the dataset is (a wrong name fails at
+    once); InputError when a plan file is given too."""
+    if plan is not None:
+        raise InputError(
+            "--init-from makes the plan from the model; --plan gives one: use one of them "
+            "(heatmap3d plan DATA --init-from MODEL writes that plan to read or edit)"
+        )
+    found = open_model(model)
+    if data is not None and (Path(data) / "plan.yaml").is_file():
+        log.info(f"--init-from: {Path(data) / 'plan.yaml'} is not used; the model's stages are")
+    return found
 
 
 def _refuse_earlier_run(model_dir: Path) -> None:
@@ -202,6 +232,7 @@ def run_stages(
     first = stages[0][1]
     if first.train.shape_prior:  # a bad prior is refused now, not after hours of training
         read_prior(first.train.shape_prior, list(first.data.landmarks) or None)
+    distributed.main_then_broadcast(world, lambda: _check_init_weights(stages))
     runs: list[list[Trainer]] = []
     for member in members:
         trainers = []
@@ -218,6 +249,19 @@ def run_stages(
     stats = finish_model_folder(runs, members, model_dir, plan_file, world)
     log.info(_time_line(started, training, after, time.monotonic()))
     return stats
+
+
+def _check_init_weights(stages: list[tuple[str, Config]]) -> None:
+    """Every stage's ``train.init_from`` read and fitted to its network now: a later
+    stage's missing or mismatched weights would otherwise stop the run after the earlier
+    stages had trained. InputError naming the file."""
+    for _, cfg in stages:
+        if not cfg.train.init_from:
+            continue
+        weights, _ = read_init_weights(Path(cfg.train.init_from))
+        if cfg.data.landmarks:  # else the data names them, and the head is sized then
+            network = build_model(cfg.model, len(cfg.data.landmarks))
+            load_matching(network, weights, source=cfg.train.init_from)
 
 
 def _time_line(started: float, training: float, after: float, done: float) -> str:

@@ -32,7 +32,13 @@ from heatmap3d.training.budget import EpochPlan
 from heatmap3d.training.monitor import make_monitor
 from heatmap3d.training.progress import EpochProgress
 from heatmap3d.training.run_lock import run_lock
-from heatmap3d.training.state import TrainState, check_run_dir, claim_run_dir, read_checkpoint
+from heatmap3d.training.state import (
+    TrainState,
+    check_run_dir,
+    claim_run_dir,
+    read_checkpoint,
+    read_init_weights,
+)
 from heatmap3d.training.steps import Stepper, groups
 from heatmap3d.training.validation import Validator
 
@@ -126,8 +132,9 @@ class Trainer:
         resumed = resume and self._resume()
         if not resumed:
             distributed.main_then_broadcast(world, lambda: claim_run_dir(run))
-            if init_from:
-                self._init_from(Path(init_from))
+            source = init_from or self.cfg.train.init_from
+            if source:
+                self._init_from(Path(source))
         self.stepper = Stepper(
             net=self.state.wrapped(self.cfg, world),
             model=self.state.model,
@@ -170,13 +177,14 @@ class Trainer:
         return True
 
     def _init_from(self, path: Path) -> None:
-        ckpt = read_checkpoint(self.world, path)
-        if ckpt is None:
-            raise InputError(f"{path}: checkpoint not found (--init-from)")
-        skipped = self.state.init_from(ckpt, source=str(path))
+        """Fine-tuning: the weights of ``path`` that match (rank 0 reads, all receive)."""
+        state, names = distributed.main_then_broadcast(self.world, lambda: read_init_weights(path))
+        said = self.state.init_from(
+            state, source=str(path), names=names, own_names=list(self.cfg.data.landmarks)
+        )
         log.info(f"init-from: loaded the matching weights of {path}")
-        for line in skipped:
-            log.info(f"init-from: skipped {line}")
+        for line in said:
+            log.info(f"init-from: {line}")
 
     # -- training ---------------------------------------------------------------------------
 

@@ -1,0 +1,197 @@
+"""A plan that fine-tunes a trained model on a dataset (``heatmap3d train DATA --init-from
+MODEL``, ``heatmap3d plan DATA --init-from MODEL``).
+
+The weights fix what a stage must keep: its network (``model.*``), the grid and window it
+sees (``data.spacing``, ``patch_size``, the normalisation), the heatmaps it was taught to
+draw (``heatmap.*``), its landmarks in their channel order and its mirror pairs. So each
+stage of the plan is the model's stage as it was trained, with ``train.init_from`` naming
+its weights, and only what belongs to this run and machine made afresh: the dataset's
+paths, the run folder, the budget (split as the model's was), the device and the crops a
+step sized for it. The dataset labels the model's landmarks or some of them (each keeps
+its own output row: :func:`heatmap3d.checkpoint.head_by_name`); it adds none.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from heatmap3d import checkpoint
+from heatmap3d.config_io import from_dict, to_dict
+from heatmap3d.errors import InputError
+from heatmap3d.io.model_folder import ModelFolder, read_model_folder
+from heatmap3d.packaged import catalogue as packaged
+from heatmap3d.planning.fingerprint import Fingerprint
+from heatmap3d.planning.plan import BUDGET_SHARES, Plan, Stage
+from heatmap3d.planning.priors import AUTO, give_prior
+from heatmap3d.planning.sizing import crops_per_scan, crops_reason, default_memory_gb
+
+__all__ = ["RUN_KEYS", "open_model", "plan_from_model"]
+
+# What the run and its machine decide, not the weights: the defaults (or the user's
+# section.key=value) hold for them. The shape prior and the anatomy prior are paths of the
+# machine the model was trained on: kept where they still resolve here (below).
+RUN_KEYS = frozenset(
+    {
+        ("data", "root"),
+        ("data", "split_file"),
+        ("data", "manifest"),
+        ("data", "cache_dir"),
+        ("data", "num_workers"),
+        ("data", "nifti_frame"),
+        ("data", "crops_per_scan"),
+        ("train", "budget_minutes"),
+        ("train", "out_dir"),
+        ("train", "name"),
+        ("train", "device"),
+        ("train", "compile"),
+        ("train", "compile_mode"),
+        ("train", "init_from"),
+    }
+    | {("synthetic", key) for key in ("generate", "n_train", "n_val", "n_test", "seed")}
+)
+PRIOR_KEYS = (("train", "shape_prior"), ("augment", "anatomy_prior"))
+
+
+def open_model(model: str | Path) -> ModelFolder:
+    """The model folder ``model`` names (a training run's, an export, or a packaged
+    model's name); InputError naming it when it is none."""
+    return read_model_folder(packaged.resolve_model(Path(model)))
+
+
+def plan_from_model(
+    found: ModelFolder, fp: Fingerprint, *, device: str = "cpu", shape_prior: str | None = AUTO
+) -> Plan:
+    """The plan that fine-tunes the model ``found`` (:func:`open_model`) on the dataset of
+    ``fp``, sized for ``device``; ``shape_prior`` (as :func:`make_plan`'s) where the model
+    was trained without one. InputError, naming the model, when the dataset's landmarks
+    are not the model's."""
+    sources = [_stage_source(found, entry, paths) for entry, paths in found.stages]
+    model_names = sources[0][1]
+    _check_landmarks(found.folder, model_names, list(fp.names))
+    names = [n for n in model_names if n in fp.names]  # the model's channel order
+    shares = _shares([config for config, _, _ in sources])
+    notes = [f"fine-tuning {found.folder}: each stage as it was trained, from its weights"]
+    if len(names) < len(model_names):
+        notes.append(
+            f"{len(names)} of the model's {len(model_names)} landmarks, each from its own "
+            "output row of the model's; the others are left out"
+        )
+    pairs, mirror_note = _pairs(sources[0][0], names)
+    notes += [mirror_note] if mirror_note else []
+    stages = []
+    for (entry, _), share, (config, _, weights) in zip(found.stages, shares, sources, strict=True):
+        config = _narrowed(config, names, pairs, mirror_off=mirror_note is not None)
+        stage, dropped = _stage(entry.name, share, config, weights, found.folder, device)
+        stages.append(stage)
+        notes += [f"stage {entry.name}: {line}" for line in dropped]
+    members = len(found.stages[0][1])
+    if members > 1:
+        notes.append(
+            f"the model's stages are ensembles of {members}; every stage here starts from "
+            "its first member"
+        )
+    if not any("shape_prior" in s.config.get("train", {}) for s in stages):
+        notes += give_prior(stages, fp, shape_prior)
+    return Plan(stages, pairs, f"as {found.folder} was trained", notes)
+
+
+def _stage_source(found: ModelFolder, entry, paths: list[Path]) -> tuple[dict, list[str], Path]:
+    """A stage's resolved config (nested dict), landmark names and first member's weights."""
+    if found.exported:
+        return entry.config, list(found.landmarks), paths[0]
+    ckpt = checkpoint.load(paths[0])
+    return ckpt.config, list(ckpt.landmarks), paths[0]
+
+
+def _check_landmarks(folder: Path, model: list[str], dataset: list[str]) -> None:
+    """InputError naming the model folder unless the dataset's landmarks are the model's
+    or some of them: fine-tuning adds no landmark (a new one has no output row to start
+    from, nor a known mirror partner)."""
+    extra = [n for n in dataset if n not in model]
+    if extra:
+        raise InputError(
+            f"{folder}: fine-tuning needs landmarks the model finds; the dataset has "
+            f"{len(extra)} it does not ({_few(extra)}; the model's: {_few(model)}): train "
+            "a new model for them (heatmap3d train DATA without --init-from)"
+        )
+
+
+def _pairs(config: dict, names: list[str]) -> tuple[list[list[str]], str | None]:
+    """The model's mirror pairs among ``names``; none, and why, where one landmark of a
+    pair is there without its partner (mirroring would carry it to the other side under
+    its own name)."""
+    pairs = [list(p) for p in config.get("augment", {}).get("mirror_pairs", [])]
+    halves = [p for p in pairs if (p[0] in names) != (p[1] in names)]
+    if halves:
+        shown = ", ".join(f"{a}/{b}" for a, b in halves[:4])
+        return [], f"no mirroring: the dataset has one landmark of the pair(s) {shown}"
+    return [p for p in pairs if p[0] in names], None
+
+
+def _narrowed(config: dict, names: list[str], pairs: list[list[str]], mirror_off: bool) -> dict:
+    """A stage's config for ``names`` (the model's or some of them) and ``pairs``; no
+    mirroring where ``mirror_off``."""
+    out = {section: dict(values) for section, values in config.items()}
+    out.setdefault("data", {})["landmarks"] = list(names)
+    augment = out.setdefault("augment", {})
+    augment["mirror_pairs"] = pairs
+    if mirror_off:
+        augment["mirror_axis"] = -1
+    return out
+
+
+def _few(names: list[str]) -> str:
+    return ", ".join(names[:6]) + (", ..." if len(names) > 6 else "")
+
+
+def _shares(configs: list[dict]) -> list[float]:
+    """Each stage's share of the budget, as the model's stages shared theirs; the plan's
+    rule where the model was trained by epochs (no budget to read)."""
+    minutes = [float(c.get("train", {}).get("budget_minutes") or 0) for c in configs]
+    if all(m > 0 for m in minutes):
+        return [round(m / sum(minutes), 6) for m in minutes]
+    if len(configs) == len(BUDGET_SHARES):
+        return list(BUDGET_SHARES)
+    return [round(1 / len(configs), 6)] * len(configs)
+
+
+def _stage(
+    name: str, share: float, config: dict, weights: Path, folder: Path, device: str
+) -> tuple[Stage, list[str]]:
+    """One stage: the source's values that differ from the defaults, the run's own keys
+    left out, ``train.init_from`` its weights and the crops a step sized for ``device``;
+    and a line for each prior of the model's that is not on this machine (left out)."""
+    source = to_dict(from_dict(config, source=f"{folder}: stage {name!r}"))
+    defaults = to_dict(from_dict({}))
+    kept: dict[str, dict[str, Any]] = {}
+    reasons, dropped = {}, []
+    for section, values in source.items():
+        for key, value in values.items():
+            if (section, key) in RUN_KEYS or value == defaults[section][key]:
+                continue
+            if (section, key) in PRIOR_KEYS and not _resolves(value):
+                dropped.append(f"{section}.{key} {value!r} is not on this machine: left out")
+                continue
+            kept.setdefault(section, {})[key] = value
+            reasons[f"{section}.{key}"] = "as the model was trained"
+    augment = kept.get("augment", {})
+    if augment.get("anatomy") and "anatomy_prior" not in augment:
+        del augment["anatomy"]  # anatomy warps need their prior
+        dropped.append("augment.anatomy: off, without its prior")
+    kept.setdefault("train", {})["init_from"] = str(weights.resolve())
+    reasons["train.init_from"] = f"stage {name!r} of {folder}"
+    patch, channels = source["data"]["patch_size"][0], source["model"]["channels"]
+    crops = crops_per_scan(device, patch, channels, default_memory_gb(device))
+    if crops > 1:
+        kept.setdefault("data", {})["crops_per_scan"] = crops
+        reasons["data.crops_per_scan"] = crops_reason(crops, patch, channels)
+    return Stage(name, share, kept, reasons), dropped
+
+
+def _resolves(value: str) -> bool:
+    """True when a prior the model was trained with is found here (a packaged name, or a
+    file that exists on this machine)."""
+    if packaged.is_prior_name(value):
+        return value in packaged.PRIORS
+    return Path(value).is_file()

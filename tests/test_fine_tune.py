@@ -1,0 +1,337 @@
+"""Fine-tuning a trained model on a dataset: ``heatmap3d train DATA --init-from MODEL`` (and
+``heatmap3d plan DATA --init-from MODEL``) trains the model's stages as they were trained,
+each from its weights (a training folder's checkpoints, an export's safetensors, or a
+packaged model), and refuses what cannot be fine-tuned in one line, before any training."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torchrun_util import run
+
+from heatmap3d import checkpoint
+from heatmap3d.config import Config, DataConfig, ModelConfig, TrainConfig
+from heatmap3d.data.synthetic import LANDMARK_NAMES
+from heatmap3d.distributed import DistInfo
+from heatmap3d.errors import InputError
+from heatmap3d.io.model_folder import StageEntry, write_model_folder
+from heatmap3d.planning.fingerprint import fingerprint_dataset
+from heatmap3d.planning.from_model import open_model, plan_from_model
+from heatmap3d.planning.plan import BUDGET_SHARES
+from heatmap3d.training.state import TrainState, read_init_weights
+
+CPU = torch.device("cpu")
+WORLD = DistInfo(rank=0, local_rank=0, world_size=1, local_world_size=1, device=CPU)
+# The run's own settings for a quick command: one epoch, nothing learnt (lr 0, no decay),
+# so a stage's weights after training are the weights it started from.
+STILL = [
+    "data.num_workers=0",
+    "train.budget_minutes=0",
+    "train.epochs=1",
+    "train.lr=0",
+    "train.weight_decay=0",
+    "train.calibration_views=0",
+]
+
+
+def _stage_config(role: str, minutes: float, **train) -> Config:
+    data = DataConfig(
+        landmarks=list(LANDMARK_NAMES),
+        spacing=[6.0 if role == "whole_scan" else 3.0] * 3,
+        patch_size=[16] * 3,
+        landmark_crops=1.0 if role == "refiner" else 0.0,
+        root="/the/machine/it/was/trained/on",
+    )
+    model = ModelConfig(channels=2, depth=2, role=role)
+    return Config(
+        data=data,
+        model=model,
+        train=TrainConfig(budget_minutes=minutes, out_dir="/elsewhere", **train),
+    )
+
+
+def _source(folder: Path, minutes=(10.0, 30.0), **train) -> Path:
+    """A two-stage training folder of random weights, each stage's head bias raised by a
+    different amount (so that whose weights a stage holds can be told)."""
+    entries = []
+    for i, (stage, role) in enumerate((("coarse", "whole_scan"), ("fine", "refiner"))):
+        cfg = _stage_config(role, minutes[i], **train)
+        state = TrainState.build(cfg, CPU)
+        with torch.no_grad():
+            state.model.head.bias += 0.25 * (i + 1)
+        (folder / stage).mkdir(parents=True)
+        state.save(folder / stage / "best.pt", cfg, WORLD)
+        entries.append(StageEntry(stage, role, (f"{stage}/best.pt",)))
+    write_model_folder(folder, entries)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def source(tmp_path_factory) -> Path:
+    return _source(tmp_path_factory.mktemp("source") / "model")
+
+
+@pytest.fixture(scope="module")
+def exported(source, tmp_path_factory) -> Path:
+    from heatmap3d.api.export import export_model
+
+    out = tmp_path_factory.mktemp("export") / "model-export"
+    export_model(source, out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def dataset(phantoms) -> Path:
+    return phantoms(n_train=2, n_val=1, seed=5)
+
+
+def cli(*args: str | Path) -> subprocess.CompletedProcess:
+    return run([sys.executable, "-m", "heatmap3d", *map(str, args)], timeout=600)
+
+
+# -- the plan ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["training folder", "export"])
+def test_the_plan_is_the_models_stages_from_their_weights(source, exported, dataset, kind):
+    folder = source if kind == "training folder" else exported
+    plan = plan_from_model(open_model(folder), fingerprint_dataset(dataset), device="cpu")
+    assert [s.name for s in plan.stages] == ["coarse", "fine"]
+    # The budget is split as the model's stages split theirs (10 and 30 minutes).
+    assert [s.budget_share for s in plan.stages] == [0.25, 0.75]
+    weights = ["coarse/best.pt", "fine/best.pt"]
+    if kind == "export":
+        weights = ["coarse.safetensors", "fine.safetensors"]
+    for stage, name in zip(plan.stages, weights, strict=True):
+        config = stage.config
+        assert config["train"]["init_from"] == str((folder / name).resolve())
+        assert config["data"]["landmarks"] == list(LANDMARK_NAMES)
+        assert config["model"]["channels"] == 2 and config["model"]["depth"] == 2
+        assert config["data"]["patch_size"] == [16, 16, 16]
+        # The machine the model was trained on is not this run's.
+        assert "root" not in config["data"] and "out_dir" not in config["train"]
+        assert "budget_minutes" not in config["train"]
+    assert plan.stages[0].config["data"]["spacing"] == [6.0] * 3
+    assert plan.stages[1].config["model"]["role"] == "refiner"
+
+
+def test_a_model_trained_by_epochs_splits_the_budget_by_the_plans_rule(tmp_path, dataset):
+    folder = _source(tmp_path / "model", minutes=(0.0, 0.0))
+    plan = plan_from_model(open_model(folder), fingerprint_dataset(dataset))
+    assert tuple(s.budget_share for s in plan.stages) == BUDGET_SHARES
+
+
+def test_a_prior_not_on_this_machine_is_left_out_and_said(tmp_path, dataset):
+    gone = str(tmp_path / "gone" / "prior.json")
+    folder = _source(tmp_path / "model", shape_prior=gone)
+    plan = plan_from_model(open_model(folder), fingerprint_dataset(dataset))
+    assert all("shape_prior" not in s.config["train"] for s in plan.stages)
+    assert any(gone in note and "not on this machine" in note for note in plan.notes)
+
+
+def _with_names(fp, names: list[str]):
+    return fp.__class__(**{**vars(fp), "names": names})
+
+
+def test_a_landmark_the_model_does_not_find_is_refused_naming_it(source, dataset):
+    fp = fingerprint_dataset(dataset)
+    with pytest.raises(InputError) as err:
+        plan_from_model(open_model(source), _with_names(fp, [*fp.names[:-1], "extra"]))
+    text = str(err.value)
+    assert text.startswith(str(source)) and "the dataset has 1 it does not (extra;" in text
+    assert "without --init-from" in text
+
+
+def test_some_of_the_models_landmarks_keep_its_order_and_whole_pairs(tmp_path, dataset):
+    """A dataset of three of the model's landmarks, given in another order: the model's
+    channel order, its pairs among them; a pair with one landmark there turns mirroring
+    off (the flip would carry it to the other side under its own name)."""
+    names = ["a", "b", "c", "d", "e", "f"]
+    folder = tmp_path / "model"
+    entries = []
+    cfg = _stage_config("whole_scan", 10.0)
+    cfg.data.landmarks = names
+    cfg.augment.mirror_axis, cfg.augment.mirror_pairs = 0, [["b", "c"], ["e", "f"]]
+    (folder / "coarse").mkdir(parents=True)
+    TrainState.build(cfg, CPU).save(folder / "coarse" / "best.pt", cfg, WORLD)
+    entries.append(StageEntry("coarse", "whole_scan", ("coarse/best.pt",)))
+    write_model_folder(folder, entries)
+    fp = fingerprint_dataset(dataset)
+    plan = plan_from_model(open_model(folder), _with_names(fp, ["c", "a", "b"]))
+    augment = plan.stages[0].config["augment"]
+    assert plan.stages[0].config["data"]["landmarks"] == ["a", "b", "c"]
+    assert augment["mirror_pairs"] == [["b", "c"]] and augment["mirror_axis"] == 0
+    assert any("3 of the model's 6 landmarks" in note for note in plan.notes)
+    plan = plan_from_model(open_model(folder), _with_names(fp, ["a", "e"]))
+    augment = plan.stages[0].config.get("augment", {})  # the defaults: no mirroring
+    assert augment.get("mirror_axis", -1) == -1 and not augment.get("mirror_pairs")
+    assert any("no mirroring" in note and "e/f" in note for note in plan.notes)
+
+
+def test_the_packaged_model_is_found_by_name_and_its_landmarks_checked(capsys, dataset, tmp_path):
+    from heatmap3d.commands.main import main
+
+    code = main(["plan", str(dataset), "--init-from", "afids-t1", "--out", str(tmp_path / "p")])
+    err = capsys.readouterr().err
+    assert code == 2 and "afids-t1: fine-tuning needs landmarks the model finds" in err
+    assert "the dataset has 6 it does not" in err and not (tmp_path / "p").exists()
+
+
+def test_plan_init_from_writes_a_plan_that_train_follows(source, dataset, tmp_path):
+    """``heatmap3d plan DATA --init-from MODEL`` writes the plan to read or edit; the stage
+    configs it holds are those training builds, with the model's weights named."""
+    from heatmap3d.api.runs import plan as make
+    from heatmap3d.planning.plan_file import read_plan, stage_configs
+
+    out = tmp_path / "plan.yaml"
+    make(dataset, out=out, init_from=source, device="cpu")
+    configs = stage_configs(read_plan(out), data_root=dataset, overrides=[], budget_minutes=8)
+    assert [c.train.budget_minutes for _, c in configs] == [2.0, 6.0]
+    for (_, cfg), file in zip(configs, ("coarse", "fine"), strict=True):
+        assert cfg.train.init_from == str((source / file / "best.pt").resolve())
+        assert cfg.data.root == str(dataset) and cfg.model.channels == 2
+
+
+# -- the weights -----------------------------------------------------------------------------
+
+
+def test_a_checkpoint_and_its_export_give_the_same_weights_and_names(source, exported, tmp_path):
+    from_checkpoint, names = read_init_weights(source / "fine" / "best.pt")
+    from_export, export_names = read_init_weights(exported / "fine.safetensors")
+    assert names == export_names == list(LANDMARK_NAMES)
+    assert from_checkpoint.keys() == from_export.keys()
+    for key, value in from_checkpoint.items():
+        assert torch.equal(value, from_export[key]), key
+    bare = tmp_path / "fine.safetensors"  # no model.json beside it: names unknown
+    bare.write_bytes((exported / "fine.safetensors").read_bytes())
+    assert read_init_weights(bare)[1] is None
+
+
+def test_each_landmark_starts_from_its_own_output_row():
+    """The source's landmarks [a, b, c]; the run's [c, x, a]: c and a take their rows (the
+    head is 1x1x1: a row is that landmark's heatmap), x keeps its initialisation, and the
+    rest of the network loads as it is."""
+    source_cfg = Config(data=DataConfig(landmarks=["a", "b", "c"]), model=ModelConfig(2, 2))
+    source = TrainState.build(source_cfg, CPU).model.state_dict()
+    run_cfg = Config(data=DataConfig(landmarks=["c", "x", "a"]), model=ModelConfig(2, 2))
+    run_cfg.train.seed = 1
+    state = TrainState.build(run_cfg, CPU)
+    fresh = {k: v.clone() for k, v in state.model.state_dict().items()}
+    said = state.init_from(source, source="s.pt", names=["a", "b", "c"], own_names=["c", "x", "a"])
+    assert said == ["head: 2 landmark(s) by name, 1 new one(s) initialised"]
+    after = state.model.state_dict()
+    for key in ("head.weight", "head.bias"):
+        assert torch.equal(after[key][0], source[key][2]), key  # c
+        assert torch.equal(after[key][2], source[key][0]), key  # a
+        assert torch.equal(after[key][1], fresh[key][1]), key  # x: as initialised
+    assert torch.equal(after["stem.0.weight"], source["stem.0.weight"])
+    # The same names in the same order: every tensor as it is, nothing said.
+    state = TrainState.build(source_cfg, CPU)
+    assert (
+        state.init_from(source, source="s", names=["a", "b", "c"], own_names=["a", "b", "c"]) == []
+    )
+    assert torch.equal(state.model.state_dict()["head.weight"], source["head.weight"])
+
+
+def test_a_folder_given_to_a_single_run_says_what_to_give(source):
+    with pytest.raises(InputError, match="a folder; --init-from of a single run takes"):
+        read_init_weights(source)
+    with pytest.raises(InputError, match="not found"):
+        read_init_weights(source / "missing.safetensors")
+
+
+def test_a_checkpoint_file_with_a_dataset_is_refused_saying_what_to_give(source, dataset):
+    from heatmap3d.api.runs import train
+
+    with pytest.raises(InputError, match="a file; a dataset fine-tunes a model folder"):
+        train(dataset, init_from=source / "coarse" / "best.pt")
+    with pytest.raises(InputError, match="--init-from makes the plan from the model"):
+        train(dataset, init_from=source, plan_file=dataset / "plan.yaml")
+
+
+def test_a_later_stages_wrong_weights_stop_the_run_before_any_training(
+    source, phantoms, copy_of, tmp_path
+):
+    """The plan names weights for the fine stage that fit none of its network: refused at
+    the start, naming the file, and no stage has trained (the coarse stage's hours are
+    not lost to it)."""
+    data = copy_of(phantoms(n_train=2, n_val=1, seed=5))
+    other = tmp_path / "other.safetensors"
+    checkpoint.save_weights(other, {"encoder.weight": torch.zeros(3, 3)})
+    plan = (
+        "stages:\n"
+        "  - name: coarse\n    budget_share: 0.5\n    config:\n"
+        f"      train: {{init_from: {str(source / 'coarse' / 'best.pt')!r}}}\n"
+        "      model: {channels: 2, depth: 2}\n      data: {patch_size: [16, 16, 16]}\n"
+        "  - name: fine\n    budget_share: 0.5\n    config:\n"
+        f"      train: {{init_from: {str(other)!r}}}\n"
+        "      model: {channels: 2, depth: 2, role: refiner}\n"
+        "      data: {patch_size: [16, 16, 16], landmark_crops: 1.0}\n"
+    )
+    names = ", ".join(LANDMARK_NAMES)
+    plan = plan.replace("data: {patch_size", f"data: {{landmarks: [{names}], patch_size")
+    (data / "plan.yaml").write_text(plan)
+    out = tmp_path / "runs"
+    proc = cli("train", data, f"train.out_dir={out}", *STILL)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert f"{other}: no weights match this model" in proc.stderr
+    assert not list(out.glob("**/*.pt"))
+
+
+# -- training --------------------------------------------------------------------------------
+
+
+def _same_weights(trained: Path, weights: Path, names: list[str] | None = None) -> None:
+    """The network in ``trained`` is the one in ``weights``; with ``names`` (some of the
+    source's landmarks), its output rows are those landmarks' rows of the source."""
+    after = checkpoint.load(trained).model
+    before, source_names = read_init_weights(weights)
+    if names is not None:
+        rows = [source_names.index(n) for n in names]
+        before = {k: v[rows] if k.startswith("head.") else v for k, v in before.items()}
+    assert after.keys() == before.keys()
+    for key, value in before.items():
+        assert torch.equal(after[key], value), f"{trained}: {key}"
+
+
+def _keep_landmarks(data: Path, names: list[str]) -> None:
+    """Every landmark file of ``data`` rewritten (in its own format) with ``names`` only."""
+    from heatmap3d.io.landmarks import Landmarks, read_landmarks, write_landmarks
+
+    for path in (data / "landmarks").iterdir():
+        found = read_landmarks(path)
+        rows = [found.names.index(n) for n in names]
+        write_landmarks(path, Landmarks(names, found.points[rows]))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["training folder", "export", "some landmarks"])
+def test_train_init_from_starts_every_stage_from_the_models_weights(
+    source, exported, phantoms, copy_of, kind
+):
+    folder = exported if kind == "export" else source
+    data = copy_of(phantoms(n_train=2, n_val=1, seed=5))
+    kept = None
+    if kind == "some landmarks":  # in another order than the model's channels
+        _keep_landmarks(data, ["top_pole", "bright_sphere", "cone_apex"])
+        kept = [n for n in LANDMARK_NAMES if n in ("top_pole", "bright_sphere", "cone_apex")]
+    out = data.parent / "runs"
+    proc = cli("train", data, "--init-from", folder, f"train.out_dir={out}", *STILL)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    model = out / "data"
+    files = {"coarse": "coarse/best.pt", "fine": "fine/best.pt"}
+    if kind == "export":
+        files = {"coarse": "coarse.safetensors", "fine": "fine.safetensors"}
+    for stage, file in files.items():
+        assert f"init-from: loaded the matching weights of {(folder / file).resolve()}" in (
+            proc.stdout
+        )
+        _same_weights(model / stage / "last.pt", folder / file, kept)  # lr 0: as loaded
+    record = (model / "plan.yaml").read_text()
+    assert "fine-tuning" in record and str((folder / files["fine"]).resolve()) in record
+    if kept:
+        assert "init-from: head: 3 landmark(s) by name" in proc.stdout
