@@ -247,7 +247,7 @@ def test_a_folder_given_to_a_single_run_says_what_to_give(source):
 def test_a_checkpoint_file_with_a_dataset_is_refused_saying_what_to_give(source, dataset):
     from heatmap3d.api.runs import train
 
-    with pytest.raises(InputError, match="a file; a dataset fine-tunes a model folder"):
+    with pytest.raises(InputError, match="a file; fine-tuning a dataset starts from a model"):
         train(dataset, init_from=source / "coarse" / "best.pt")
     with pytest.raises(InputError, match="--init-from makes the plan from the model"):
         train(dataset, init_from=source, plan_file=dataset / "plan.yaml")
@@ -335,3 +335,12 @@ def test_train_init_from_starts_every_stage_from_the_models_weights(
     assert "fine-tuning" in record and str((folder / files["fine"]).resolve()) in record
     if kept:
         assert "init-from: head: 3 landmark(s) by name" in proc.stdout
+
+
+def test_a_model_whose_stages_disagree_on_their_landmarks_is_refused(tmp_path, dataset):
+    folder = _source(tmp_path / "model")
+    cfg = _stage_config("refiner", 30.0)
+    cfg.data.landmarks = list(reversed(LANDMARK_NAMES))
+    TrainState.build(cfg, CPU).save(folder / "fine" / "best.pt", cfg, WORLD)
+    with pytest.raises(InputError, match="its stages find different landmarks"):
+        plan_from_model(open_model(folder), fingerprint_dataset(dataset))

@@ -137,12 +137,6 @@ def train(
             "--config goes with a single run; a dataset trains by its plan "
             "(change a value with section.key=value, or edit the plan file)"
         )
-    if init_from is not None and Path(init_from).is_file():
-        raise InputError(
-            f"{init_from}: a file; a dataset fine-tunes a model folder (heatmap3d train DATA "
-            "--init-from MODEL: a training run's folder, an export or a packaged model's "
-            "name), whose stages it trains from their weights"
-        )
     return train_dataset(
         None if dataset is None else Path(dataset),
         None if plan_file is None else Path(plan_file),

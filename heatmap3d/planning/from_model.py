@@ -56,7 +56,14 @@ PRIOR_KEYS = (("train", "shape_prior"), ("augment", "anatomy_prior"))
 def open_model(model: str | Path) -> ModelFolder:
     """The model folder ``model`` names (a training run's, an export, or a packaged
     model's name); InputError naming it when it is none."""
-    return read_model_folder(packaged.resolve_model(Path(model)))
+    path = packaged.resolve_model(Path(model))
+    if path.is_file():
+        raise InputError(
+            f"{path}: a file; fine-tuning a dataset starts from a model folder (a training "
+            "run's, an export, or a packaged model's name); a checkpoint file goes with "
+            "one run from a config (heatmap3d train --config FILE --init-from CHECKPOINT)"
+        )
+    return read_model_folder(path)
 
 
 def plan_from_model(
@@ -64,10 +71,12 @@ def plan_from_model(
 ) -> Plan:
     """The plan that fine-tunes the model ``found`` (:func:`open_model`) on the dataset of
     ``fp``, sized for ``device``; ``shape_prior`` (as :func:`make_plan`'s) where the model
-    was trained without one. InputError, naming the model, when the dataset's landmarks
-    are not the model's."""
+    was trained without one. InputError, naming the model, when the dataset has a
+    landmark the model does not find, or the model's stages disagree on theirs."""
     sources = [_stage_source(found, entry, paths) for entry, paths in found.stages]
     model_names = sources[0][1]
+    if any(names != model_names for _, names, _ in sources):
+        raise InputError(f"{found.folder}: its stages find different landmarks")
     _check_landmarks(found.folder, model_names, list(fp.names))
     names = [n for n in model_names if n in fp.names]  # the model's channel order
     shares = _shares([config for config, _, _ in sources])
