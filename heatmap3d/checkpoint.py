@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -225,35 +224,12 @@ def load_weights(
     landmark names and role its ``model.json`` states, checked as a checkpoint is
     (:meth:`Checkpoint.from_payload`). InputError naming ``path`` when it is not one."""
     path = Path(path)
-    raw = {"version": SCHEMA_VERSION, "model": _safetensors(path), "config": config}
+    raw = {"version": SCHEMA_VERSION, "model": read_safetensors(path), "config": config}
     return Checkpoint.from_payload({**raw, "landmarks": landmarks, "role": role}, source=str(path))
 
 
-def read_state(path: str | Path) -> tuple[dict[str, torch.Tensor], list[str] | None]:
-    """The network weights in ``path`` for fine-tuning, on the CPU: a checkpoint's (``.pt``,
-    read as :func:`load` reads it) or an exported member's (``.safetensors``); and the
-    landmarks of its output rows, which a checkpoint states and an export's ``model.json``
-    beside the file does (None for a bare safetensors file). InputError naming ``path``
-    when it is neither."""
-    path = Path(path)
-    if path.suffix != ".safetensors":
-        ckpt = load(path)
-        return ckpt.model, ckpt.landmarks
-    return _safetensors(path), _export_landmarks(path)
-
-
-def _export_landmarks(path: Path) -> list[str] | None:
-    """The landmarks of the export whose ``model.json`` lists ``path`` among its weights."""
-    from heatmap3d.io.model_folder import MODEL_FILE, read_model_folder
-
-    if not (path.parent / MODEL_FILE).is_file():
-        return None
-    found = read_model_folder(path.parent)
-    listed = {p.resolve() for _, paths in found.stages for p in paths}
-    return list(found.landmarks) if found.exported and path.resolve() in listed else None
-
-
-def _safetensors(path: Path) -> dict[str, torch.Tensor]:
+def read_safetensors(path: Path) -> dict[str, torch.Tensor]:
+    """The tensors of a safetensors file, on the CPU; InputError naming ``path``."""
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
@@ -312,41 +288,6 @@ def strip_wrapper_prefixes(state: dict[str, torch.Tensor]) -> dict[str, torch.Te
                     key, changed = key[len(prefix) :], True
         out[key] = value
     return out
-
-
-HEAD_KEYS = ("head.weight", "head.bias")  # the output layer: one row per landmark
-
-
-def head_by_name(
-    state: dict[str, torch.Tensor],
-    names: Sequence[str],
-    own: dict[str, torch.Tensor],
-    own_names: Sequence[str],
-) -> tuple[dict[str, torch.Tensor], str | None]:
-    """``state`` (whose output rows are ``names``) with its output layer re-ordered to
-    ``own_names``: each of those landmarks takes its row from ``state`` where it has one,
-    and keeps ``own``'s (the new model's initialisation) where it has not. The head is a
-    1x1x1 convolution, so a landmark's row is its heatmap exactly. Returns the new state
-    and a line saying what was carried over (None where nothing changed)."""
-    state = strip_wrapper_prefixes(state)
-    if list(names) == list(own_names) or not all(k in state for k in HEAD_KEYS):
-        return state, None
-    rows = [(i, list(names).index(n)) for i, n in enumerate(own_names) if n in names]
-    if not rows:
-        return state, None
-    out = dict(state)
-    for key in HEAD_KEYS:
-        if state[key].shape[1:] != own[key].shape[1:]:
-            return state, None  # another network: load_matching says so
-        head = own[key].detach().clone()
-        for mine, theirs in rows:
-            head[mine] = state[key][theirs].to(head.dtype)
-        out[key] = head
-    new = len(own_names) - len(rows)
-    line = f"head: {len(rows)} landmark(s) by name" + (
-        f", {new} new one(s) initialised" if new else ""
-    )
-    return out, line
 
 
 def check_compatible(

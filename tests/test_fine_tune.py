@@ -22,7 +22,8 @@ from heatmap3d.io.model_folder import StageEntry, write_model_folder
 from heatmap3d.planning.fingerprint import fingerprint_dataset
 from heatmap3d.planning.from_model import open_model, plan_from_model
 from heatmap3d.planning.plan import BUDGET_SHARES
-from heatmap3d.training.state import TrainState, read_init_weights
+from heatmap3d.training.init_weights import read_init_weights
+from heatmap3d.training.state import TrainState
 
 CPU = torch.device("cpu")
 WORLD = DistInfo(rank=0, local_rank=0, world_size=1, local_world_size=1, device=CPU)

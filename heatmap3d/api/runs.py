@@ -12,6 +12,7 @@ run's time. Under ``torchrun`` every rank calls :func:`train` alike.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -129,9 +130,11 @@ def train(
         if members != 1 or folds:
             raise InputError("--members and --folds train a dataset: give DATA (or --plan)")
         cfg = load_config(config, extra)
-        init = None if init_from is None else Path(init_from)
+        if init_from is not None:  # the key, not an override: a path is no YAML to parse
+            train_cfg = dataclasses.replace(cfg.train, init_from=str(init_from))
+            cfg = dataclasses.replace(cfg, train=train_cfg)
         runs = Destination(Path(cfg.train.out_dir), replace=overwrite)  # the run folder's parent
-        return run(cfg, resume=resume, init_from=init, out=runs)
+        return run(cfg, resume=resume, out=runs)
     if config is not None:
         raise InputError(
             "--config goes with a single run; a dataset trains by its plan "

@@ -8,7 +8,7 @@ stage of the plan is the model's stage as it was trained, with ``train.init_from
 its weights, and only what belongs to this run and machine made afresh: the dataset's
 paths, the run folder, the budget (split as the model's was), the device and the crops a
 step sized for it. The dataset labels the model's landmarks or some of them (each keeps
-its own output row: :func:`heatmap3d.checkpoint.head_by_name`); it adds none.
+its own output row: :func:`heatmap3d.training.init_weights.head_by_name`); it adds none.
 """
 
 from __future__ import annotations

@@ -38,9 +38,9 @@ from heatmap3d.planning.plan_file import (
 )
 from heatmap3d.review.shape_file import read_prior
 from heatmap3d.training.after_phase import finish_model_folder
+from heatmap3d.training.init_weights import read_init_weights
 from heatmap3d.training.members import Member, member_config, plan_members
 from heatmap3d.training.run_lock import RunLock
-from heatmap3d.training.state import read_init_weights
 from heatmap3d.training.trainer import Trainer, train
 
 log = get_logger(__name__)

@@ -25,6 +25,7 @@ from heatmap3d.errors import InputError
 from heatmap3d.io.destination import Destination
 from heatmap3d.log import get_logger
 from heatmap3d.model import UNet3D, build_model, set_layout
+from heatmap3d.training.init_weights import head_by_name
 
 log = get_logger(__name__)
 
@@ -155,31 +156,15 @@ class TrainState:
         """Fine-tuning: load the tensors of ``weights`` (read from ``source``) that match
         by name and shape; where ``weights`` states the landmarks of its output rows
         (``names``) and they are not this model's (``own_names``), each landmark takes
-        its own row (:func:`~heatmap3d.checkpoint.head_by_name`). Returns one line per
+        its own row (:func:`~heatmap3d.training.init_weights.head_by_name`). Returns one line per
         tensor skipped ("skipped ...") and for a head carried over by name, to print."""
         said = []
         if names is not None and own_names is not None:
             own = self.model.state_dict()
-            weights, line = checkpoint.head_by_name(weights, names, own, own_names)
+            weights, line = head_by_name(weights, names, own, own_names)
             said = [line] if line else []
         skipped = checkpoint.load_matching(self.model, weights, source=source)
         return said + [f"skipped {line}" for line in skipped]
-
-
-def read_init_weights(path: Path) -> tuple[dict[str, torch.Tensor], list[str] | None]:
-    """The weights ``train.init_from`` (or ``--init-from``) names, a checkpoint or an
-    exported member's safetensors, and their landmarks where known
-    (:func:`heatmap3d.checkpoint.read_state`); InputError naming ``path`` for anything
-    else."""
-    if Path(path).is_dir():
-        raise InputError(
-            f"{path}: a folder; --init-from of a single run takes a checkpoint (.pt) or an "
-            "exported stage's .safetensors (heatmap3d train DATA --init-from MODEL starts "
-            "every stage of a dataset's training from a model folder)"
-        )
-    if not Path(path).is_file():
-        raise InputError(f"{path}: checkpoint not found (--init-from)")
-    return checkpoint.read_state(path)
 
 
 def read_checkpoint(world: DistInfo, path: Path) -> Checkpoint | None:

@@ -29,16 +29,11 @@ from heatmap3d.io.destination import Destination
 from heatmap3d.log import get_logger
 from heatmap3d.training.anatomy import load_population
 from heatmap3d.training.budget import EpochPlan
+from heatmap3d.training.init_weights import read_init_weights
 from heatmap3d.training.monitor import make_monitor
 from heatmap3d.training.progress import EpochProgress
 from heatmap3d.training.run_lock import run_lock
-from heatmap3d.training.state import (
-    TrainState,
-    check_run_dir,
-    claim_run_dir,
-    read_checkpoint,
-    read_init_weights,
-)
+from heatmap3d.training.state import TrainState, check_run_dir, claim_run_dir, read_checkpoint
 from heatmap3d.training.steps import Stepper, groups
 from heatmap3d.training.validation import Validator
 
@@ -54,13 +49,12 @@ def run(
     cfg: Config,
     *,
     resume: bool = False,
-    init_from: str | Path | None = None,
     out: Destination | None = None,
 ) -> list[LandmarkStats] | None:
     """Train, validate, checkpoint, then evaluate the best model on the validation scans.
 
     ``resume``: continue from ``<run>/last.pt``; implied when torchrun restarted the job.
-    ``init_from``: start from the matching weights of another checkpoint (fine-tuning).
+    ``train.init_from``: start from the matching weights of another checkpoint (fine-tuning).
     ``out``: the folder of run folders (default ``train.out_dir``); the run folder is
     ``out/<train.name>``. With ``out.replace`` (``--overwrite``) a fresh run starts in a
     run folder that holds an earlier run's checkpoints (which are removed); without it
@@ -72,7 +66,7 @@ def run(
     )
     try:
         with run_lock(run_destination(cfg, out).folder, world):
-            trainer = train(cfg, world, resume=resume, init_from=init_from, out=out)
+            trainer = train(cfg, world, resume=resume, out=out)
             return trainer.validator.final_report(trainer.run_dir / "best.pt")
     finally:
         distributed.teardown()
@@ -89,7 +83,6 @@ def train(
     world: DistInfo,
     *,
     resume: bool = False,
-    init_from: str | Path | None = None,
     out: Destination | None = None,
     later: Sequence[DataConfig] = (),
 ) -> Trainer:
@@ -98,7 +91,7 @@ def train(
     # After a crash, torchrun --max-restarts restarts every worker: pick up where the last
     # checkpoint left off without anyone adding --resume.
     resume = resume or distributed.any_restarted(world)
-    trainer = Trainer(cfg, world, resume=resume, init_from=init_from, out=out, later=later)
+    trainer = Trainer(cfg, world, resume=resume, out=out, later=later)
     trainer.fit()
     return trainer
 
@@ -110,7 +103,6 @@ class Trainer:
         world: DistInfo,
         *,
         resume: bool = False,
-        init_from: str | Path | None = None,
         out: Destination | None = None,
         later: Sequence[DataConfig] = (),
     ) -> None:
@@ -132,9 +124,8 @@ class Trainer:
         resumed = resume and self._resume()
         if not resumed:
             distributed.main_then_broadcast(world, lambda: claim_run_dir(run))
-            source = init_from or self.cfg.train.init_from
-            if source:
-                self._init_from(Path(source))
+            if self.cfg.train.init_from:
+                self._init_from(Path(self.cfg.train.init_from))
         self.stepper = Stepper(
             net=self.state.wrapped(self.cfg, world),
             model=self.state.model,
