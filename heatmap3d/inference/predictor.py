@@ -26,6 +26,7 @@ from heatmap3d.errors import InputError, first_line
 from heatmap3d.geometry import Volume, padded_shape, voxel_to_world
 from heatmap3d.inference.cpu_threads import split_forward
 from heatmap3d.inference.decode import decode_heatmaps
+from heatmap3d.inference.empty_space import off_empty_space
 from heatmap3d.inference.prediction import Prediction, pass_spread
 from heatmap3d.inference.settings import FORWARD_VOXELS, InferenceSettings
 from heatmap3d.inference.sliding import sliding_window
@@ -259,7 +260,9 @@ class Predictor:
         heat = passes.mean(0, keepdim=True)
         spacing, window = tuple(vol.spacing), self.settings.decode_mm
         # The mean and each pass decoded in one call: row 0 is the mean.
-        coords, conf = decode_heatmaps(torch.cat([heat, passes]), spacing=spacing, window=window)
+        rows = torch.cat([heat, passes])
+        coords, conf = decode_heatmaps(rows, spacing=spacing, window=window)
+        coords, conf = off_empty_space(rows, coords, conf, vol.data, spacing, window)
         coords = coords.cpu().double().numpy()
         voxels, each = coords[0], coords[1:]
         world = voxel_to_world(voxels, vol.affine)
