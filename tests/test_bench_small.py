@@ -110,3 +110,20 @@ def test_shape_power_speed_compares_two_codes_on_the_same_power(capsys):
     assert re.fullmatch(
         r"shape_power_speed: before=[\d.]+ after=[\d.]+ s speedup=[\d.]+ same=yes", last
     )
+
+
+def test_empty_space_compares_the_step_on_and_off(capsys):
+    from benchmarks import empty_space
+    from tests.real_data import REAL
+
+    if not (REAL / "MNIColin27").is_dir():
+        pytest.skip("Colin27 not in ../shared/data/real")
+    empty_space.main(["--model", "afids-t1", "--hard", "1", "--gentle", "0"])
+    t1 = capsys.readouterr().out
+    assert "landmarks at most 0.00e+00 mm apart; landmarks given by one arm only: 0" in t1
+    arms = re.findall(r"MRE +([\d.]+) mm", t1)
+    assert len(arms) == 2 and arms[0] == arms[1]  # the packaged model never meets empty space
+    # On a contrast it never learnt, its peaks do land in empty space: the step moves them.
+    empty_space.main(["--model", "afids-t1", "--hard", "1", "--gentle", "0", "--t2like"])
+    moved = re.search(r"-> [\d.]+ \((\d+)\)", capsys.readouterr().out)
+    assert moved and int(moved.group(1)) > 0
