@@ -89,7 +89,13 @@ def off_empty_space(
     prior = torch.from_numpy(away_from_empty_space(data, spacing)).to(heat.device)
     # Empty space keeps a trace of weight: a channel with no peak near content keeps its own.
     prior = torch.where(prior, 1.0, 1e-6).to(torch.float32)
-    near, near_conf = decode_heatmaps(heat, spacing=tuple(spacing), window=window, prior=prior)
-    take = torch.from_numpy(empty).to(conf.device) & (near_conf[0] >= GIVE_WAY * conf[0])
-    coords = torch.where(take[None, :, None], near.to(coords), coords)
-    return coords, torch.where(take[None], near_conf.to(conf), conf)
+    # Only the landmarks in empty space are decoded again (each channel decodes alone).
+    ks = torch.from_numpy(np.flatnonzero(empty)).to(heat.device)
+    near, near_conf = decode_heatmaps(
+        heat[:, ks], spacing=tuple(spacing), window=window, prior=prior
+    )
+    take = near_conf[0] >= GIVE_WAY * conf[0, ks]
+    coords, conf = coords.clone(), conf.clone()
+    coords[:, ks[take]] = near[:, take].to(coords)
+    conf[:, ks[take]] = near_conf[:, take].to(conf)
+    return coords, conf
