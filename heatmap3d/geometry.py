@@ -43,6 +43,7 @@ __all__ = [
     "grid_corners",
     "Volume",
     "crop_or_pad",
+    "in_field_of_view",
     "inside_image",
     "pad_to_multiple",
     "reorient_canonical",
@@ -123,6 +124,15 @@ def inside_image(vox: np.ndarray, shape: Sequence[int] | np.ndarray) -> bool:
     """
     upper = np.asarray(shape) - 0.5
     return bool(np.all((np.asarray(vox) >= -0.5) & (np.asarray(vox) <= upper)))
+
+
+def in_field_of_view(points: np.ndarray, affine: np.ndarray, shape: Sequence[int]) -> np.ndarray:
+    """``(N,)`` bool: which world points ``(N, 3)`` mm lie in the field of view of a grid
+    of ``shape`` and ``affine``: the box its voxels fill, ``[-0.5, n - 0.5]`` along each
+    voxel axis (so oblique grids are judged on their own axes). False for NaN rows."""
+    vox = world_to_voxel(np.asarray(points, dtype=np.float64).reshape(-1, 3), affine)
+    upper = np.asarray(shape, dtype=np.float64)[:3] - 0.5
+    return np.all((vox >= -0.5) & (vox <= upper), axis=1)
 
 
 def spacing_of(affine: np.ndarray) -> np.ndarray:

@@ -16,6 +16,7 @@ from scipy.spatial.transform import Rotation
 from heatmap3d.geometry import (
     Volume,
     crop_or_pad,
+    in_field_of_view,
     pad_to_multiple,
     reorient_canonical,
     resample_to_spacing,
@@ -81,6 +82,28 @@ def test_world_voxel_keeps_shape_and_nan_rows() -> None:
         assert np.all(np.isnan(out[1, 2]))
         # a NaN row must not contaminate the others
         assert np.isfinite(np.delete(out.reshape(-1, 3), 6, axis=0)).all()
+
+
+@pytest.mark.parametrize("name", AFFINES)
+def test_the_field_of_view_is_the_box_the_voxels_fill_on_their_own_axes(name: str) -> None:
+    """Just inside and just outside each face of the box ``[-0.5, n - 0.5]`` (voxel edges),
+    stepped along the grid's own axes: on flipped, permuted and oblique grids a world-axis
+    box would call the wrong points inside."""
+    affine, shape = AFFINES[name], np.array([7, 4, 9])
+    rng = np.random.default_rng(0)
+    inner = rng.uniform(-0.49, shape - 0.51, (20, 3))
+    faces = []
+    for axis in range(3):
+        for edge, out in ((-0.5, -1.0), (shape[axis] - 0.5, 1.0)):
+            at = (shape - 1) / 2.0
+            at[axis] = edge - 0.01 * out
+            faces += [(at.copy(), True)]
+            at[axis] = edge + 0.01 * out
+            faces += [(at.copy(), False)]
+    vox = np.concatenate([inner, [p for p, _ in faces], [[np.nan] * 3]])
+    expected = [True] * len(inner) + [inside for _, inside in faces] + [False]
+    got = in_field_of_view(homogeneous(affine, vox), affine, tuple(shape))
+    assert got.dtype == bool and got.tolist() == expected
 
 
 def test_spacing_of() -> None:
