@@ -3,6 +3,7 @@ training pose of a dataset, pose.json, and the pipeline's second pass mapped bac
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from types import SimpleNamespace
 
@@ -328,3 +329,39 @@ def test_whether_a_landmark_is_there_is_the_stored_scans_question():
     assert pred.status[0] == "absent" and np.isnan(pred.landmarks.points[0]).all()
     np.testing.assert_array_equal(pred.presence, first)
     assert np.isfinite(pred.landmarks.points[1:]).all()
+
+
+class HeatBallFinder(BallFinder):
+    """:class:`BallFinder` with what the shape check asks of a single model: heatmaps
+    (every channel the scan itself) and a decoding window."""
+
+    settings = SimpleNamespace(decode_mm=2.0)
+
+    def predict_preprocessed(self, vol: Volume, *, keep_heatmaps: bool = False) -> Prediction:
+        pred = super().predict_preprocessed(vol)
+        return dataclasses.replace(pred, heatmaps=np.stack([vol.data] * len(NAMES)))
+
+
+def test_the_shape_checks_field_of_view_is_the_stored_scans_in_both_passes():
+    """The training configurations put landmark L4 36 mm along the pose's +x from its ball:
+    beyond the stored scan's field of view (after the placement's turn and shift), though
+    the same point read as scan coordinates would lie inside it. Both passes must judge
+    it against the stored scan, the second through the pose: L4 keeps its ball, unplaced."""
+    from heatmap3d.geometry import in_field_of_view
+    from heatmap3d.review.shape import ShapeModel
+
+    t, v = placement(), np.array([36.0, 0.0, 0.0])
+    truth = apply(t, REFERENCE)
+    vol = scan_of(truth, LINEAR["identity"])
+    guess = REFERENCE[4] + v  # where the others put L4, in the training pose
+    assert not in_field_of_view(apply(t, guess[None]), vol.affine, vol.shape)[0]
+    assert in_field_of_view(guess[None], vol.affine, vol.shape)[0]  # the wrong frame's answer
+    configs = REFERENCE + np.random.default_rng(0).normal(0, 1.0, (20, *REFERENCE.shape))
+    configs[:, 4] += v
+    shape = ShapeModel.fit(NAMES, configs)
+    model = HeatBallFinder()
+    pred = Pipeline(model, shape=shape, pose=pose_of_reference()).predict_volume(vol)
+    assert len(model.seen) == 2
+    assert pred.status[4] == "review" and pred.shape_residual_mm[4] > 30
+    assert pred.first_pass.status[4] == "review"
+    np.testing.assert_allclose(pred.landmarks.points, truth, atol=0.5)

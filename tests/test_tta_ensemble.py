@@ -216,3 +216,26 @@ def test_landmarks_declared_absent_stay_out_of_the_shape_check():
     assert "moved" not in list(pred.status[5:])
     np.testing.assert_allclose(pred.landmarks.points[5:], true[5:], atol=0.1)
     assert np.isnan(pred.landmarks.points[:5]).all()
+
+
+def test_a_place_outside_the_scan_is_not_taken_the_landmark_is_marked_for_review():
+    """Landmark 0 of the training configurations lies 13 mm beyond this scan's field of
+    view (z +40 mm; the scan reaches 27), yet its channel peaks inside, at z -12: the shape
+    check judges it off and finds nowhere for it in the scan. The landmark was found
+    present, so it lies in the scan: the estimate outside is not taken, the network's point
+    stays, and no radius is stated for it (status review). Before, it was moved to the
+    estimate outside the scan."""
+    from heatmap3d.geometry import in_field_of_view
+
+    scene = ShapeScene(0, first=[0.0, 0.0, 40.0])
+    assert not in_field_of_view(scene.true[:1], scene.grid.affine, scene.grid.shape)[0]
+    found = scene.true.copy()
+    found[0] = [0.0, 0.0, -12.0]
+    heat = np.stack([scene.peak(p, 0.9) for p in found])
+    cal = Calibration(scene.names, 0.9, np.ones(len(found)), 0.6, 20)
+    pipeline = Pipeline(scene.predictor(heat), shape=scene.shape, calibration=cal)
+    pred = pipeline.predict_preprocessed(scene.grid)
+    assert pred.shape_residual_mm[0] > 40  # judged off: it is 52 mm from where the others say
+    np.testing.assert_allclose(pred.landmarks.points, found, atol=0.1)
+    assert pred.status[0] == "review" and np.isnan(pred.radius_mm[0])
+    assert list(pred.status[1:]) == ["ok"] * 11 and np.isfinite(pred.radius_mm[1:]).all()

@@ -11,7 +11,10 @@ test-time mirroring, and reviews each scan's landmarks:
    (:class:`~heatmap3d.review.shape.ShapeModel`, learnt from the training landmarks) is
    looked for again near that place: the best heatmap peak that fits (the refinement model
    run around it, or the whole-scan heatmap under a prior there), else the shape model's
-   reconstruction. Either way it is marked ``moved`` for review.
+   reconstruction. Either way it is marked ``moved`` for review. The check never moves a
+   landmark out of the scan's field of view (it was found present, so it lies in the scan;
+   an estimate beyond the scan comes from others that are wrong too): such a landmark keeps
+   the network's point and states no radius, so it is marked ``review``.
 3. **Error radius.** A signal in mm, ``sqrt(g^2 + d^2 + r^2) / max(c, 0.25)`` with ``g``
    the final grid's largest spacing (the decoding's resolution), ``d`` the passes' spread
    (ensemble members, mirrored pass), ``r`` the shape residual and ``c`` the peak height,
@@ -32,7 +35,7 @@ import numpy as np
 import torch
 
 from heatmap3d.errors import InputError
-from heatmap3d.geometry import voxel_to_world, world_to_voxel
+from heatmap3d.geometry import in_field_of_view, voxel_to_world, world_to_voxel
 from heatmap3d.heatmaps import gaussian_heatmaps
 from heatmap3d.inference.decode import decode_heatmaps
 from heatmap3d.inference.prediction import Prediction
@@ -118,7 +121,7 @@ class Pipeline:
         if self.pose is None:
             return self._reviewed(prepared, keep_heatmaps)
         raw, inner = prepared
-        first = self._reviewed(inner, keep_heatmaps)
+        first = self._reviewed(inner, keep_heatmaps, field=(raw.affine, raw.shape))
         to_pose = self.pose.transform(first.landmarks.points)
         if to_pose is None:
             return first
@@ -133,19 +136,22 @@ class Pipeline:
         # view cuts off lies beyond that cut, where the whole-scan model found cut-off
         # landmarks with peaks of 0.9-1.0 (as in placements; calibration.py). Measured on
         # the CT-like set: with the posed pass's presence, 28 of 83 declared absent (7 are).
-        second = self._reviewed(self.model.prepare(posed), keep_heatmaps, first.presence)
+        scan = (to_pose @ raw.affine, raw.shape)  # the stored scan, in the training pose
+        second = self._reviewed(self.model.prepare(posed), keep_heatmaps, first.presence, scan)
         first = dataclasses.replace(first, heatmaps=None)
         return dataclasses.replace(_unposed(second, np.linalg.inv(to_pose)), first_pass=first)
 
-    def _reviewed(self, prepared, keep_heatmaps: bool, presence=None) -> Prediction:
+    def _reviewed(self, prepared, keep_heatmaps: bool, presence=None, field=None) -> Prediction:
         """One pass of the model over its ``prepared`` input, reviewed; ``presence`` ``(K,)``
-        (the first pass's) replaces the pass's own whole-scan peaks where given."""
+        (the first pass's) replaces the pass's own whole-scan peaks where given; ``field``
+        ``(affine, shape)``: the stored scan's grid in the pass's world (default: the
+        grid of ``prepared``, which covers the scan's field of view)."""
         single = isinstance(self.model, Predictor)
         need_heat = keep_heatmaps or (single and self.shape is not None)
         pred = self.model.predict_preprocessed(prepared, keep_heatmaps=need_heat)
         k = len(self.names)
         points, voxels = pred.landmarks.points, pred.voxels
-        moved, residual = np.zeros(k, bool), np.full(k, np.nan)
+        moved, unplaced, residual = np.zeros(k, bool), np.zeros(k, bool), np.full(k, np.nan)
         if self.shape is not None:
             # A landmark about to be declared absent is a peak anywhere (the field of view
             # cuts it off): left in, it drags the shape fit and the check moves the right
@@ -153,14 +159,18 @@ class Pipeline:
             # 3 mm moved 57-247 mm).
             gone = absent(pred.presence if presence is None else presence, self.presence_threshold)
             seen = np.where(gone[:, None], np.nan, points)
-            points, moved, residual = self._check_shape(seen, pred, prepared)
+            if field is None:  # a cascade's prepared input: its stages' volumes
+                vol = prepared[0] if isinstance(prepared, tuple) else prepared
+                field = (vol.affine, vol.shape)
+            points, moved, unplaced, residual = self._check_shape(seen, pred, prepared, field)
             points = np.where(gone[:, None], pred.landmarks.points, points)
             if pred.grid_affine is not None and moved.any():
                 voxels = np.where(
                     moved[:, None], world_to_voxel(points, pred.grid_affine), pred.voxels
                 )
         signal = self.signal(pred.spread_mm, residual, pred.confidence)
-        signal[~np.isfinite(points).all(1)] = np.nan
+        # Judged off and not placed: no radius is stated for it, so it is marked review.
+        signal[~np.isfinite(points).all(1) | unplaced] = np.nan
         checked = dataclasses.replace(
             pred,
             landmarks=Landmarks(list(pred.landmarks.names), points),
@@ -181,13 +191,15 @@ class Pipeline:
 
     # -- shape ---------------------------------------------------------------------------
 
-    def _check_shape(self, points: np.ndarray, pred: Prediction, prepared):
-        """Points with the shape model's outliers looked for again; which moved; residuals
-        ``(K,)`` mm of the points as found."""
+    def _check_shape(self, points: np.ndarray, pred: Prediction, prepared, field):
+        """Points with the shape model's outliers looked for again; ``(K,)`` bool which
+        moved, and which were judged off but not placed (too few trusted others, or a
+        place that would take them out of ``field``, the scan's ``(affine, shape)``: they
+        keep their point); residuals ``(K,)`` mm of the points as found."""
         shape = self.shape
         out = shape.outliers(points, factor=self.shape_factor)
         if not out.any():
-            return points, out, shape.residuals(points)
+            return points, out, out, shape.residuals(points)
         limits = shape.thresholds(self.shape_factor)
         candidates, scores = [np.empty((0, 3))] * len(points), [np.empty(0)] * len(points)
         guesses = {int(k): shape.reconstruct(points, int(k), use=~out) for k in np.flatnonzero(out)}
@@ -199,7 +211,9 @@ class Pipeline:
             for k, guess in guesses.items():
                 candidates[k], scores[k] = self._look_near(pred, prepared, k, guess, limits[k])
         fixed, how, residual = shape.correct(points, candidates, scores, factor=self.shape_factor)
-        return fixed, how > 0, residual
+        # A network's point beyond the scan (a posed grid reaches past it) may still move.
+        placed = (how > 0) & (in_field_of_view(fixed, *field) | ~in_field_of_view(points, *field))
+        return np.where(placed[:, None], fixed, points), placed, out & ~placed, residual
 
     def _refine_near(self, vol, guesses: dict[int, np.ndarray], candidates, scores):
         """``candidates`` and ``scores`` (lists of K) with the refinement model's peak of each
