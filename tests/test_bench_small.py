@@ -112,6 +112,21 @@ def test_shape_power_speed_compares_two_codes_on_the_same_power(capsys):
     )
 
 
+def test_field_of_view_compares_the_places_outside_the_scan_refused_and_taken(capsys):
+    from benchmarks import field_of_view
+    from tests.real_data import REAL
+
+    if not (REAL / "MNIColin27").is_dir():
+        pytest.skip("Colin27 not in ../shared/data/real")
+    # A contrast the packaged model never learnt: its shape check finds places outside.
+    field_of_view.main(["--model", "afids-t1", "--hard", "1", "--gentle", "0", "--t2like"])
+    out = capsys.readouterr().out
+    kept = re.search(r"-> [\d.]+ \((\d+)\)", out)
+    assert kept and int(kept.group(1)) > 0
+    outside = [int(n) for n in re.findall(r"(\d+) outside the scan", out)]
+    assert len(outside) == 2 and outside[0] > 0 and outside[1] == 0  # taken, then refused
+
+
 def test_empty_space_compares_the_step_on_and_off(capsys):
     from benchmarks import empty_space
     from tests.real_data import REAL
