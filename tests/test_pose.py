@@ -365,3 +365,37 @@ def test_the_shape_checks_field_of_view_is_the_stored_scans_in_both_passes():
     assert pred.status[4] == "review" and pred.shape_residual_mm[4] > 30
     assert pred.first_pass.status[4] == "review"
     np.testing.assert_allclose(pred.landmarks.points, truth, atol=0.5)
+
+
+class StrayBallFinder(BallFinder):
+    """:class:`BallFinder` whose second pass (the posed scan) reports L0 at ``(-33, 0, 0)``
+    mm of the training pose: inside the posed grid, beyond the stored scan."""
+
+    def predict_preprocessed(self, vol: Volume, *, keep_heatmaps: bool = False) -> Prediction:
+        pred = super().predict_preprocessed(vol)
+        if len(self.seen) < 2:
+            return pred
+        points = pred.landmarks.points.copy()
+        points[0] = [-33.0, 0.0, 0.0]
+        moved = Landmarks(list(NAMES), points)
+        return dataclasses.replace(pred, landmarks=moved, voxels=world_to_voxel(points, vol.affine))
+
+
+def test_a_landmark_the_stored_scan_does_not_show_states_no_radius():
+    """The posed grid reaches past the stored scan, and a peak there is a place the scan
+    has no data for: L0 is given where the pose pass put it, but without a radius, so it
+    is marked review; the others are ok. Before, L0 was ok with a radius like theirs."""
+    from heatmap3d.geometry import in_field_of_view
+    from heatmap3d.review.calibration import Calibration
+
+    t = placement()
+    vol = scan_of(apply(t, REFERENCE), LINEAR["identity"])
+    stray = apply(t, np.array([[-33.0, 0.0, 0.0]]))
+    assert not in_field_of_view(stray, vol.affine, vol.shape)[0]
+    cal = Calibration(list(NAMES), 0.9, np.ones(len(NAMES)), 0.5, 10)
+    pipeline = Pipeline(StrayBallFinder(), calibration=cal, pose=pose_of_reference())
+    pred = pipeline.predict_volume(vol)
+    # Mapped back through the pose the balls give (their centroids: within 0.05 mm of t's).
+    np.testing.assert_allclose(pred.landmarks.points[0], stray[0], atol=0.05)
+    assert pred.status[0] == "review" and np.isnan(pred.radius_mm[0])
+    assert list(pred.status[1:]) == ["ok"] * 4 and np.isfinite(pred.radius_mm[1:]).all()

@@ -14,7 +14,8 @@ test-time mirroring, and reviews each scan's landmarks:
    reconstruction. Either way it is marked ``moved`` for review. The check never moves a
    landmark out of the scan's field of view (it was found present, so it lies in the scan;
    an estimate beyond the scan comes from others that are wrong too): such a landmark keeps
-   the network's point and states no radius, so it is marked ``review``.
+   the network's point and states no radius, so it is marked ``review``, as is any
+   landmark given outside the scan (the pose pass's grid reaches past it).
 3. **Error radius.** A signal in mm, ``sqrt(g^2 + d^2 + r^2) / max(c, 0.25)`` with ``g``
    the final grid's largest spacing (the decoding's resolution), ``d`` the passes' spread
    (ensemble members, mirrored pass), ``r`` the shape residual and ``c`` the peak height,
@@ -152,6 +153,9 @@ class Pipeline:
         k = len(self.names)
         points, voxels = pred.landmarks.points, pred.voxels
         moved, unplaced, residual = np.zeros(k, bool), np.zeros(k, bool), np.full(k, np.nan)
+        if field is None:  # a cascade's prepared input: its stages' volumes
+            vol = prepared[0] if isinstance(prepared, tuple) else prepared
+            field = (vol.affine, vol.shape)
         if self.shape is not None:
             # A landmark about to be declared absent is a peak anywhere (the field of view
             # cuts it off): left in, it drags the shape fit and the check moves the right
@@ -159,9 +163,6 @@ class Pipeline:
             # 3 mm moved 57-247 mm).
             gone = absent(pred.presence if presence is None else presence, self.presence_threshold)
             seen = np.where(gone[:, None], np.nan, points)
-            if field is None:  # a cascade's prepared input: its stages' volumes
-                vol = prepared[0] if isinstance(prepared, tuple) else prepared
-                field = (vol.affine, vol.shape)
             points, moved, unplaced, residual = self._check_shape(seen, pred, prepared, field)
             points = np.where(gone[:, None], pred.landmarks.points, points)
             if pred.grid_affine is not None and moved.any():
@@ -169,8 +170,9 @@ class Pipeline:
                     moved[:, None], world_to_voxel(points, pred.grid_affine), pred.voxels
                 )
         signal = self.signal(pred.spread_mm, residual, pred.confidence)
-        # Judged off and not placed: no radius is stated for it, so it is marked review.
-        signal[~np.isfinite(points).all(1) | unplaced] = np.nan
+        # No radius for a landmark judged off and not placed, nor for one the scan does not
+        # show (a posed grid or a refinement window reaches past it): marked review.
+        signal[unplaced | ~in_field_of_view(points, *field)] = np.nan
         checked = dataclasses.replace(
             pred,
             landmarks=Landmarks(list(pred.landmarks.names), points),
