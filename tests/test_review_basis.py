@@ -151,6 +151,24 @@ def test_basis_labels_say_what_the_radius_rests_on():
     assert many_cal.caveat() is None
 
 
+def test_basis_says_when_a_landmark_is_reported_absent_and_when_never():
+    """A model whose held-out scans gave no presence threshold (none had a landmark cut
+    off: the packaged AFIDs model's) places a landmark outside the scan somewhere in it:
+    every output must say so, as it says the threshold of one that has it."""
+    names = ["a", "b", "c"]
+    never = ReviewBasis.of(Calibration(names, 0.9, np.ones(3), 0.0, 5, 1), None)
+    without = ReviewBasis.of(None, None)
+    for basis in (never, without):
+        assert basis.absent_below == 0.0
+        assert basis.absence_sentence().startswith("absent: never reported by this model")
+        assert "check that each scan holds every landmark" in basis.sentences()[2]
+    some = ReviewBasis.of(Calibration(names, 0.9, np.ones(3), 0.4213, 5, 1), None)
+    below = "absent: a landmark whose whole-scan peak is below 0.421 "
+    assert some.absence_sentence().startswith(below)
+    assert some.to_dict()["absent_below"] == pytest.approx(0.4213)
+    assert some.to_dict()["notes"][2] == some.absence_sentence()
+
+
 def test_trusted_only_with_a_bound_and_a_check_that_catches():
     shapes = _people(40, 1.0)
     prior = PopulationShape.fit(_names(), shapes)
@@ -183,6 +201,7 @@ def test_the_files_carry_the_basis_and_read_back(tmp_path):
     assert lines[0] == "# coordinate_system = RAS"
     assert lines[1].startswith("# radius_mm: NOT CALIBRATED")
     assert lines[2].startswith("# shape check: none")
+    assert lines[3].startswith("# absent: never reported by this model")
     np.testing.assert_allclose(read_landmarks(csv_path).points, points)  # the one reader
     table = read_prediction_table(csv_path)
     assert table.basis == ((basis.radius_label(), basis.shape_label()),)
@@ -206,7 +225,7 @@ def test_tables_of_an_older_prediction_say_the_basis_is_not_stated(tmp_path):
     write_prediction(tmp_path, "s", Landmarks(["a"], np.zeros((1, 3))), np.array([0.99]))
     path = tmp_path / "s.csv"
     lines = [line for line in path.read_text().splitlines() if not line.startswith("# r")]
-    lines = [line for line in lines if not line.startswith("# shape")]
+    lines = [line for line in lines if not line.startswith(("# shape", "# absent"))]
     head = lines[1].split(",")
     cut = [head.index("radius_basis"), head.index("shape_check")]
     rows = [",".join(c for i, c in enumerate(row.split(",")) if i not in cut) for row in lines[1:]]

@@ -14,9 +14,13 @@ output says it, in the same words (:class:`ReviewBasis`):
   (:class:`~heatmap3d.review.shape_power.ShapePower`), ``inert`` when it misses most
   gross errors, ``unmeasured`` for a folder written before it was measured, ``none``
   without a shape model. A landmark the check did not flag was not shown to be right.
+* **Absence.** The whole-scan peak below which a landmark is reported absent, or that
+  the model never reports one (no calibration, or held-out scans that gave no threshold:
+  none had a landmark the field of view cuts off, or peak heights did not tell those
+  apart). Such a model places a landmark outside the scan somewhere in it.
 
-Per-scan CSVs carry the two labels as columns (``radius_basis``, ``shape_check``) and the
-sentences as ``#`` lines; the markups file, the cohort tables, the summary line and the
+Per-scan CSVs carry the first two labels as columns (``radius_basis``, ``shape_check``) and
+the sentences as ``#`` lines; the markups file, the cohort tables, the summary line and the
 report show the same.
 """
 
@@ -42,6 +46,8 @@ class ReviewBasis:
         nominal: the coverage the radii aim at (e.g. 0.9); None without a calibration.
         shape: ``measured``, ``unmeasured`` or ``none``.
         power: the shape check's measured power, when ``shape`` is ``measured``.
+        absent_below: the whole-scan peak below which a landmark is reported absent; 0
+            when the model never reports one.
     """
 
     radius: str
@@ -49,6 +55,7 @@ class ReviewBasis:
     nominal: float | None
     shape: str
     power: ShapePower | None = None
+    absent_below: float = 0.0
 
     @classmethod
     def of(cls, calibration: Calibration | None, shape: Any | None) -> ReviewBasis:
@@ -61,7 +68,8 @@ class ReviewBasis:
             n, nominal = calibration.n_scans, calibration.nominal
         power = getattr(shape, "power", None)
         kind = NONE if shape is None else ("measured" if power is not None else "unmeasured")
-        return cls(radius, n, nominal, kind, power)
+        below = 0.0 if calibration is None else float(calibration.presence_threshold)
+        return cls(radius, n, nominal, kind, power, below)
 
     # -- short labels: table cells -------------------------------------------------------
 
@@ -114,9 +122,24 @@ class ReviewBasis:
             )
         return self.power.sentence()
 
+    def absence_sentence(self) -> str:
+        """When a landmark is reported absent, for a reader."""
+        if self.absent_below > 0:
+            return (
+                f"absent: a landmark whose whole-scan peak is below {self.absent_below:.3g} "
+                "(the threshold held-out scans with landmarks cut off gave); one cut off with "
+                "a higher peak is placed somewhere in the scan"
+            )
+        return (
+            "absent: never reported by this model (its held-out scans gave no threshold: "
+            "none had a landmark cut off by the field of view, or peak heights did not "
+            "tell those apart); a landmark outside the scan is placed somewhere in it, so "
+            "check that each scan holds every landmark"
+        )
+
     def sentences(self) -> list[str]:
-        """Both sentences, radius first."""
-        return [self.radius_sentence(), self.shape_sentence()]
+        """The sentences: radius, shape check, absence."""
+        return [self.radius_sentence(), self.shape_sentence(), self.absence_sentence()]
 
     def summary(self) -> str:
         """One line for a command's summary: both labels."""
@@ -145,5 +168,6 @@ class ReviewBasis:
             "shape_check": self.shape_label(),
             "radius_calibrated_on_scans": self.n_scans,
             "shape_check_power": None if self.power is None else self.power.to_dict(),
+            "absent_below": self.absent_below,
             "notes": self.sentences(),
         }
