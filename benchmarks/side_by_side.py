@@ -58,7 +58,7 @@ def compare(model, scans: list, names: list[str], label: str, step: Step) -> Non
     counts = step.counting()
     arms = {"without the step": _Arm(), "with it (the package)": _Arm()}
     off_arm, on_arm = arms.values()
-    same_diff, per_scan, one_arm = [], [], 0
+    same_diff, all_diff, per_scan, one_arm = [], [], [], 0
     for vol, truth in scans:
         start = len(counts)
         on = model.predict(vol)
@@ -68,8 +68,9 @@ def compare(model, scans: list, names: list[str], label: str, step: Step) -> Non
         on_arm.add(on, vol, truth, names)
         off_arm.add(off, vol, truth, names)
         one_arm += int((np.isnan(on.points_mm) != np.isnan(off.points_mm)).any(1).sum())
+        all_diff.append(float(np.nanmax(np.abs(on.points_mm - off.points_mm))))
         if acted == 0:
-            same_diff.append(float(np.nanmax(np.abs(on.points_mm - off.points_mm))))
+            same_diff.append(all_diff[-1])
         per_scan.append(f"{off_arm.last_mre:.1f} -> {on_arm.last_mre:.1f} ({acted})")
     print(f"{label}: {len(scans)} scans")
     print(f"  each scan, MRE mm without -> with ({step.acted}): " + ", ".join(per_scan))
@@ -78,15 +79,17 @@ def compare(model, scans: list, names: list[str], label: str, step: Step) -> Non
     worst = max(same_diff) if same_diff else float("nan")
     print(
         f"  scans where the step did nothing: {len(same_diff)}, landmarks at most {worst:.2e} "
-        f"mm apart; landmarks given by one arm only: {one_arm}"
+        f"mm apart (over all scans {max(all_diff):.2e}); landmarks given by one arm only: "
+        f"{one_arm}"
     )
 
 
 class _Arm:
-    """One arm's errors ``(scans, K)`` mm, statuses and landmarks given outside the scan."""
+    """One arm's errors ``(scans, K)`` mm, statuses, landmarks given outside the scan, and
+    the errors of those whose truth the scan cuts off."""
 
     def __init__(self) -> None:
-        self.errors, self.status, self.outside = [], [], 0
+        self.errors, self.status, self.outside, self.cut, self.radii = [], [], 0, [], 0
 
     def add(self, pred, vol, truth: np.ndarray, names: list[str]) -> None:
         from heatmap3d.evaluation.metrics import radial_errors
@@ -95,8 +98,11 @@ class _Arm:
         points = pred.points_mm[[pred.names.index(n) for n in names]]
         self.errors.append(radial_errors(points, truth))
         self.status += list(pred.status)
+        self.radii += int(np.isfinite(pred.radius_mm).sum())
         given = np.isfinite(points).all(1)
         self.outside += int((given & ~in_field_of_view(points, vol.affine, vol.shape)).sum())
+        cut = np.isfinite(truth).all(1) & ~in_field_of_view(truth, vol.affine, vol.shape)
+        self.cut += list(self.errors[-1][cut])
 
     @property
     def last_mre(self) -> float:
@@ -105,7 +111,13 @@ class _Arm:
     def tally(self) -> str:
         kinds = ("ok", "review", "moved", "absent")
         counts = ", ".join(f"{sum(s == k for s in self.status)} {k}" for k in kinds)
-        return f"{counts}; {self.outside} outside the scan"
+        line = f"{counts}; {self.radii} radii stated; {self.outside} outside the scan"
+        if self.cut:  # inf: declared absent (or not found)
+            e = np.array(self.cut)
+            e = e[np.isfinite(e)]
+            given = f"{len(e)} given" + (f" at MRE {e.mean():.2f} mm" if len(e) else "")
+            line += f"; {len(self.cut)} cut off by the scan: {given}"
+        return line
 
 
 def _summary(e: np.ndarray, names: list[str]) -> str:

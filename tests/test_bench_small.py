@@ -112,19 +112,20 @@ def test_shape_power_speed_compares_two_codes_on_the_same_power(capsys):
     )
 
 
-def test_field_of_view_compares_the_places_outside_the_scan_refused_and_taken(capsys):
+def test_field_of_view_compares_radii_outside_the_scan_withdrawn_and_stated(capsys):
     from benchmarks import field_of_view
     from tests.real_data import REAL
 
     if not (REAL / "MNIColin27").is_dir():
         pytest.skip("Colin27 not in ../shared/data/real")
-    # A contrast the packaged model never learnt: its shape check finds places outside.
+    # A contrast the packaged model never learnt: its shape check moves some outside.
     field_of_view.main(["--model", "afids-t1", "--hard", "1", "--gentle", "0", "--t2like"])
     out = capsys.readouterr().out
-    kept = re.search(r"-> [\d.]+ \((\d+)\)", out)
-    assert kept and int(kept.group(1)) > 0
+    assert "(over all scans 0.00e+00)" in out  # the same landmarks in both arms
     outside = [int(n) for n in re.findall(r"(\d+) outside the scan", out)]
-    assert len(outside) == 2 and outside[0] > 0 and outside[1] == 0  # taken, then refused
+    stated = [int(n) for n in re.findall(r"(\d+) radii stated", out)]
+    assert len(outside) == 2 and outside[0] == outside[1] > 0
+    assert stated == [32, 32 - outside[1]]  # no radius for a landmark outside the scan
 
 
 def test_empty_space_compares_the_step_on_and_off(capsys):
@@ -135,7 +136,8 @@ def test_empty_space_compares_the_step_on_and_off(capsys):
         pytest.skip("Colin27 not in ../shared/data/real")
     empty_space.main(["--model", "afids-t1", "--hard", "1", "--gentle", "0"])
     t1 = capsys.readouterr().out
-    assert "landmarks at most 0.00e+00 mm apart; landmarks given by one arm only: 0" in t1
+    assert "landmarks at most 0.00e+00 mm apart (over all scans 0.00e+00)" in t1
+    assert "landmarks given by one arm only: 0" in t1
     arms = re.findall(r"MRE +([\d.]+) mm", t1)
     assert len(arms) == 2 and arms[0] == arms[1]  # the packaged model never meets empty space
     # On a contrast it never learnt, its peaks do land in empty space: the step moves them.

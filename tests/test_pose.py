@@ -342,12 +342,14 @@ class HeatBallFinder(BallFinder):
         return dataclasses.replace(pred, heatmaps=np.stack([vol.data] * len(NAMES)))
 
 
-def test_the_shape_checks_field_of_view_is_the_stored_scans_in_both_passes():
+def test_the_field_of_view_is_the_stored_scans_in_both_passes():
     """The training configurations put landmark L4 36 mm along the pose's +x from its ball:
     beyond the stored scan's field of view (after the placement's turn and shift), though
-    the same point read as scan coordinates would lie inside it. Both passes must judge
-    it against the stored scan, the second through the pose: L4 keeps its ball, unplaced."""
+    the same point read as scan coordinates would lie inside it. The shape check moves L4
+    there in both passes, and both must judge it against the stored scan, the second
+    through the pose: no radius for it, one for the others."""
     from heatmap3d.geometry import in_field_of_view
+    from heatmap3d.review.calibration import Calibration
     from heatmap3d.review.shape import ShapeModel
 
     t, v = placement(), np.array([36.0, 0.0, 0.0])
@@ -359,12 +361,16 @@ def test_the_shape_checks_field_of_view_is_the_stored_scans_in_both_passes():
     configs = REFERENCE + np.random.default_rng(0).normal(0, 1.0, (20, *REFERENCE.shape))
     configs[:, 4] += v
     shape = ShapeModel.fit(NAMES, configs)
+    cal = Calibration(list(NAMES), 0.9, np.ones(len(NAMES)), 0.5, 10)
     model = HeatBallFinder()
-    pred = Pipeline(model, shape=shape, pose=pose_of_reference()).predict_volume(vol)
+    pipeline = Pipeline(model, shape=shape, calibration=cal, pose=pose_of_reference())
+    pred = pipeline.predict_volume(vol)
     assert len(model.seen) == 2
-    assert pred.status[4] == "review" and pred.shape_residual_mm[4] > 30
-    assert pred.first_pass.status[4] == "review"
-    np.testing.assert_allclose(pred.landmarks.points, truth, atol=0.5)
+    for passed in (pred, pred.first_pass):
+        assert passed.status[4] == "moved" and np.isnan(passed.radius_mm[4])
+        assert np.isfinite(passed.radius_mm[:4]).all()
+    np.testing.assert_allclose(pred.landmarks.points[4], apply(t, guess[None])[0], atol=3.0)
+    np.testing.assert_allclose(pred.landmarks.points[:4], truth[:4], atol=0.5)
 
 
 class StrayBallFinder(BallFinder):

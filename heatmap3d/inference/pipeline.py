@@ -11,11 +11,10 @@ test-time mirroring, and reviews each scan's landmarks:
    (:class:`~heatmap3d.review.shape.ShapeModel`, learnt from the training landmarks) is
    looked for again near that place: the best heatmap peak that fits (the refinement model
    run around it, or the whole-scan heatmap under a prior there), else the shape model's
-   reconstruction. Either way it is marked ``moved`` for review. The check never moves a
-   landmark out of the scan's field of view (it was found present, so it lies in the scan;
-   an estimate beyond the scan comes from others that are wrong too): such a landmark keeps
-   the network's point and states no radius, so it is marked ``review``, as is any
-   landmark given outside the scan (the pose pass's grid reaches past it).
+   reconstruction. Either way it is marked ``moved`` for review. No radius is stated for
+   a landmark given outside the scan's field of view (the reconstruction of one the scan
+   cuts off, or from others that are wrong too; a peak where the pose pass's grid reaches
+   past the scan): the scan shows nothing there.
 3. **Error radius.** A signal in mm, ``sqrt(g^2 + d^2 + r^2) / max(c, 0.25)`` with ``g``
    the final grid's largest spacing (the decoding's resolution), ``d`` the passes' spread
    (ensemble members, mirrored pass), ``r`` the shape residual and ``c`` the peak height,
@@ -163,15 +162,15 @@ class Pipeline:
             # 3 mm moved 57-247 mm).
             gone = absent(pred.presence if presence is None else presence, self.presence_threshold)
             seen = np.where(gone[:, None], np.nan, points)
-            points, moved, unplaced, residual = self._check_shape(seen, pred, prepared, field)
+            points, moved, unplaced, residual = self._check_shape(seen, pred, prepared)
             points = np.where(gone[:, None], pred.landmarks.points, points)
             if pred.grid_affine is not None and moved.any():
                 voxels = np.where(
                     moved[:, None], world_to_voxel(points, pred.grid_affine), pred.voxels
                 )
         signal = self.signal(pred.spread_mm, residual, pred.confidence)
-        # No radius for a landmark judged off and not placed, nor for one the scan does not
-        # show (a posed grid or a refinement window reaches past it): marked review.
+        # No radius for a landmark judged off and not placed, nor for one given where the
+        # scan shows nothing (outside its field of view): marked review, or moved.
         signal[unplaced | ~in_field_of_view(points, *field)] = np.nan
         checked = dataclasses.replace(
             pred,
@@ -193,11 +192,10 @@ class Pipeline:
 
     # -- shape ---------------------------------------------------------------------------
 
-    def _check_shape(self, points: np.ndarray, pred: Prediction, prepared, field):
+    def _check_shape(self, points: np.ndarray, pred: Prediction, prepared):
         """Points with the shape model's outliers looked for again; ``(K,)`` bool which
-        moved, and which were judged off but not placed (too few trusted others, or a
-        place that would take them out of ``field``, the scan's ``(affine, shape)``: they
-        keep their point); residuals ``(K,)`` mm of the points as found."""
+        moved, and which were judged off but not placed (too few trusted others: they keep
+        their point); residuals ``(K,)`` mm of the points as found."""
         shape = self.shape
         out = shape.outliers(points, factor=self.shape_factor)
         if not out.any():
@@ -213,9 +211,7 @@ class Pipeline:
             for k, guess in guesses.items():
                 candidates[k], scores[k] = self._look_near(pred, prepared, k, guess, limits[k])
         fixed, how, residual = shape.correct(points, candidates, scores, factor=self.shape_factor)
-        # A network's point beyond the scan (a posed grid reaches past it) may still move.
-        placed = (how > 0) & (in_field_of_view(fixed, *field) | ~in_field_of_view(points, *field))
-        return np.where(placed[:, None], fixed, points), placed, out & ~placed, residual
+        return fixed, how > 0, out & (how == 0), residual
 
     def _refine_near(self, vol, guesses: dict[int, np.ndarray], candidates, scores):
         """``candidates`` and ``scores`` (lists of K) with the refinement model's peak of each
