@@ -294,3 +294,35 @@ def test_hostile_file_names_are_text(tmp_path, capsys):
     page = (pred / "report.html").read_text(encoding="utf-8")
     assert stem not in page and "&lt;img src=x onerror=alert(1)&gt;" in page
     assert 'href="%3Cimg%20src%3Dx%20onerror%3Dalert%281%29%3E.mrk.json"' in page
+
+
+def test_a_tile_of_a_landmark_outside_the_scan_says_so(monkeypatch):
+    """The shape check places a landmark the scan cuts off beyond it; its tile's views
+    through that point show nothing of the scan, and its label must say why."""
+    from types import SimpleNamespace
+
+    from report_folders import scan_volume
+
+    from heatmap3d.evaluation import report_pictures
+    from heatmap3d.geometry import voxel_to_world
+    from heatmap3d.io.landmarks import Landmarks
+
+    vol = scan_volume(np.random.default_rng(0))
+    inside = voxel_to_world((np.array(vol.shape) - 1) / 2.0, vol.affine)
+    points = np.stack([inside, inside + [0.0, 0.0, 1000.0], [np.nan] * 3])
+    table = SimpleNamespace(
+        landmarks=Landmarks(["in", "out", "gone"], points),
+        confidence=np.array([0.9, 0.2, np.nan]),
+        radius_mm=np.array([2.0, np.nan, np.nan]),
+        status=["ok", "moved", "missing"],
+        review=np.array([False, True, True]),
+    )
+    seen = {}
+
+    def views(vol, points, names, *, notes, **kw):
+        seen["notes"] = notes
+        return np.zeros((2000, 2000, 3), np.uint8)
+
+    monkeypatch.setattr(report_pictures, "landmark_views", views)
+    report_pictures.tiles(vol, SimpleNamespace(table=table), [0, 1, 2])
+    assert seen["notes"] == ["conf 0.90  r 2.0 mm  ok", "conf 0.20  moved  outside the scan", ""]

@@ -29,7 +29,13 @@ from heatmap3d.evaluation.slices import (
     screen_position,
     slice_coords,
 )
-from heatmap3d.geometry import Volume, reorient_canonical, spacing_of, world_to_voxel
+from heatmap3d.geometry import (
+    Volume,
+    in_field_of_view,
+    reorient_canonical,
+    spacing_of,
+    world_to_voxel,
+)
 from heatmap3d.io.layout import expand_scans, scan_stem
 
 THUMB_PX = 96  # thumbnails: the whole axial slice in this many pixels across
@@ -88,14 +94,16 @@ def snapshot_thumbnail(png: Path) -> np.ndarray | None:
         return None
 
 
-def tile_note(scan: ScanRecord, i: int) -> str:
-    """The label text of landmark ``i``'s tile: confidence, radius and status."""
+def tile_note(scan: ScanRecord, i: int, *, outside: bool = False) -> str:
+    """The label text of landmark ``i``'s tile: confidence, radius, status, and ``outside``
+    the scan's field of view (a view through it shows nothing of the scan there)."""
     conf, radius = scan.table.confidence[i], scan.table.radius_mm[i]
     status = scan.table.status[i]
     parts = [
         f"conf {conf:.2f}" if np.isfinite(conf) else "",
         f"r {radius:.1f} mm" if np.isfinite(radius) else "",
         "" if status == "missing" else status,  # the tile says "not found" itself
+        "outside the scan" if outside else "",
     ]
     return "  ".join(p for p in parts if p)
 
@@ -110,7 +118,9 @@ def tiles(
     if not which:
         return {}
     table = scan.table
-    notes = [tile_note(scan, i) for i in range(len(table.status))]
+    points = table.landmarks.points
+    outside = np.isfinite(points).all(1) & ~in_field_of_view(points, vol.affine, vol.shape)
+    notes = [tile_note(scan, i, outside=bool(out)) for i, out in enumerate(outside)]
     sheet = landmark_views(
         vol,
         table.landmarks.points,

@@ -145,7 +145,8 @@ class Pipeline:
         """One pass of the model over its ``prepared`` input, reviewed; ``presence`` ``(K,)``
         (the first pass's) replaces the pass's own whole-scan peaks where given; ``field``
         ``(affine, shape)``: the stored scan's grid in the pass's world (default: the
-        grid of ``prepared``, which covers the scan's field of view)."""
+        grid of ``prepared``, which covers the scan's field of view to within half of one
+        of its voxels)."""
         single = isinstance(self.model, Predictor)
         need_heat = keep_heatmaps or (single and self.shape is not None)
         pred = self.model.predict_preprocessed(prepared, keep_heatmaps=need_heat)
