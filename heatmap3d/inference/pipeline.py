@@ -153,7 +153,7 @@ class Pipeline:
         k = len(self.names)
         points, voxels = pred.landmarks.points, pred.voxels
         moved, unplaced, residual = np.zeros(k, bool), np.zeros(k, bool), np.full(k, np.nan)
-        if field is None:  # a cascade's prepared input: its stages' volumes
+        if field is None:  # the grid the model was given (a cascade's: its first stage's)
             vol = prepared[0] if isinstance(prepared, tuple) else prepared
             field = (vol.affine, vol.shape)
         if self.shape is not None:

@@ -17,7 +17,7 @@ output says it, in the same words (:class:`ReviewBasis`):
 * **Absence.** The whole-scan peak below which a landmark is reported absent, or that
   the model never reports one (no calibration, or held-out scans that gave no threshold:
   none had a landmark the field of view cuts off, or peak heights did not tell those
-  apart). Such a model places a landmark outside the scan somewhere in it.
+  apart). Such a model places a landmark the scan cuts off anyway.
 
 Per-scan CSVs carry the first two labels as columns (``radius_basis``, ``shape_check``) and
 the sentences as ``#`` lines; the markups file, the cohort tables, the summary line and the
@@ -128,13 +128,13 @@ class ReviewBasis:
             return (
                 f"absent: a landmark whose whole-scan peak is below {self.absent_below:.3g} "
                 "(the threshold held-out scans with landmarks cut off gave); one cut off with "
-                "a higher peak is placed somewhere in the scan"
+                "a higher peak is placed anyway"
             )
         return (
             "absent: never reported by this model (its held-out scans gave no threshold: "
             "none had a landmark cut off by the field of view, or peak heights did not "
-            "tell those apart); a landmark outside the scan is placed somewhere in it, so "
-            "check that each scan holds every landmark"
+            "tell those apart); a landmark the scan cuts off is placed anyway (in the scan, "
+            "or beyond it by the shape check), so check that each scan holds every landmark"
         )
 
     def sentences(self) -> list[str]:
