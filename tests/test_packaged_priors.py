@@ -76,6 +76,62 @@ def test_numbered_landmarks_that_are_not_afids_do_not_get_its_prior():
     assert choose_prior(fingerprint(other, people()), "auto") is None
 
 
+def test_part_of_the_set_by_short_names_reads_the_prior_when_named():
+    """Ten AFIDs by their short names: ``--shape-prior afids`` gives the prior of those ten
+    (before, the names were not renamed and the prior was refused as lacking them)."""
+    short = [s.lower() for s in packaged.AFIDS_SHORT_NAMES[:10]]
+    part = read_prior("afids", short)
+    whole = read_prior("afids")
+    assert part.names == short
+    np.testing.assert_allclose(part.mean, read_prior("afids", NUMBERS[:10]).mean)
+    assert part.n_cases == whole.n_cases
+    assert packaged.PRIORS["afids"].names_map(short) is None  # not the whole set
+    assert packaged.PRIORS["afids"].names_map(short, whole=False)["ac"] == "1"
+    assert packaged.PRIORS["afids"].names_map(short + ["XY"], whole=False) is None
+
+
+def test_the_prior_of_some_landmarks_is_fitted_again_on_them():
+    """A case of ten AFIDs is aligned on those ten alone: the prior for them is fitted on
+    the people's configurations of those ten (its own limit), not the marginal of the
+    32-landmark fit, which is narrower than such a case varies (benchmarks/prior_part.py:
+    0.34 correct landmarks flagged a person against 0.04). All 32, in any order, and
+    fewer than 5 (no check of 4 others) stay the marginal."""
+    from heatmap3d.review.shape_prior import PopulationShape
+
+    ten = ["1", "2", "3", "4", "5", "6", "7", "10", "14", "24"]
+    whole = read_prior("afids")
+    part = read_prior("afids", ten)
+    again = PopulationShape.fit(ten, whole.select(ten).configurations)
+    assert part.names == ten and part.power is None and part.n_cases == 122
+    assert part.d2_limit == pytest.approx(again.d2_limit) and part.d2_limit != whole.d2_limit
+    np.testing.assert_allclose(part.cov, again.cov)
+    assert not np.allclose(part.cov, whole.select(ten).cov)
+    shuffled = NUMBERS[::-1]
+    assert read_prior("afids", shuffled).d2_limit == whole.d2_limit
+    assert read_prior("afids", ten[:4]).d2_limit == whole.d2_limit
+
+
+def test_part_of_the_set_is_not_given_the_prior_by_default_but_the_plan_says_how():
+    """The plan gives a packaged prior only to the whole set (a few landmarks numbered
+    1, 2, 3... may be another set); for ten AFIDs whose positions fit it, its note says
+    how to give it; for ten numbered points that are not AFIDs, nothing."""
+    from heatmap3d.planning.priors import give_prior
+
+    ten = [1, 2, 3, 4, 5, 6, 7, 10, 14, 24]
+    names = [str(k) for k in ten]
+    fp = fingerprint(names, people()[:, [k - 1 for k in ten]])
+    assert choose_prior(fp, "auto") is None
+    stage = SimpleNamespace(config={}, reasons={})
+    [note] = give_prior([stage], fp, "auto")
+    assert "are 10 of the 32 AFIDs landmarks" in note and "--shape-prior afids" in note
+    assert stage.config == {}  # not given
+    assert give_prior([stage], fp, "none") == []
+    assert choose_prior(fp, "afids")[0] == "afids"  # named, it is given
+    random = np.random.default_rng(1).uniform(-60, 60, (3, 10, 3))
+    assert give_prior([stage], fingerprint(names, random), "auto") == []
+    assert give_prior([stage], fingerprint(names[:4], people()[:, :4]), "auto") == []
+
+
 def test_the_prior_can_be_turned_off_or_named():
     fp = fingerprint(NUMBERS, people())
     assert choose_prior(fp, "none") is None and choose_prior(fp, None) is None

@@ -84,15 +84,18 @@ class PackagedPrior:
     short_names: tuple[str, ...]
     description: str
 
-    def names_map(self, names: list[str]) -> dict[str, str] | None:
+    def names_map(self, names: list[str], *, whole: bool = True) -> dict[str, str] | None:
         """``{dataset name: name in the prior file}`` when ``names`` are this set's
-        landmarks (all of them, numbered or by short name, any case), else None."""
-        if len(names) != len(self.numbers) or len(set(names)) != len(names):
+        landmarks (all of them, or with ``whole`` False some of them; numbered or by
+        short name, any case), else None."""
+        if not names or len(set(names)) != len(names):
             return None
-        if sorted(names) == sorted(self.numbers):
+        if whole and len(names) != len(self.numbers):
+            return None
+        if set(names) <= set(self.numbers):
             return {n: n for n in names}
         upper = {s.upper(): number for s, number in zip(self.short_names, self.numbers)}
-        if {n.upper() for n in names} == set(upper):
+        if {n.upper() for n in names} <= set(upper):
             return {n: upper[n.upper()] for n in names}
         return None
 
@@ -128,11 +131,13 @@ def prior_file(name: str) -> Path:
     return HERE / PRIORS[name].file
 
 
-def recognise(names: list[str]) -> tuple[PackagedPrior, dict[str, str]] | None:
-    """The packaged prior whose landmark set ``names`` is, with the names' map into its
-    file (:meth:`PackagedPrior.names_map`), or None."""
+def recognise(
+    names: list[str], *, whole: bool = True
+) -> tuple[PackagedPrior, dict[str, str]] | None:
+    """The packaged prior whose landmark set ``names`` is (with ``whole`` False: part of),
+    with the names' map into its file (:meth:`PackagedPrior.names_map`), or None."""
     for prior in PRIORS.values():
-        found = prior.names_map(list(names))
+        found = prior.names_map(list(names), whole=whole)
         if found is not None:
             return prior, found
     return None

@@ -25,6 +25,7 @@ __all__ = ["AUTO", "MAX_FLAGGED", "choose_prior", "give_prior"]
 
 AUTO = "auto"
 MAX_FLAGGED = 0.1  # the 122 people's own landmarks: 0.04 of 32 flagged a person (0.1 %)
+MIN_PART = 5  # a shape check judges each landmark from at least 4 others
 
 
 def choose_prior(fp: Fingerprint, requested: str | Path | None) -> tuple[str, str] | None:
@@ -66,12 +67,32 @@ def give_prior(stages: Sequence, fp: Fingerprint, requested: str | Path | None) 
     without a prior)."""
     prior = choose_prior(fp, requested)
     if prior is None:
-        return []
+        return _part_of_a_set(fp) if str(requested) == AUTO else []
     value, why = prior
     for stage in stages:
         stage.config.setdefault("train", {})["shape_prior"] = value
         stage.reasons["train.shape_prior"] = why
     return [f"shape prior: {value} (train.shape_prior says why)"]
+
+
+def _part_of_a_set(fp: Fingerprint) -> list[str]:
+    """The plan's note for a dataset whose landmarks are some of a packaged prior's set by
+    their names, and whose positions fit it: not given by default (a few landmarks numbered
+    1, 2, 3... may be another set), so the note says how to give it."""
+    names = list(fp.names)
+    found = packaged.recognise(names, whole=False) if len(names) >= MIN_PART else None
+    if found is None:
+        return []
+    known, _ = found
+    flagged, total = _flagged(read_prior(known.name, names), fp.points_mm)
+    if total == 0 or flagged > MAX_FLAGGED * total:
+        return []
+    return [
+        f"shape prior: none; the dataset's {len(names)} landmarks are {len(names)} of the "
+        f"{len(known.numbers)} {known.label} landmarks by their names, and their positions fit "
+        f"the packaged prior ({flagged} of {total} flagged): heatmap3d plan DATA --shape-prior "
+        f"{known.name} (or train.shape_prior={known.name}) reviews their shape with it"
+    ]
 
 
 def _flagged(prior, cases: list) -> tuple[int, int]:

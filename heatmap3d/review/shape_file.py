@@ -35,7 +35,8 @@ def read_prior(
     """The population prior ``value`` of ``key`` (``heatmap3d shape fit``): a file, or the
     name of a packaged prior (:mod:`heatmap3d.packaged.catalogue`, whose landmarks a dataset may
     number or name by their short names), for ``names`` when given; InputError (one line
-    naming the file) when it is not a prior or lacks one of ``names``."""
+    naming the file) when it is not a prior or lacks one of ``names``; for some of its
+    landmarks, the prior fitted again on those (:meth:`PopulationShape.part`)."""
     path, doc = _prior_doc(value, key)
     if names and isinstance(doc, dict) and isinstance(doc.get("names"), list):
         doc = _renamed(doc, str(value), names)
@@ -51,7 +52,7 @@ def read_prior(
             f"{path}: {key} lacks the dataset's landmark(s) {missing[:4]} "
             f"(it has {prior.names[:4]}...; refit it with --names/--map)"
         )
-    return prior.select(names) if names else prior
+    return prior.part(names) if names else prior
 
 
 def _prior_doc(value: str | Path, key: str) -> tuple[Path, Any]:
@@ -65,9 +66,10 @@ def _prior_doc(value: str | Path, key: str) -> tuple[Path, Any]:
 
 def _renamed(doc: dict, value: str, names: list[str]) -> dict:
     """``doc`` with a packaged prior's landmark numbers renamed to the dataset's names
-    where the dataset names that set's landmarks otherwise (its short names)."""
+    where the dataset names that set's landmarks (all or some) otherwise (its short
+    names)."""
     prior = packaged.PRIORS.get(value) if packaged.is_prior_name(value) else None
-    found = None if prior is None else prior.names_map(names)
+    found = None if prior is None else prior.names_map(names, whole=False)
     if not found:
         return doc
     back = {number: name for name, number in found.items()}

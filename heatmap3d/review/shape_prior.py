@@ -245,6 +245,20 @@ class PopulationShape(ShapeReview):
         power = self.power if list(names) == self.names else None  # measured on these only
         return PopulationShape(list(names), mean, cov, limit, n, shrink, scale, cases, power)
 
+    def part(self, names: Sequence[str]) -> PopulationShape:
+        """The prior of ``names``, some of its landmarks: fitted again on its configurations
+        of those (each aligned on them alone, as a dataset of those landmarks is judged,
+        and its limit calibrated for them), unmeasured (``power`` None). The marginal
+        (:meth:`select`) for all of its landmarks, for fewer than 5 (no check of 4 others),
+        or without configurations: the marginal of a prior aligned on all of its
+        landmarks is narrower than a case aligned on a few varies (on 10 of the 32 AFIDs
+        it flagged 0.34 correct landmarks a person against 0.04 refitted)."""
+        chosen = self.select(names)
+        fewer = set(names) < set(self.names) and len(names) >= 5
+        if not fewer or chosen.configurations is None:
+            return chosen
+        return PopulationShape.fit(list(names), chosen.configurations)
+
     def to_dict(self, *, configurations: bool = False) -> dict:
         """JSON-safe, with ``kind: "population"``; with ``configurations`` (the prior file of
         ``heatmap3d shape fit``, not a model folder's copy) the aligned cases too, rounded to
