@@ -11,40 +11,21 @@ the peaks moved.
 
 from __future__ import annotations
 
-from contextlib import contextmanager
-
 from benchmarks import side_by_side
 
 
-@contextmanager
-def step_skipped():
-    """Prediction as it was without the empty-space step (the decoder's peaks kept)."""
-    from heatmap3d.inference import predictor
-
-    kept = predictor.off_empty_space
-    predictor.off_empty_space = lambda heat, coords, conf, *rest: (coords, conf)
-    try:
-        yield
-    finally:
-        predictor.off_empty_space = kept
+def _moved(args: tuple, result: tuple) -> int:
+    """Peaks the step moved: ``args`` (heat, coords, conf, ...), ``result`` (coords, conf)."""
+    return int((result[0][0] != args[1][0]).any(-1).sum())
 
 
-def counting_moves() -> list[int]:
-    """A list that collects, call by call, how many peaks the empty-space step moved."""
-    from heatmap3d.inference import predictor
-
-    moves, step = [], predictor.off_empty_space
-
-    def counted(heat, coords, conf, *rest):
-        out = step(heat, coords, conf, *rest)
-        moves.append(int((out[0][0] != coords[0]).any(-1).sum()))
-        return out
-
-    predictor.off_empty_space = counted
-    return moves
-
-
-STEP = side_by_side.Step("peaks moved", step_skipped, counting_moves)
+STEP = side_by_side.Step(
+    "peaks moved",
+    "heatmap3d.inference.predictor",
+    "off_empty_space",
+    stand_in=lambda heat, coords, conf, *rest: (coords, conf),  # the decoder's peaks kept
+    count=_moved,
+)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -16,42 +16,23 @@ prints the landmarks given outside the scan, and those whose truth the scan cuts
 
 from __future__ import annotations
 
-from contextlib import contextmanager
-
 import numpy as np
 
 from benchmarks import side_by_side
 
 
-@contextmanager
-def step_skipped():
-    """Prediction stating radii outside the scan too."""
-    from heatmap3d.inference import pipeline
-
-    kept = pipeline.in_field_of_view
-    pipeline.in_field_of_view = lambda points, affine, shape: np.ones(len(points), bool)
-    try:
-        yield
-    finally:
-        pipeline.in_field_of_view = kept
+def _outside(args: tuple, inside: np.ndarray) -> int:
+    """Points outside the scan: ``args`` (points, affine, shape), ``inside`` ``(K,)``."""
+    return int((np.isfinite(args[0]).all(1) & ~inside).sum())
 
 
-def counting_outside() -> list[int]:
-    """A list that collects, pass by pass, how many points lay outside the scan."""
-    from heatmap3d.inference import pipeline
-
-    outside, check = [], pipeline.in_field_of_view
-
-    def counted(points, affine, shape):
-        inside = check(points, affine, shape)
-        outside.append(int((np.isfinite(points).all(1) & ~inside).sum()))
-        return inside
-
-    pipeline.in_field_of_view = counted
-    return outside
-
-
-STEP = side_by_side.Step("points outside the scan, per pass", step_skipped, counting_outside)
+STEP = side_by_side.Step(
+    "points outside the scan, per pass",
+    "heatmap3d.inference.pipeline",
+    "in_field_of_view",
+    stand_in=lambda points, affine, shape: np.ones(len(points), bool),  # radii stated
+    count=_outside,
+)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -12,9 +12,11 @@ or a dataset's test split. :mod:`benchmarks.empty_space` and
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable
-from contextlib import AbstractContextManager
+import importlib
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -24,12 +26,39 @@ from benchmarks.review import gentle_views, views
 
 @dataclass(frozen=True)
 class Step:
-    """``skipped()``: a context in which prediction runs without the step; ``counting()``:
-    a list that collects, prediction by prediction, how many landmarks the step acted on."""
+    """A review step as the function ``name`` of ``module`` that the package calls: skipped,
+    it is ``stand_in``; ``count(args, result)`` says how many landmarks one call acted on."""
 
     acted: str  # what a count means, e.g. "peaks moved"
-    skipped: Callable[[], AbstractContextManager]
-    counting: Callable[[], list[int]]
+    module: str
+    name: str
+    stand_in: Callable[..., Any]
+    count: Callable[[tuple, Any], int]
+
+    @contextmanager
+    def skipped(self) -> Iterator[None]:
+        """A context in which prediction runs without the step."""
+        owner = importlib.import_module(self.module)
+        kept = getattr(owner, self.name)
+        setattr(owner, self.name, self.stand_in)
+        try:
+            yield
+        finally:
+            setattr(owner, self.name, kept)
+
+    def counting(self) -> list[int]:
+        """A list that collects, call by call, how many landmarks the step acted on (the
+        step is wrapped for the rest of the process)."""
+        owner, counts = importlib.import_module(self.module), []
+        step = getattr(owner, self.name)
+
+        def counted(*args):
+            result = step(*args)
+            counts.append(self.count(args, result))
+            return result
+
+        setattr(owner, self.name, counted)
+        return counts
 
 
 def _mre(e: np.ndarray) -> float:

@@ -122,8 +122,7 @@ def inside_image(vox: np.ndarray, shape: Sequence[int] | np.ndarray) -> bool:
 
     Voxel centres sit at integers, so the image covers ``[-0.5, n - 0.5]`` along each axis.
     """
-    upper = np.asarray(shape) - 0.5
-    return bool(np.all((np.asarray(vox) >= -0.5) & (np.asarray(vox) <= upper)))
+    return bool(_in_box(np.asarray(vox), shape).all())
 
 
 def in_field_of_view(points: np.ndarray, affine: np.ndarray, shape: Sequence[int]) -> np.ndarray:
@@ -131,8 +130,14 @@ def in_field_of_view(points: np.ndarray, affine: np.ndarray, shape: Sequence[int
     of ``shape`` and ``affine``: the box its voxels fill, ``[-0.5, n - 0.5]`` along each
     voxel axis (so oblique grids are judged on their own axes). False for NaN rows."""
     vox = world_to_voxel(np.asarray(points, dtype=np.float64).reshape(-1, 3), affine)
+    return _in_box(vox, shape)
+
+
+def _in_box(vox: np.ndarray, shape: Sequence[int] | np.ndarray) -> np.ndarray:
+    """``(...)`` bool: which voxel points ``(..., 3)`` lie in ``[-0.5, n - 0.5]`` on every
+    axis of a grid of ``shape`` (False for NaN)."""
     upper = np.asarray(shape, dtype=np.float64)[:3] - 0.5
-    return np.all((vox >= -0.5) & (vox <= upper), axis=1)
+    return np.all((vox >= -0.5) & (vox <= upper), axis=-1)
 
 
 def spacing_of(affine: np.ndarray) -> np.ndarray:

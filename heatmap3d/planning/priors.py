@@ -19,13 +19,13 @@ import numpy as np
 
 from heatmap3d.packaged import catalogue as packaged
 from heatmap3d.planning.fingerprint import Fingerprint
+from heatmap3d.review.prior_files import MIN_LANDMARKS
 from heatmap3d.review.shape_file import read_prior
 
 __all__ = ["AUTO", "MAX_FLAGGED", "choose_prior", "give_prior"]
 
 AUTO = "auto"
 MAX_FLAGGED = 0.1  # the 122 people's own landmarks: 0.04 of 32 flagged a person (0.1 %)
-MIN_PART = 5  # a shape check judges each landmark from at least 4 others
 
 
 def choose_prior(fp: Fingerprint, requested: str | Path | None) -> tuple[str, str] | None:
@@ -80,7 +80,7 @@ def _part_of_a_set(fp: Fingerprint) -> list[str]:
     their names, and whose positions fit it: not given by default (a few landmarks numbered
     1, 2, 3... may be another set), so the note says how to give it."""
     names = list(fp.names)
-    found = packaged.recognise(names, whole=False) if len(names) >= MIN_PART else None
+    found = packaged.recognise(names, whole=False) if len(names) >= MIN_LANDMARKS else None
     if found is None:
         return []
     known, _ = found

@@ -254,7 +254,7 @@ class PopulationShape(ShapeReview):
         landmarks is narrower than a case aligned on a few varies (on 10 of the 32 AFIDs
         it flagged 0.34 correct landmarks a person against 0.04 refitted)."""
         chosen = self.select(names)
-        fewer = set(names) < set(self.names) and len(names) >= 5
+        fewer = set(names) < set(self.names) and len(names) > _MIN_OTHERS
         if not fewer or chosen.configurations is None:
             return chosen
         return PopulationShape.fit(list(names), chosen.configurations)
