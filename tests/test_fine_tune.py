@@ -173,6 +173,37 @@ def test_some_of_the_models_landmarks_keep_its_order_and_whole_pairs(tmp_path, d
     assert any("no mirroring" in note and "e/f" in note for note in plan.notes)
 
 
+def test_afids_named_by_their_short_names_fine_tune_the_numbered_model(dataset):
+    """The packaged model names the AFIDs 1-32, many datasets by their short names (AC,
+    PC, ...): the same landmarks. The plan keeps the dataset's names, in the model's
+    channel order, and the model's pairs among them by those names; a pair with one of its
+    landmarks there turns mirroring off, naming it. (It refused them as landmarks the
+    model does not find.)"""
+    fp = fingerprint_dataset(dataset)
+    short = ["pc", "AC", "RMB", "LMB", "ICS", "PMJ"]  # AFIDs 2, 1, 12, 13, 3, 4; any case
+    plan = plan_from_model(open_model("afids-t1"), _with_names(fp, short))
+    config = plan.stages[0].config
+    assert config["data"]["landmarks"] == ["AC", "pc", "ICS", "PMJ", "RMB", "LMB"]
+    assert config["augment"]["mirror_pairs"] == [["RMB", "LMB"]]
+    assert any("AC is 1, pc is 2, ICS is 3" in note for note in plan.notes)
+    plan = plan_from_model(open_model("afids-t1"), _with_names(fp, [*short[:5], "LSAMTH"]))
+    assert not plan.stages[0].config.get("augment", {}).get("mirror_pairs")
+    assert any("no mirroring" in note and "23/LSAMTH" in note for note in plan.notes)
+    with pytest.raises(InputError, match="the dataset has 1 it does not \\(XYZ;"):
+        plan_from_model(open_model("afids-t1"), _with_names(fp, [*short[:5], "XYZ"]))
+
+
+def test_same_landmarks_by_name_or_by_a_packaged_sets_two_names():
+    from heatmap3d.packaged.catalogue import same_landmarks
+
+    assert same_landmarks(["a", "b"], ["b", "x"]) == {"b": "b"}
+    assert same_landmarks(["1", "2", "3"], ["ac", "PC", "x"]) == {"ac": "1", "PC": "2"}
+    assert same_landmarks(["1", "2", "3"], ["ac", "RMB"]) == {"ac": "1"}  # RMB is AFID 12
+    assert same_landmarks(["a", "b"], ["AC", "1"]) == {}  # the model's are no packaged set
+    assert same_landmarks(["AC", "PC"], ["2", "1"]) == {"2": "PC", "1": "AC"}
+    assert same_landmarks(["1", "AC"], ["AC"]) == {"AC": "AC"}  # a shared name decides
+
+
 def test_the_packaged_model_is_found_by_name_and_its_landmarks_checked(capsys, dataset, tmp_path):
     from heatmap3d.commands.main import main
 
@@ -195,6 +226,66 @@ def test_plan_init_from_writes_a_plan_that_train_follows(source, dataset, tmp_pa
     for (_, cfg), file in zip(configs, ("coarse", "fine"), strict=True):
         assert cfg.train.init_from == str((source / file / "best.pt").resolve())
         assert cfg.data.root == str(dataset) and cfg.model.channels == 2
+
+
+def test_the_packaged_models_weights_are_recorded_by_name_not_by_this_installs_path(dataset):
+    """A plan that fine-tunes a packaged model names its weights as the package does
+    (``afids-t1/coarse.safetensors``): the path of this install's site-packages would not
+    be there after an upgrade of Python, in another environment or on another machine."""
+    from heatmap3d.packaged import catalogue
+
+    fp = _with_names(fingerprint_dataset(dataset), ["1", "2", "3", "4", "5", "6"])
+    plan = plan_from_model(open_model("afids-t1"), fp, device="cpu")
+    recorded = [s.config["train"]["init_from"] for s in plan.stages]
+    assert recorded == ["afids-t1/coarse.safetensors", "afids-t1/fine.safetensors"]
+    for value in recorded:
+        packaged = catalogue.model_folder("afids-t1") / Path(value).name
+        assert catalogue.weights_name(packaged) == value
+        assert catalogue.resolve_weights(Path(value)) == packaged
+        weights, names = read_init_weights(Path(value))
+        assert names == [str(i) for i in range(1, 33)] and "head.weight" in weights
+
+
+def test_a_file_of_the_users_at_that_name_wins(tmp_path, monkeypatch, source):
+    from heatmap3d.packaged import catalogue
+
+    mine = tmp_path / "afids-t1" / "coarse.safetensors"
+    mine.parent.mkdir()
+    checkpoint.save_weights(mine, {"head.bias": torch.zeros(2)})
+    monkeypatch.chdir(tmp_path)
+    assert catalogue.resolve_weights(Path("afids-t1/coarse.safetensors")) == Path(
+        "afids-t1/coarse.safetensors"
+    )
+    assert read_init_weights(Path("afids-t1/coarse.safetensors"))[0].keys() == {"head.bias"}
+    # Neither a user's file nor a packaged one: the reader names what is missing.
+    assert catalogue.weights_name(source / "coarse" / "best.pt") is None
+    with pytest.raises(InputError, match="afids-t1/nothing.pt: checkpoint not found"):
+        read_init_weights(Path("afids-t1/nothing.pt"))
+
+
+def test_a_resumed_fine_tune_needs_no_weights_it_will_not_start_from(
+    tmp_path, phantoms, copy_of, capsys
+):
+    """Every stage of the run holds its checkpoints: --resume goes on from them, though the
+    model it was fine-tuned from is gone (moved, or an upgraded install's packaged
+    weights). It was refused: every stage's train.init_from was read again first."""
+    from heatmap3d.api.runs import train
+
+    model = _source(tmp_path / "model")
+    data = copy_of(phantoms(n_train=2, n_val=1, seed=5))
+    out = tmp_path / "runs"
+    train(data, init_from=model, overrides=[f"train.out_dir={out}", *STILL])
+    for path in model.rglob("best.pt"):
+        path.unlink()
+    capsys.readouterr()
+    train(data, resume=True, overrides=[f"train.out_dir={out}", *STILL])
+    said = capsys.readouterr().out
+    assert said.count("resume: continuing from") == 2, said
+    # A stage that has not begun still needs them, and says which file is missing.
+    (out / "data" / "fine" / "last.pt").unlink()
+    (out / "data" / "fine" / "best.pt").unlink()
+    with pytest.raises(InputError, match=r"fine/best.pt: checkpoint not found"):
+        train(data, resume=True, overrides=[f"train.out_dir={out}", *STILL])
 
 
 # -- the weights -----------------------------------------------------------------------------
@@ -236,6 +327,19 @@ def test_each_landmark_starts_from_its_own_output_row():
         state.init_from(source, source="s", names=["a", "b", "c"], own_names=["a", "b", "c"]) == []
     )
     assert torch.equal(state.model.state_dict()["head.weight"], source["head.weight"])
+
+
+def test_the_numbered_models_rows_go_to_the_short_names_of_the_same_landmarks():
+    source_cfg = Config(data=DataConfig(landmarks=["1", "2", "3"]), model=ModelConfig(2, 2))
+    source = TrainState.build(source_cfg, CPU).model.state_dict()
+    run_cfg = Config(data=DataConfig(landmarks=["PC", "AC"]), model=ModelConfig(2, 2))
+    state = TrainState.build(run_cfg, CPU)
+    said = state.init_from(source, source="s.pt", names=["1", "2", "3"], own_names=["PC", "AC"])
+    assert said == ["head: 2 landmark(s) by name"]
+    after = state.model.state_dict()
+    for key in ("head.weight", "head.bias"):
+        assert torch.equal(after[key][0], source[key][1]), key  # PC is AFID 2
+        assert torch.equal(after[key][1], source[key][0]), key  # AC is AFID 1
 
 
 def test_a_folder_given_to_a_single_run_says_what_to_give(source):

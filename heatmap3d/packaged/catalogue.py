@@ -14,6 +14,7 @@ licences and citations are in ``heatmap3d/packaged/NOTICE.md`` (shipped beside t
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,6 +31,9 @@ __all__ = [
     "prior_file",
     "recognise",
     "resolve_model",
+    "resolve_weights",
+    "same_landmarks",
+    "weights_name",
 ]
 
 HERE = Path(__file__).resolve().parent
@@ -84,6 +88,14 @@ class PackagedPrior:
     short_names: tuple[str, ...]
     description: str
 
+    def number_of(self, name: str) -> str | None:
+        """The number of the landmark ``name`` names (its number, or its short name in any
+        case) in this set, or None."""
+        return name if name in self.numbers else self._by_short_name().get(name.upper())
+
+    def _by_short_name(self) -> dict[str, str]:
+        return {s.upper(): number for s, number in zip(self.short_names, self.numbers)}
+
     def names_map(self, names: list[str], *, whole: bool = True) -> dict[str, str] | None:
         """``{dataset name: name in the prior file}`` when ``names`` are this set's
         landmarks (all of them, or with ``whole`` False some of them; numbered or by
@@ -94,7 +106,7 @@ class PackagedPrior:
             return None
         if set(names) <= set(self.numbers):
             return {n: n for n in names}
-        upper = {s.upper(): number for s, number in zip(self.short_names, self.numbers)}
+        upper = self._by_short_name()
         if {n.upper() for n in names} <= set(upper):
             return {n: upper[n.upper()] for n in names}
         return None
@@ -143,6 +155,23 @@ def recognise(
     return None
 
 
+def same_landmarks(model: Sequence[str], dataset: Sequence[str]) -> dict[str, str]:
+    """``{dataset name: model name}`` for each of the dataset's landmarks the model finds:
+    by the same name, or, where no name is shared and the model's names are a packaged
+    set's, as that set's landmark named another of its ways (the AFIDs ``AC`` is the
+    model's ``1``; any case)."""
+    same = {n: n for n in dataset if n in set(model)}
+    if same:
+        return same
+    for prior in PRIORS.values():
+        theirs = prior.names_map(list(model), whole=False)
+        if theirs:
+            by_number = {number: name for name, number in theirs.items()}
+            ours = {n: prior.number_of(n) for n in dataset}
+            return {n: by_number[k] for n, k in ours.items() if k in by_number}
+    return {}
+
+
 def model_names() -> list[str]:
     """The packaged models (folders of ``models/`` holding an exported ``model.json``)."""
     root = HERE / "models"
@@ -179,3 +208,28 @@ def resolve_model(path: Path) -> Path:
             f"(packaged: {known}; heatmap3d models lists them)"
         )
     return found
+
+
+def weights_name(path: Path) -> str | None:
+    """``model/file`` (``afids-t1/coarse.safetensors``) for a weights file of a packaged
+    model, or None for any other file. A plan that fine-tunes a packaged model records
+    this for ``train.init_from``: the same on every machine and install, where the file's
+    own path names one Python's site-packages."""
+    try:
+        inside = Path(path).resolve().relative_to((HERE / "models").resolve())
+    except ValueError:
+        return None
+    if len(inside.parts) != 2 or model_folder(inside.parts[0]) is None:
+        return None
+    return inside.as_posix()
+
+
+def resolve_weights(path: Path) -> Path:
+    """``path`` itself where it exists (a file of the user's always wins), else the
+    packaged model's file it names (:func:`weights_name`), else ``path`` unchanged (its
+    reader says what is missing)."""
+    path = Path(path)
+    if path.exists() or path.is_absolute() or len(path.parts) != 2:
+        return path
+    folder = model_folder(path.parts[0])
+    return path if folder is None else folder / path.parts[1]

@@ -77,8 +77,10 @@ def plan_from_model(
     model_names = sources[0][1]
     if any(names != model_names for _, names, _ in sources):
         raise InputError(f"{found.folder}: its stages find different landmarks")
-    _check_landmarks(found.folder, model_names, list(fp.names))
-    names = [n for n in model_names if n in fp.names]  # the model's channel order
+    mapped = packaged.same_landmarks(model_names, fp.names)  # dataset name -> model's
+    _check_landmarks(found.folder, model_names, list(fp.names), mapped)
+    ours = {m: n for n, m in mapped.items()}  # model name -> dataset name
+    names = [ours[m] for m in model_names if m in ours]  # in the model's channel order
     shares = _shares([config for config, _, _ in sources])
     notes = [f"fine-tuning {found.folder}: each stage as it was trained, from its weights"]
     if len(names) < len(model_names):
@@ -86,7 +88,12 @@ def plan_from_model(
             f"{len(names)} of the model's {len(model_names)} landmarks, each from its own "
             "output row of the model's; the others are left out"
         )
-    pairs, mirror_note = _pairs(sources[0][0], names)
+    if any(n != m for n, m in mapped.items()):
+        shown = ", ".join(f"{n} is {mapped[n]}" for n in names[:3])
+        notes.append(
+            f"the dataset's names are the model's landmarks by another name ({shown}, ...)"
+        )
+    pairs, mirror_note = _pairs(sources[0][0], ours)
     notes += [mirror_note] if mirror_note else []
     stages = []
     for (entry, _), share, (config, _, weights) in zip(found.stages, shares, sources, strict=True):
@@ -113,11 +120,14 @@ def _stage_source(found: ModelFolder, entry, paths: list[Path]) -> tuple[dict, l
     return ckpt.config, list(ckpt.landmarks), paths[0]
 
 
-def _check_landmarks(folder: Path, model: list[str], dataset: list[str]) -> None:
+def _check_landmarks(
+    folder: Path, model: list[str], dataset: list[str], mapped: dict[str, str]
+) -> None:
     """InputError naming the model folder unless the dataset's landmarks are the model's
-    or some of them: fine-tuning adds no landmark (a new one has no output row to start
+    or some of them (``mapped``: those found, :func:`~heatmap3d.packaged.catalogue.
+    same_landmarks`): fine-tuning adds no landmark (a new one has no output row to start
     from, nor a known mirror partner)."""
-    extra = [n for n in dataset if n not in model]
+    extra = [n for n in dataset if n not in mapped]
     if extra:
         raise InputError(
             f"{folder}: fine-tuning needs landmarks the model finds; the dataset has "
@@ -126,16 +136,17 @@ def _check_landmarks(folder: Path, model: list[str], dataset: list[str]) -> None
         )
 
 
-def _pairs(config: dict, names: list[str]) -> tuple[list[list[str]], str | None]:
-    """The model's mirror pairs among ``names``; none, and why, where one landmark of a
-    pair is there without its partner (mirroring would carry it to the other side under
-    its own name)."""
+def _pairs(config: dict, ours: dict[str, str]) -> tuple[list[list[str]], str | None]:
+    """The model's mirror pairs among the dataset's landmarks (``ours``: model name ->
+    dataset name), by the dataset's names; none, and why, where one landmark of a pair is
+    there without its partner (mirroring would carry it to the other side under its own
+    name)."""
     pairs = [list(p) for p in config.get("augment", {}).get("mirror_pairs", [])]
-    halves = [p for p in pairs if (p[0] in names) != (p[1] in names)]
+    halves = [p for p in pairs if (p[0] in ours) != (p[1] in ours)]
     if halves:
-        shown = ", ".join(f"{a}/{b}" for a, b in halves[:4])
+        shown = ", ".join("/".join(ours.get(n, n) for n in p) for p in halves[:4])
         return [], f"no mirroring: the dataset has one landmark of the pair(s) {shown}"
-    return [p for p in pairs if p[0] in names], None
+    return [[ours[a], ours[b]] for a, b in pairs if a in ours], None
 
 
 def _narrowed(config: dict, names: list[str], pairs: list[list[str]], mirror_off: bool) -> dict:
@@ -188,7 +199,9 @@ def _stage(
     if augment.get("anatomy") and "anatomy_prior" not in augment:
         del augment["anatomy"]  # anatomy warps need their prior
         dropped.append("augment.anatomy: off, without its prior")
-    kept.setdefault("train", {})["init_from"] = str(weights.resolve())
+    kept.setdefault("train", {})["init_from"] = packaged.weights_name(weights) or str(
+        weights.resolve()
+    )
     reasons["train.init_from"] = f"stage {name!r} of {folder}"
     patch, channels = source["data"]["patch_size"][0], source["model"]["channels"]
     crops = crops_per_scan(device, patch, channels, default_memory_gb(device))

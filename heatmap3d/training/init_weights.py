@@ -17,6 +17,7 @@ import torch
 from heatmap3d import checkpoint
 from heatmap3d.errors import InputError
 from heatmap3d.io.model_folder import MODEL_FILE, read_model_folder
+from heatmap3d.packaged import catalogue as packaged
 
 __all__ = ["HEAD_KEYS", "head_by_name", "read_init_weights"]
 
@@ -25,9 +26,10 @@ HEAD_KEYS = ("head.weight", "head.bias")  # the output layer: one row per landma
 
 def read_init_weights(path: Path) -> tuple[dict[str, torch.Tensor], list[str] | None]:
     """The weights ``train.init_from`` (or ``--init-from``) names, a checkpoint or an
-    exported member's safetensors, and the landmarks of their output rows (None for a
+    exported member's safetensors (a packaged model's by its name there:
+    ``afids-t1/coarse.safetensors``), and the landmarks of their output rows (None for a
     bare safetensors file); InputError naming ``path`` for anything else."""
-    path = Path(path)
+    path = packaged.resolve_weights(Path(path))
     if path.is_dir():
         raise InputError(
             f"{path}: a folder; --init-from of a single run takes a checkpoint (.pt) or an "
@@ -58,15 +60,18 @@ def head_by_name(
     own_names: Sequence[str],
 ) -> tuple[dict[str, torch.Tensor], str | None]:
     """``state`` (whose output rows are ``names``) with its output layer re-ordered to
-    ``own_names``: each of those landmarks takes its row from ``state`` where it has one,
-    and keeps ``own``'s (the new model's initialisation) where it has not. The head is a
-    1x1x1 convolution, so a landmark's row is its heatmap exactly. Returns the new state
-    and a line saying what was carried over (None where nothing changed)."""
+    ``own_names``: each of those landmarks takes its row from ``state`` where it has one
+    (by name, or by a packaged set's two names for it: :func:`~heatmap3d.packaged.catalogue.
+    same_landmarks`), and keeps ``own``'s (the new model's initialisation) where it has
+    not. The head is a 1x1x1 convolution, so a landmark's row is its heatmap exactly.
+    Returns the new state and a line saying what was carried over (None where nothing
+    changed)."""
     state = checkpoint.strip_wrapper_prefixes(state)
     names = list(names)
     if names == list(own_names) or not all(k in state for k in HEAD_KEYS):
         return state, None
-    rows = [(i, names.index(n)) for i, n in enumerate(own_names) if n in names]
+    theirs = packaged.same_landmarks(names, own_names)
+    rows = [(i, names.index(theirs[n])) for i, n in enumerate(own_names) if n in theirs]
     if not rows:
         return state, None
     out = dict(state)

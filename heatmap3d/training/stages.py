@@ -232,7 +232,13 @@ def run_stages(
     first = stages[0][1]
     if first.train.shape_prior:  # a bad prior is refused now, not after hours of training
         read_prior(first.train.shape_prior, list(first.data.landmarks) or None)
-    distributed.main_then_broadcast(world, lambda: _check_init_weights(stages))
+    starting = [
+        (name, cfg)
+        for name, cfg in stages
+        if not resume
+        or not all(_has_checkpoint(_in_folder(cfg, model_dir, m, name)) for m in members)
+    ]  # a stage every member resumes needs no weights to start from
+    distributed.main_then_broadcast(world, lambda: _check_init_weights(starting))
     runs: list[list[Trainer]] = []
     for member in members:
         trainers = []
@@ -249,6 +255,13 @@ def run_stages(
     stats = finish_model_folder(runs, members, model_dir, plan_file, world)
     log.info(_time_line(started, training, after, time.monotonic()))
     return stats
+
+
+def _has_checkpoint(cfg: Config) -> bool:
+    """True when the run folder of ``cfg`` (as :func:`_in_folder` places it) holds a
+    checkpoint that ``--resume`` continues from (those :meth:`Trainer._resume` reads)."""
+    run_dir = Path(cfg.train.out_dir) / cfg.train.name
+    return any((run_dir / name).is_file() for name in ("last.pt", "best.pt"))
 
 
 def _check_init_weights(stages: list[tuple[str, Config]]) -> None:
