@@ -377,6 +377,22 @@ def test_a_dataset_folder_that_takes_no_plan_says_where_else_it_can_go(
     assert [s.name for s in read_plan(elsewhere)] == ["coarse"]
 
 
+def test_out_in_a_folder_not_made_yet_makes_it(phantoms, capsys, tmp_path):
+    """``--out runs/new/plan.yaml`` makes its folders, as --out of every command does (it
+    said "cannot write the plan (No such file or directory)"); a file where a folder must
+    go is one line naming it."""
+    data = phantoms(n_train=3, n_val=0, seed=2)
+    out = tmp_path / "runs" / "new" / "plan.yaml"
+    assert main(["plan", str(data), "--device", "cpu", "--out", str(out)]) == 0
+    assert [s.name for s in read_plan(out)] == ["coarse"]
+    (tmp_path / "a_file").write_text("mine")
+    in_the_way = tmp_path / "a_file" / "plan.yaml"
+    assert one_error(capsys, "plan", data, "--device", "cpu", "--out", in_the_way) == (
+        f"error: {in_the_way.parent}: cannot make the folder for the plan (File exists)"
+    )
+    assert (tmp_path / "a_file").read_text() == "mine"
+
+
 def test_fingerprint_refuses_a_dataset_with_errors(tmp_path):
     (tmp_path / "split.json").write_text(json.dumps({"train": ["x"], "val": ["y"]}))
     with pytest.raises(InputError, match="run heatmap3d check"):

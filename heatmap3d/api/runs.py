@@ -88,6 +88,7 @@ def plan(
     if replacing is not None:
         log.info(f"note: --overwrite: replacing {target}, {replacing}")
     try:
+        _make_folder(target.parent)  # --out new/folder/plan.yaml
         write_plan(target, made, fp)
     except InputError as err:
         if out is not None:
@@ -150,6 +151,17 @@ def train(
         folds=folds,
         init_from=None if init_from is None else Path(init_from),
     )
+
+
+def _make_folder(folder: Path) -> None:
+    """``folder`` and its parents made where missing; InputError naming it where one
+    cannot be (a file in the way, no permission)."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise InputError(
+            f"{folder}: cannot make the folder for the plan ({err.strerror or err})"
+        ) from None
 
 
 def _read_labels(path: Path | None) -> dict[str, str] | None:

@@ -166,7 +166,7 @@ def plan_state(path: str | Path) -> str:
     path = Path(path)
     try:
         mode = os.lstat(path).st_mode
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):  # (the latter: a file holds its folder's place)
         return "absent"
     except OSError:
         return "theirs"  # cannot even be looked at: certainly not provably ours
