@@ -240,13 +240,17 @@ def test_edited_plan_is_never_replaced_even_by_a_fresh_run(capsys, data, tmp_pat
     assert (model / "plan.yaml").read_text() == EDITED_PLAN
 
 
-@pytest.mark.parametrize("where", ["folder", "no such folder"])
+@pytest.mark.parametrize("where", ["folder", "a file in its folder's place"])
 def test_plan_out_that_cannot_be_a_file_is_one_line(capsys, data, tmp_path, where):
-    out = tmp_path / "a_folder" if where == "folder" else tmp_path / "missing" / "plan.yaml"
+    """(A folder not made yet is made: test_plan.py.)"""
     if where == "folder":
+        out = tmp_path / "a_folder"
         out.mkdir()
+    else:
+        (tmp_path / "a_file").write_text("mine")
+        out = tmp_path / "a_file" / "plan.yaml"
     err = one_error(capsys, "plan", data, "--device", "cpu", "--out", out, "--overwrite")
-    assert err.startswith(f"error: {out}: ")
+    assert err.startswith(f"error: {out if where == 'folder' else out.parent}: ")
 
 
 def test_a_plan_the_tool_wrote_is_known_as_its_own(capsys, data, tmp_path):
