@@ -108,7 +108,9 @@ def plan_from_model(
             "its first member"
         )
     if not any("shape_prior" in s.config.get("train", {}) for s in stages):
-        notes += give_prior(stages, fp, shape_prior)
+        # A packaged model's landmarks are its set's: some of them take its prior too.
+        ours_packaged = packaged.weights_name(sources[0][2]) is not None
+        notes += give_prior(stages, fp, shape_prior, part=ours_packaged)
     return Plan(stages, pairs, f"as {found.folder} was trained", notes)
 
 

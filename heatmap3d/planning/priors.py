@@ -28,12 +28,16 @@ AUTO = "auto"
 MAX_FLAGGED = 0.1  # the 122 people's own landmarks: 0.04 of 32 flagged a person (0.1 %)
 
 
-def choose_prior(fp: Fingerprint, requested: str | Path | None) -> tuple[str, str] | None:
+def choose_prior(
+    fp: Fingerprint, requested: str | Path | None, *, part: bool = False
+) -> tuple[str, str] | None:
     """``(train.shape_prior value, reason)`` for ``fp``'s stages, or None for none.
 
     ``requested``: ``"auto"`` (the packaged prior of the dataset's landmark set, when the
-    names and shape say it is one), a packaged prior's name or a prior file (read now:
-    InputError when it lacks a landmark of the dataset), or None / ``"none"`` / ``""``.
+    names and shape say it is one; with ``part``, some of the set, at least
+    :data:`MIN_LANDMARKS`, will do: the dataset fine-tunes a packaged model of that set),
+    a packaged prior's name or a prior file (read now: InputError when it lacks a landmark
+    of the dataset), or None / ``"none"`` / ``""``.
     """
     if requested is None or str(requested) in ("", "none"):
         return None
@@ -44,30 +48,38 @@ def choose_prior(fp: Fingerprint, requested: str | Path | None) -> tuple[str, st
         prior = read_prior(value, list(fp.names))
         why = f"a population prior of {prior.n_cases} configurations (heatmap3d shape fit)"
         return value, why
-    found = packaged.recognise(list(fp.names))
+    names = list(fp.names)
+    found = packaged.recognise(names, whole=not part) if len(names) >= MIN_LANDMARKS else None
     if found is None:
         return None
     known, _ = found
-    prior = read_prior(known.name, list(fp.names))
+    prior = read_prior(known.name, names)
     flagged, total = _flagged(prior, fp.points_mm)
     if total == 0 or flagged > MAX_FLAGGED * total:
         return None
+    which = (
+        f"the {known.label} set"
+        if len(names) == len(known.numbers)
+        else (f"{len(names)} of the {known.label} set, as the model fine-tuned from them")
+    )
     why = (
-        f"the dataset's landmarks are the {known.label} set (their names, and their "
-        f"positions fit the packaged prior: {flagged} of {total} flagged), so the packaged "
-        f"prior of {known.description} reviews the shape and calibrates the radius; "
-        "heatmap3d plan --shape-prior none fits on the training landmarks instead"
+        f"the dataset's landmarks are {which} (their names, and their positions fit the "
+        f"packaged prior: {flagged} of {total} flagged), so the packaged prior of "
+        f"{known.description} reviews the shape and calibrates the radius; heatmap3d plan "
+        "--shape-prior none fits on the training landmarks instead"
     )
     return known.name, why
 
 
-def give_prior(stages: Sequence, fp: Fingerprint, requested: str | Path | None) -> list[str]:
+def give_prior(
+    stages: Sequence, fp: Fingerprint, requested: str | Path | None, *, part: bool = False
+) -> list[str]:
     """Set ``train.shape_prior`` and its reason in every stage (anything with ``config``
-    and ``reasons`` dicts) to :func:`choose_prior`'s pick; the plan's note on it (none
-    without a prior)."""
-    prior = choose_prior(fp, requested)
+    and ``reasons`` dicts) to :func:`choose_prior`'s pick (``part`` as there); the plan's
+    note on it (none without a prior)."""
+    prior = choose_prior(fp, requested, part=part)
     if prior is None:
-        return _part_of_a_set(fp) if str(requested) == AUTO else []
+        return _part_of_a_set(fp) if str(requested) == AUTO and not part else []
     value, why = prior
     for stage in stages:
         stage.config.setdefault("train", {})["shape_prior"] = value
