@@ -214,7 +214,7 @@ def test_a_packaged_model_fine_tuned_on_some_of_its_set_takes_the_sets_prior(dat
     plan = plan_from_model(open_model("afids-t1"), _with(fp, names=names, points_mm=real))
     assert all(s.config["train"]["shape_prior"] == "afids" for s in plan.stages)
     said = plan.stages[0].reasons["train.shape_prior"]
-    assert "10 of the AFIDs set, as the model fine-tuned from them" in said
+    assert "10 of the AFIDs set, which the packaged model fine-tuned here finds" in said
     elsewhere = np.random.default_rng(1).uniform(-60, 60, (3, 10, 3)).tolist()
     plan = plan_from_model(open_model("afids-t1"), _with(fp, names=names, points_mm=elsewhere))
     assert all("shape_prior" not in s.config.get("train", {}) for s in plan.stages)

@@ -160,7 +160,8 @@ def same_landmarks(model: Sequence[str], dataset: Sequence[str]) -> dict[str, st
     by the same name, or, where no name is shared and the model's names are a packaged
     set's, as that set's landmark named another of its ways (the AFIDs ``AC`` is the
     model's ``1``; any case)."""
-    same = {n: n for n in dataset if n in set(model)}
+    known = set(model)
+    same = {n: n for n in dataset if n in known}
     if same:
         return same
     for prior in PRIORS.values():

@@ -90,8 +90,9 @@ def plan_from_model(
         )
     if any(n != m for n, m in mapped.items()):
         shown = ", ".join(f"{n} is {mapped[n]}" for n in names[:3])
+        more = ", ..." if len(names) > 3 else ""
         notes.append(
-            f"the dataset's names are the model's landmarks by another name ({shown}, ...)"
+            f"the dataset's names are the model's landmarks by another name ({shown}{more})"
         )
     pairs, mirror_note = _pairs(sources[0][0], ours)
     notes += [mirror_note] if mirror_note else []
@@ -109,8 +110,8 @@ def plan_from_model(
         )
     if not any("shape_prior" in s.config.get("train", {}) for s in stages):
         # A packaged model's landmarks are its set's: some of them take its prior too.
-        ours_packaged = packaged.weights_name(sources[0][2]) is not None
-        notes += give_prior(stages, fp, shape_prior, part=ours_packaged)
+        from_package = packaged.weights_name(sources[0][2]) is not None
+        notes += give_prior(stages, fp, shape_prior, part=from_package)
     return Plan(stages, pairs, f"as {found.folder} was trained", notes)
 
 

@@ -57,11 +57,9 @@ def choose_prior(
     flagged, total = _flagged(prior, fp.points_mm)
     if total == 0 or flagged > MAX_FLAGGED * total:
         return None
-    which = (
-        f"the {known.label} set"
-        if len(names) == len(known.numbers)
-        else (f"{len(names)} of the {known.label} set, as the model fine-tuned from them")
-    )
+    which = f"the {known.label} set"
+    if len(names) < len(known.numbers):
+        which = f"{len(names)} of {which}, which the packaged model fine-tuned here finds"
     why = (
         f"the dataset's landmarks are {which} (their names, and their positions fit the "
         f"packaged prior: {flagged} of {total} flagged), so the packaged prior of "
