@@ -388,7 +388,8 @@ def test_out_in_a_folder_not_made_yet_makes_it(phantoms, capsys, tmp_path):
     (tmp_path / "a_file").write_text("mine")
     in_the_way = tmp_path / "a_file" / "plan.yaml"
     assert one_error(capsys, "plan", data, "--device", "cpu", "--out", in_the_way) == (
-        f"error: {in_the_way.parent}: cannot make the folder for the plan (File exists)"
+        f"error: {in_the_way.parent}: cannot create the output folder: {in_the_way.parent} "
+        "is a file"
     )
     assert (tmp_path / "a_file").read_text() == "mine"
 

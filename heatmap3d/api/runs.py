@@ -21,7 +21,7 @@ import torch
 from heatmap3d.config_io import load_config
 from heatmap3d.errors import InputError
 from heatmap3d.evaluation.metrics import LandmarkStats
-from heatmap3d.io.destination import Destination
+from heatmap3d.io.destination import Destination, make_folder
 from heatmap3d.io.json_file import load_json
 from heatmap3d.log import get_logger
 from heatmap3d.planning.fingerprint import fingerprint_dataset
@@ -88,7 +88,7 @@ def plan(
     if replacing is not None:
         log.info(f"note: --overwrite: replacing {target}, {replacing}")
     try:
-        _make_folder(target.parent)  # --out new/folder/plan.yaml
+        make_folder(target.parent)  # --out new/folder/plan.yaml
         write_plan(target, made, fp)
     except InputError as err:
         if out is not None:
@@ -151,17 +151,6 @@ def train(
         folds=folds,
         init_from=None if init_from is None else Path(init_from),
     )
-
-
-def _make_folder(folder: Path) -> None:
-    """``folder`` and its parents made where missing; InputError naming it where one
-    cannot be (a file in the way, no permission)."""
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-    except OSError as err:
-        raise InputError(
-            f"{folder}: cannot make the folder for the plan ({err.strerror or err})"
-        ) from None
 
 
 def _read_labels(path: Path | None) -> dict[str, str] | None:

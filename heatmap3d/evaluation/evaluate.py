@@ -39,7 +39,7 @@ from heatmap3d.evaluation.metrics import (
 )
 from heatmap3d.evaluation.stated import presence_line, radius_line, stated_radii
 from heatmap3d.io.atomic import atomic_write_bytes
-from heatmap3d.io.destination import Destination
+from heatmap3d.io.destination import Destination, make_folder
 from heatmap3d.io.landmark_fields import spreadsheet_safe
 from heatmap3d.io.landmarks import Landmarks, read_landmarks
 from heatmap3d.io.layout import find_landmark_file
@@ -107,7 +107,7 @@ def write_evaluation(out: Destination | Path, stats, errors, ids, names) -> str:
     tables = {"metrics.csv": _metrics_csv(stats), "errors.csv": _errors_csv(errors, ids, names)}
     for name in tables:
         _check_target(out, name)
-    _make_folder(out_dir)
+    make_folder(out_dir)
     for name, text in tables.items():
         try:  # sealed: a table edited by hand since is the user's (heatmap3d.io.seal)
             atomic_write_bytes(out_dir / name, seal(text, MARKER).encode("utf-8"))
@@ -156,19 +156,6 @@ def _unedited(path: Path) -> bool:
         return seal_state(path.read_text(encoding="utf-8")) is not False
     except (OSError, UnicodeDecodeError):
         return False
-
-
-def _make_folder(out_dir: Path) -> None:
-    """``mkdir -p``, with one line naming the path when it cannot be done."""
-    try:
-        out_dir.mkdir(parents=True, exist_ok=True)
-    except (FileExistsError, NotADirectoryError):
-        blocker = next((p for p in [out_dir, *out_dir.parents] if p.is_file()), out_dir)
-        raise InputError(
-            f"{out_dir}: cannot create the output folder: {blocker} is a file"
-        ) from None
-    except OSError as exc:
-        raise InputError(f"{out_dir}: cannot create the output folder ({one_line(exc)})") from exc
 
 
 def _check_apart(out_dir: Path, pred_dir: Path, truth_dir: Path) -> None:

@@ -24,10 +24,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from heatmap3d.errors import InputError
+from heatmap3d.errors import InputError, one_line
 from heatmap3d.io.provenance import is_ours
 
-__all__ = ["FOREIGN", "Destination"]
+__all__ = ["FOREIGN", "Destination", "make_folder"]
 
 FOREIGN = "exists and was not written by heatmap3d; refusing to overwrite it (use --overwrite)"
 """What :meth:`Destination.check` says of a file in the way that is not ours."""
@@ -86,3 +86,17 @@ class Destination:
         if (path.exists() or path.is_symlink()) and not self.replace and not ours(path):
             raise InputError(f"{path}: {foreign}")
         return path
+
+
+def make_folder(out_dir: Path) -> None:
+    """``mkdir -p`` of an output folder, with one line naming the path when it cannot be
+    done (a file where a folder must go, no permission)."""
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        blocker = next((p for p in [out_dir, *out_dir.parents] if p.is_file()), out_dir)
+        raise InputError(
+            f"{out_dir}: cannot create the output folder: {blocker} is a file"
+        ) from None
+    except OSError as exc:
+        raise InputError(f"{out_dir}: cannot create the output folder ({one_line(exc)})") from exc
