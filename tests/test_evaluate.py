@@ -220,3 +220,55 @@ def test_the_cohort_tables_of_predict_are_not_cases(tmp_path, name):
     assert sorted(read_dir(pred)) == list(TRUTH)
     evaluate_dirs(pred, truth)
     assert [r["case"] for r in rows(pred / "evaluation" / "errors.csv")] == list(TRUTH)
+
+
+def test_afids_predicted_by_number_are_scored_against_truth_named_by_short_names(tmp_path):
+    """The packaged model names the AFIDs 1-32; truth files may name them AC, PC, ...: the
+    same landmarks, scored and their stated radii counted as against numbered truth (it
+    was refused: "landmark names in no truth file"), and the report says it read them so."""
+    from heatmap3d.predictions.scan_files import write_prediction
+
+    numbers, short = ["1", "2", "3", "12", "13", "14"], ["AC", "PC", "ICS", "RMB", "LMB", "PG"]
+    rng = np.random.default_rng(0)
+    truth_points = rng.uniform(-40, 40, (6, 3))
+    radius = np.array([2.0, 2.0, 0.5, 0.5, 3.0, 3.0])  # the errors: 1, 1, 1, 1, 1, 1 mm
+    pred = tmp_path / "pred"
+    lm = Landmarks(numbers, truth_points + OFFSET)
+    write_prediction(pred, "case000", lm, np.ones(6), radius_mm=radius)
+    texts, tables = {}, {}
+    for kind, names in (("numbered", numbers), ("short", short)):
+        truth = tmp_path / f"truth_{kind}"
+        truth.mkdir()
+        write_landmarks(truth / "case000.csv", Landmarks(names, truth_points))
+        texts[kind] = evaluate_dirs(pred, truth, tmp_path / f"out_{kind}")
+        tables[kind] = rows(tmp_path / f"out_{kind}" / "metrics.csv")
+    assert [r["landmark"] for r in tables["short"]] == [*short, "all"]
+
+    def figures(row: dict[str, str]) -> dict[str, str]:
+        return {k: v for k, v in row.items() if k not in ("landmark", "written_by")}
+
+    for numbered, named in zip(tables["numbered"], tables["short"], strict=True):
+        assert figures(numbered) == figures(named)
+    for text in texts.values():  # errors of 1 mm; radii 2, 2, 0.5, 0.5, 3, 3 mm
+        assert "stated error radius: 66.7% of true errors inside (n=6)" in text
+    assert texts["short"].startswith(
+        "note: predicted landmarks read by the truth's names for them (1 as AC, 2 as PC, 3 as "
+        "ICS, ...)"
+    )
+    assert not texts["numbered"].startswith("note:")
+
+
+def test_the_report_joins_short_named_truth_to_numbered_predictions(tmp_path):
+    """evaluate --report: the tiles' truth (green +) and the radii beside the errors are
+    found for truth files that name the AFIDs by short name (none were)."""
+    from types import SimpleNamespace
+
+    from heatmap3d.evaluation.report import _radii, _truth_points
+
+    points = np.array([[1.0, 2, 3], [4, 5, 6]])
+    write_landmarks(tmp_path / "case000.csv", Landmarks(["PC", "AC"], points))
+    table = SimpleNamespace(radius_mm=np.array([1.5, 2.5]))
+    scan = SimpleNamespace(stem="case000", names=["1", "2"], table=table)
+    np.testing.assert_array_equal(_truth_points(tmp_path, scan), points[[1, 0]])
+    radii = _radii(SimpleNamespace(scans=[scan]), ["case000"], ["AC", "PC"])
+    np.testing.assert_array_equal(radii, [[1.5, 2.5]])

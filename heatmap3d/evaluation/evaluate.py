@@ -44,6 +44,7 @@ from heatmap3d.io.landmark_fields import spreadsheet_safe
 from heatmap3d.io.landmarks import Landmarks, read_landmarks
 from heatmap3d.io.layout import find_landmark_file
 from heatmap3d.io.seal import seal, seal_state
+from heatmap3d.packaged import catalogue as packaged
 from heatmap3d.predictions import resume
 from heatmap3d.predictions.reading import is_evaluation_output, landmark_files
 
@@ -185,6 +186,32 @@ def _check_not_themselves(pred: Mapping[str, Path], truth: Mapping[str, Path]) -
             )
 
 
+def _named_as_truth(
+    pred: dict[str, Landmarks], names: Sequence[str]
+) -> tuple[dict[str, Landmarks], dict[str, str]]:
+    """The predictions with their names as the truth files name the same landmarks, and
+    ``{predicted name: truth name}`` where they differ: a packaged model's landmarks
+    (the AFIDs by number) against truth files that name them another of the set's ways
+    (``AC``, ``PC``, ...; :func:`~heatmap3d.packaged.catalogue.same_landmarks`). Unchanged
+    where the names are the truth's, or no such set relates them."""
+    predicted = list(dict.fromkeys(n for lm in pred.values() for n in lm.names))
+    if set(predicted) <= set(names):
+        return pred, {}
+    found = packaged.same_landmarks(predicted, names)  # truth name -> predicted name
+    renamed = {p: t for t, p in found.items() if p != t}
+    if not renamed:
+        return pred, {}
+    return {c: lm.renamed(renamed) for c, lm in pred.items()}, renamed
+
+
+def _renamed_line(renamed: Mapping[str, str]) -> list[str]:
+    if not renamed:
+        return []
+    shown = ", ".join(f"{p} as {t}" for p, t in list(renamed.items())[:3])
+    more = ", ..." if len(renamed) > 3 else ""
+    return [f"note: predicted landmarks read by the truth's names for them ({shown}{more})"]
+
+
 def _check_predicted_names(paths: Mapping[str, Path], pred, names: Sequence[str]) -> None:
     """A predicted name that no truth file has cannot be evaluated: another landmark set?"""
     for case_id, lm in pred.items():
@@ -230,16 +257,17 @@ def evaluate_dirs(
     _check_not_themselves(paths, truth_paths)
     truth = {c: read_landmarks(p) for c, p in truth_paths.items()}
     names = union_names(truth.values())
+    pred, renamed = _named_as_truth(pred, names)
     _check_predicted_names(paths, pred, names)
     stats, errors, ids = evaluate(pred, truth, names)
     text = write_evaluation(Destination(out, replace=overwrite), stats, errors, ids, names)
-    radii = stated_radii(pred_dir, pred, names, ids)
+    radii = stated_radii(pred_dir, pred, names, ids, renamed)
     # A model without a calibration writes the column empty: no line about nothing stated.
     stated = radii is not None and bool(np.isfinite(radii).any())
     extra = [radius_line(errors, radii)] if stated else []
     extra.append(presence_line(pred, truth, names, ids))
     unscored = unpredicted_line(pred_dir, truth_dir, set(pred))
-    return "\n".join([*warning, text, *extra, *unscored])
+    return "\n".join([*warning, *_renamed_line(renamed), text, *extra, *unscored])
 
 
 def unpredicted_line(pred_dir: Path, truth_dir: Path, predicted: set[str]) -> list[str]:

@@ -43,6 +43,7 @@ from heatmap3d.io.layout import find_landmark_file
 from heatmap3d.io.png import write_png
 from heatmap3d.io.provenance import is_ours
 from heatmap3d.io.volumes import load_volume
+from heatmap3d.packaged import catalogue as packaged
 
 REPORT = "report.html"
 FILES = "report_files"
@@ -231,6 +232,7 @@ def _truth_points(truth: Path | Mapping[str, Path], scan: ScanRecord) -> np.ndar
             lm = read_landmarks(truth[scan.stem])
         else:
             lm = read_landmarks(find_landmark_file(truth, scan.stem))
+        lm = lm.renamed(packaged.same_landmarks(scan.names, lm.names))  # AC as the model's 1
         keep = [k for k, name in enumerate(lm.names) if name in set(scan.names)]
         kept = Landmarks([lm.names[k] for k in keep], lm.points[keep])
         return kept.select(scan.names, source=str(truth)).points
@@ -244,9 +246,12 @@ def _radii(cohort: Cohort, ids: list[str], names: list[str]) -> np.ndarray:
     radii = np.full((len(ids), len(names)), np.nan)
     for i, case in enumerate(ids):
         scan = by_stem.get(case)
+        if scan is None:
+            continue
+        theirs = packaged.same_landmarks(scan.names, names)  # evaluated name -> predicted
         for j, name in enumerate(names):
-            if scan is not None and name in scan.names:
-                radii[i, j] = scan.table.radius_mm[scan.names.index(name)]
+            if name in theirs:
+                radii[i, j] = scan.table.radius_mm[scan.names.index(theirs[name])]
     return radii
 
 

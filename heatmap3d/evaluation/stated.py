@@ -113,10 +113,15 @@ def _has_point(lm: Landmarks) -> np.ndarray:
 
 
 def stated_radii(
-    pred_dir: Path, pred: Mapping[str, Landmarks], names: Sequence[str], ids: Sequence[str]
+    pred_dir: Path,
+    pred: Mapping[str, Landmarks],
+    names: Sequence[str],
+    ids: Sequence[str],
+    renamed: Mapping[str, str] | None = None,
 ) -> np.ndarray | None:
     """``(N, K)`` stated radii, mm, of the cases ``ids`` (NaN where none); None when no
-    prediction CSV in ``pred_dir`` has the ``radius_mm`` column.
+    prediction CSV in ``pred_dir`` has the ``radius_mm`` column. ``renamed``: the files'
+    names that ``pred`` and ``names`` call otherwise (``{file's name: evaluated name}``).
 
     The radius comes from ``<case>.csv`` even when the file evaluated is the case's
     ``.mrk.json`` (which takes precedence, and which ``heatmap3d predict`` writes next to
@@ -133,8 +138,10 @@ def stated_radii(
         if column is None:
             continue
         found = True
+        renamed = renamed or {}
+        column = {renamed.get(k, k): v for k, v in column.items()}
         stated = np.array([column.get(name, np.nan) for name in names])
-        ours = read_landmarks(path).select(names, source=str(path)).points
+        ours = read_landmarks(path).renamed(renamed).select(names, source=str(path)).points
         evaluated = pred[case].select(names, source=case).points
         same = np.all(
             np.isclose(ours, evaluated, rtol=0.0, atol=_SAME_POINT_MM)

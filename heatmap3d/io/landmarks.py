@@ -41,7 +41,7 @@ message that starts with the file name.
 from __future__ import annotations
 
 import csv
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -95,6 +95,10 @@ class Landmarks:
             if name in index:
                 points[row] = self.points[index[name]]
         return points
+
+    def renamed(self, names: Mapping[str, str]) -> Landmarks:
+        """The same points with each name in ``names`` replaced by its value."""
+        return Landmarks([names.get(n, n) for n in self.names], self.points.copy())
 
     def select(self, names: Sequence[str], *, source: str = "") -> Landmarks:
         """Reorder to ``names``; names absent here become NaN rows.
