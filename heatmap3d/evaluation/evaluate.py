@@ -195,8 +195,6 @@ def _named_as_truth(
     (``AC``, ``PC``, ...; :func:`~heatmap3d.packaged.catalogue.same_landmarks`). Unchanged
     where the names are the truth's, or no such set relates them."""
     predicted = list(dict.fromkeys(n for lm in pred.values() for n in lm.names))
-    if set(predicted) <= set(names):
-        return pred, {}
     found = packaged.same_landmarks(predicted, names)  # truth name -> predicted name
     renamed = {p: t for t, p in found.items() if p != t}
     if not renamed:

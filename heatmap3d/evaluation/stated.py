@@ -129,6 +129,7 @@ def stated_radii(
     it was stated for the model's position, not for one a reviewer moved.
     """
     radii = np.full((len(ids), len(names)), np.nan)
+    renamed = renamed or {}
     found = False
     for i, case in enumerate(ids):
         path = pred_dir / f"{case}.csv"
@@ -138,7 +139,6 @@ def stated_radii(
         if column is None:
             continue
         found = True
-        renamed = renamed or {}
         column = {renamed.get(k, k): v for k, v in column.items()}
         stated = np.array([column.get(name, np.nan) for name in names])
         ours = read_landmarks(path).renamed(renamed).select(names, source=str(path)).points

@@ -48,15 +48,11 @@ def choose_prior(
         prior = read_prior(value, list(fp.names))
         why = f"a population prior of {prior.n_cases} configurations (heatmap3d shape fit)"
         return value, why
+    fits = _fitting_set(fp, whole=not part)
+    if fits is None:
+        return None
+    known, flagged, total = fits
     names = list(fp.names)
-    found = packaged.recognise(names, whole=not part) if len(names) >= MIN_LANDMARKS else None
-    if found is None:
-        return None
-    known, _ = found
-    prior = read_prior(known.name, names)
-    flagged, total = _flagged(prior, fp.points_mm)
-    if total == 0 or flagged > MAX_FLAGGED * total:
-        return None
     which = f"the {known.label} set"
     if len(names) < len(known.numbers):
         which = f"{len(names)} of {which}, which the packaged model fine-tuned here finds"
@@ -89,20 +85,33 @@ def _part_of_a_set(fp: Fingerprint) -> list[str]:
     """The plan's note for a dataset whose landmarks are some of a packaged prior's set by
     their names, and whose positions fit it: not given by default (a few landmarks numbered
     1, 2, 3... may be another set), so the note says how to give it."""
+    fits = _fitting_set(fp, whole=False)
+    if fits is None:
+        return []
+    known, flagged, total = fits
     names = list(fp.names)
-    found = packaged.recognise(names, whole=False) if len(names) >= MIN_LANDMARKS else None
-    if found is None:
-        return []
-    known, _ = found
-    flagged, total = _flagged(read_prior(known.name, names), fp.points_mm)
-    if total == 0 or flagged > MAX_FLAGGED * total:
-        return []
     return [
         f"shape prior: none; the dataset's {len(names)} landmarks are {len(names)} of the "
         f"{len(known.numbers)} {known.label} landmarks by their names, and their positions fit "
         f"the packaged prior ({flagged} of {total} flagged): heatmap3d plan DATA --shape-prior "
         f"{known.name} (or train.shape_prior={known.name}) reviews their shape with it"
     ]
+
+
+def _fitting_set(fp: Fingerprint, *, whole: bool) -> tuple[packaged.PackagedPrior, int, int] | None:
+    """The packaged set ``fp``'s landmarks are (all of it, or with ``whole`` False at least
+    :data:`MIN_LANDMARKS` of it) by their names, with the landmarks its prior flags over
+    the dataset's cases and those present, where their positions fit it (at most
+    :data:`MAX_FLAGGED` flagged); else None."""
+    names = list(fp.names)
+    found = packaged.recognise(names, whole=whole) if len(names) >= MIN_LANDMARKS else None
+    if found is None:
+        return None
+    known, _ = found
+    flagged, total = _flagged(read_prior(known.name, names), fp.points_mm)
+    if total == 0 or flagged > MAX_FLAGGED * total:
+        return None
+    return known, flagged, total
 
 
 def _flagged(prior, cases: list) -> tuple[int, int]:

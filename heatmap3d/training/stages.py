@@ -41,7 +41,7 @@ from heatmap3d.training.after_phase import finish_model_folder
 from heatmap3d.training.init_weights import read_init_weights
 from heatmap3d.training.members import Member, member_config, plan_members
 from heatmap3d.training.run_lock import RunLock
-from heatmap3d.training.trainer import Trainer, train
+from heatmap3d.training.trainer import RESUMED_FROM, Trainer, train
 
 log = get_logger(__name__)
 
@@ -261,7 +261,7 @@ def _has_checkpoint(cfg: Config) -> bool:
     """True when the run folder of ``cfg`` (as :func:`_in_folder` places it) holds a
     checkpoint that ``--resume`` continues from (those :meth:`Trainer._resume` reads)."""
     run_dir = Path(cfg.train.out_dir) / cfg.train.name
-    return any((run_dir / name).is_file() for name in ("last.pt", "best.pt"))
+    return any((run_dir / name).is_file() for name in RESUMED_FROM)
 
 
 def _check_init_weights(stages: list[tuple[str, Config]]) -> None:

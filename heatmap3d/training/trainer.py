@@ -44,6 +44,8 @@ if TYPE_CHECKING:
 
 log = get_logger(__name__)
 
+RESUMED_FROM = ("last.pt", "best.pt")  # what --resume continues from, in this order
+
 
 def run(
     cfg: Config,
@@ -153,7 +155,7 @@ class Trainer:
         Rank 0 reads it and every rank gets its contents: the run folder need not be on a
         file system every node shares, and every rank takes the same path.
         """
-        for name in ("last.pt", "best.pt"):
+        for name in RESUMED_FROM:
             path = self.run_dir / name
             ckpt = read_checkpoint(self.world, path)
             if ckpt is not None:
