@@ -156,6 +156,61 @@ def test_geometric_pairs_mirror_images_only():
     assert geometric_pairs(cases, names) == [["a", "b"], ["c", "d"]]
 
 
+def _posed_cases(base: np.ndarray, n: int = 5) -> list[np.ndarray]:
+    rng = np.random.default_rng(0)
+    shifts = [np.array([rng.uniform(-10, 10), rng.uniform(-5, 5), 0]) for _ in range(n)]
+    return [base + shift + rng.normal(0, 0.7, base.shape) for shift in shifts]
+
+
+def test_names_pair_what_they_can_and_geometry_the_rest():
+    """Two landmarks named R_/L_ beside numbered ones: the names pair those two, geometry
+    the numbered mirror images (names alone paired only the two, so mirroring taught the
+    numbered ones on both sides)."""
+    base = np.array([[30.0, 10, 5], [-30.0, 10, 5], [0.0, 40, 0], [20, -5, -8], [-20, -5, -8]])
+    names = ["R_eye", "L_eye", "1", "2", "3"]
+    points = [c.tolist() for c in _posed_cases(base)]
+    fp = fake(spacing=[1.0] * 3, fov=[200.0] * 3, extent=[60.0] * 3, names=names, nn=9,
+              points=points)  # fmt: skip
+    plan = make_plan(fp)
+    assert plan.pairs == [["R_eye", "L_eye"], ["2", "3"]]
+    assert plan.pairs_source.startswith("from the landmark names; found geometrically")
+    assert plan.stages[0].config["augment"]["mirror_axis"] == 0
+
+
+def test_a_landmark_off_the_midline_without_a_partner_turns_mirroring_off():
+    """Named pairs and one lateral landmark with none: mirroring would teach it on both
+    sides, so the plan does not mirror, and says which landmark is why."""
+    base = np.array([[30.0, 10, 5], [-30.0, 10, 5], [0.0, 40, 0], [25.0, 30, 20]])
+    names = ["R_eye", "L_eye", "mid", "lonely"]
+    points = [c.tolist() for c in _posed_cases(base)]
+    fp = fake(spacing=[1.0] * 3, fov=[200.0] * 3, extent=[60.0] * 3, names=names, nn=9,
+              points=points)  # fmt: skip
+    plan = make_plan(fp)
+    assert plan.pairs == [] and plan.stages[0].config["augment"]["mirror_axis"] == -1
+    reason = plan.stages[0].reasons["augment.mirror_axis"]
+    assert reason.startswith("off: lonely lie(s) off the midline without a mirror partner")
+    points = [c[:3].tolist() for c in _posed_cases(base)]  # without it: mirrored
+    fp = fake(spacing=[1.0] * 3, fov=[200.0] * 3, extent=[60.0] * 3, names=names[:3], nn=9,
+              points=points)  # fmt: skip
+    assert make_plan(fp).pairs == [["R_eye", "L_eye"]]
+
+
+def test_the_midline_is_fitted_to_the_pairs_so_a_turned_body_keeps_it():
+    """A body turned 30 degrees about the vertical axis: its midline landmark 80 mm in front
+    lies 40 mm from the plane x = c, but on the plane the pairs fit; the lone ear does not."""
+    from heatmap3d.planning.pairs import off_midline
+
+    names = ["R_eye", "L_eye", "R_hip", "L_hip", "nose", "L_ear"]
+    base = np.array([[30.0, 60, 0], [-30, 60, 0], [40, -20, -80], [-40, -20, -80], [0, 80, 0],
+                     [-70, 0, 0]])  # fmt: skip
+    turn = np.deg2rad(30)
+    rot = np.array([[np.cos(turn), -np.sin(turn), 0], [np.sin(turn), np.cos(turn), 0], [0, 0, 1]])
+    cases = [base @ rot.T + [5.0 * i, 0, 0] for i in range(3)]
+    pairs = [["R_eye", "L_eye"], ["R_hip", "L_hip"]]
+    assert off_midline(cases, names, pairs) == ["R_eye", "L_eye", "R_hip", "L_hip", "L_ear"]
+    assert "nose" in off_midline(cases, names, [])  # the plane x = median x: turned away
+
+
 @needs_real
 def test_geometric_pairs_find_the_afids_pairs():
     cases = [read_landmarks(REAL / f / fcsv) for f, _, fcsv in AFIDS.values()]

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-__all__ = ["find_mirror_pairs", "geometric_pairs", "side_and_key"]
+__all__ = ["alone_reason", "find_mirror_pairs", "geometric_pairs", "off_midline", "side_and_key"]
 
 _SIDES = {"r": "R", "right": "R", "rt": "R", "l": "L", "left": "L", "lt": "L"}
 _SEPARATORS = re.compile(r"[\s_\-.]+")
@@ -33,6 +33,9 @@ SEPARATION_SHARE = 0.5
 # mirror image, while distinct landmarks on one side are rarely closer than ~8 mm.
 MIRROR_TOL_MM = 5.0
 MOST_CASES = 0.5  # a pair must match in more than this share of the cases holding both
+# Farther than this from the midline, a landmark mirrored without a partner to swap with
+# would be taught twice this far from where it is.
+LATERAL_MM = MIRROR_TOL_MM
 
 
 def side_and_key(text: str) -> tuple[str, tuple[str, ...]] | None:
@@ -122,3 +125,42 @@ def _mean_x_side(points_by_case: Sequence[np.ndarray], i: int, j: int) -> bool:
     """Whether landmark ``i`` lies right of ``j`` (larger RAS x) in most cases."""
     votes = [np.asarray(p)[i, 0] > np.asarray(p)[j, 0] for p in points_by_case]
     return sum(votes) * 2 >= len(votes)
+
+
+def off_midline(
+    points_by_case: Sequence[np.ndarray], names: Sequence[str], pairs: Sequence[Sequence[str]]
+) -> list[str]:
+    """The landmarks of ``names`` farther than :data:`LATERAL_MM` from the mid-sagittal
+    plane in most of the cases holding them: those that mirroring moves to the other side.
+
+    ``points_by_case``: one ``(K, 3)`` array of world RAS mm per case (NaN = missing). A
+    case's plane is fitted to its mirror ``pairs`` present: its normal their mean
+    right-minus-left direction, through the median of their midpoints (so a body turned
+    in the scanner keeps its midline); with none, ``x`` = the median landmark x (as
+    :func:`geometric_pairs`)."""
+    k, index = len(names), {n: i for i, n in enumerate(names)}
+    rows = np.array([[index[a], index[b]] for a, b in pairs], dtype=int).reshape(-1, 2)
+    far, seen = np.zeros(k), np.zeros(k)
+    for points in points_by_case:
+        p = np.asarray(points, dtype=np.float64).reshape(k, 3)
+        held = np.isfinite(p).all(axis=1)
+        if not held.any():
+            continue
+        both = rows[held[rows].all(axis=1)]
+        normal, mid = np.array([1.0, 0.0, 0.0]), float(np.nanmedian(p[:, 0]))
+        if len(both):
+            across = (p[both[:, 0]] - p[both[:, 1]]).sum(axis=0)
+            normal = across / max(float(np.linalg.norm(across)), 1e-9)
+            mid = float(np.median(p[both].mean(axis=1) @ normal))
+        far += held & (np.abs(np.nan_to_num(p) @ normal - mid) > LATERAL_MM)
+        seen += held
+    return [n for n, f, s in zip(names, far, seen, strict=True) if s and f / s > MOST_CASES]
+
+
+def alone_reason(names: Sequence[str]) -> str:
+    """Why landmarks off the midline without a mirror partner turn mirroring off."""
+    shown = ", ".join(names[:6]) + (", ..." if len(names) > 6 else "")
+    return (
+        f"{shown} lie(s) off the midline without a mirror partner (mirroring would teach "
+        "each on the other side too)"
+    )

@@ -34,7 +34,7 @@ from heatmap3d.planning.grids import (
     needs_refinement,
     region_of_interest_mm,
 )
-from heatmap3d.planning.pairs import find_mirror_pairs, geometric_pairs
+from heatmap3d.planning.pairs import alone_reason, find_mirror_pairs, geometric_pairs, off_midline
 from heatmap3d.planning.priors import AUTO, give_prior
 from heatmap3d.planning.sizing import (
     BATCH,
@@ -52,6 +52,7 @@ __all__ = [
     "Stage",
     "activation_gb",
     "choose_pairs",
+    "find_pairs",
     "default_memory_gb",
     "make_plan",
 ]
@@ -127,21 +128,46 @@ class _Builder:
 # --------------------------------------------------------------------------------------
 
 
+def find_pairs(
+    fp: Fingerprint, descriptions: dict[str, str] | None = None
+) -> tuple[list[list[str]], str]:
+    """Mirror pairs and how they were found: from the names (or a landmark's label
+    description, where it has one), and geometrically among the landmarks those leave
+    unpaired (AFIDs numbered 1-32 beside two named ``R_``/``L_``)."""
+    named = find_mirror_pairs(fp.names, descriptions)
+    taken = {n for pair in named for n in pair}
+    points = [np.array(p, dtype=float) for p in fp.points_mm]
+    guessed = [p for p in geometric_pairs(points, fp.names) if not set(p) & taken]
+    hows = []
+    if named:
+        by_name = find_mirror_pairs(fp.names)
+        hows.append(
+            "from the landmark names"
+            if named == by_name
+            else "from the label descriptions"
+            if not by_name
+            else "from the landmark names and label descriptions"
+        )
+    if guessed:
+        hows.append("found geometrically (mirror images across the midline): check them")
+    if not hows:
+        return [], "none found"
+    order = {n: i for i, n in enumerate(fp.names)}
+    return sorted(named + guessed, key=lambda p: order[p[0]]), "; ".join(hows)
+
+
 def choose_pairs(
     fp: Fingerprint, descriptions: dict[str, str] | None = None
 ) -> tuple[list[list[str]], str]:
-    """Mirror pairs and how they were found: from names, else descriptions, else geometry."""
-    pairs = find_mirror_pairs(fp.names)
-    if pairs:
-        return pairs, "from the landmark names"
-    if descriptions:
-        pairs = find_mirror_pairs(fp.names, descriptions)
-        if pairs:
-            return pairs, "from the label descriptions"
-    pairs = geometric_pairs([np.array(p, dtype=float) for p in fp.points_mm], fp.names)
-    if pairs:
-        return pairs, "found geometrically (mirror images across the midline): check them"
-    return [], "none found"
+    """:func:`find_pairs`'s pairs, or none where a landmark off the midline would be left
+    without a partner: mirroring would teach it on the other side of the body too."""
+    pairs, how = find_pairs(fp, descriptions)
+    paired = {n for pair in pairs for n in pair}
+    points = [np.array(p, dtype=float) for p in fp.points_mm]
+    alone = [n for n in off_midline(points, fp.names, pairs) if n not in paired]
+    if pairs and alone:
+        return [], f"none: {alone_reason(alone)}"
+    return pairs, how
 
 
 def normalization(fp: Fingerprint, b: _Builder) -> None:
@@ -176,6 +202,8 @@ def augmentation(b: _Builder, pairs: list[list[str]], how: str, modality: str) -
     if pairs:
         b.set("augment.mirror_axis", 0, "left-right flip (RAS x); pairs swapped below")
         b.set("augment.mirror_pairs", pairs, f"[right, left], {how}")
+    elif how.startswith("none: "):
+        b.set("augment.mirror_axis", -1, f"off: {how.removeprefix('none: ')}")
     else:
         b.set(
             "augment.mirror_axis", -1, "off: no left/right pairs found, flipping would swap sides"
