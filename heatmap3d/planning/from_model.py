@@ -7,8 +7,9 @@ draw (``heatmap.*``), its landmarks in their channel order and its mirror pairs.
 stage of the plan is the model's stage as it was trained, with ``train.init_from`` naming
 its weights, and only what belongs to this run and machine made afresh: the dataset's
 paths, the run folder, the budget (split as the model's was), the device and the crops a
-step sized for it. The dataset labels the model's landmarks or some of them (each keeps
-its own output row: :func:`heatmap3d.training.init_weights.head_by_name`); it adds none.
+step sized for it. Each of the model's landmarks the dataset labels keeps its own output
+row (:func:`heatmap3d.training.init_weights.head_by_name`); a landmark the model does not
+find gets a new row, untrained, after them, and the rest of the network carries over.
 """
 
 from __future__ import annotations
@@ -16,13 +17,16 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from heatmap3d import checkpoint
 from heatmap3d.config_io import from_dict, to_dict
 from heatmap3d.errors import InputError
 from heatmap3d.io.model_folder import ModelFolder, read_model_folder
 from heatmap3d.packaged import catalogue as packaged
 from heatmap3d.planning.fingerprint import Fingerprint
-from heatmap3d.planning.plan import BUDGET_SHARES, Plan, Stage
+from heatmap3d.planning.pairs import alone_reason, find_mirror_pairs, off_midline
+from heatmap3d.planning.plan import BUDGET_SHARES, Plan, Stage, find_pairs
 from heatmap3d.planning.priors import AUTO, give_prior
 from heatmap3d.planning.sizing import crops_per_scan, crops_reason, default_memory_gb
 
@@ -71,30 +75,28 @@ def plan_from_model(
 ) -> Plan:
     """The plan that fine-tunes the model ``found`` (:func:`open_model`) on the dataset of
     ``fp``, sized for ``device``; ``shape_prior`` (as :func:`make_plan`'s) where the model
-    was trained without one. InputError, naming the model, when the dataset has a
-    landmark the model does not find, or the model's stages disagree on theirs."""
+    was trained without one. The channel order is the model's for its landmarks, then the
+    dataset's new ones. InputError, naming the model, when its stages disagree on their
+    landmarks."""
     sources = [_stage_source(found, entry, paths) for entry, paths in found.stages]
     model_names = sources[0][1]
     if any(names != model_names for _, names, _ in sources):
         raise InputError(f"{found.folder}: its stages find different landmarks")
     mapped = packaged.same_landmarks(model_names, fp.names)  # dataset name -> model's
-    _check_landmarks(found.folder, model_names, list(fp.names), mapped)
     ours = {m: n for n, m in mapped.items()}  # model name -> dataset name
-    names = [ours[m] for m in model_names if m in ours]  # in the model's channel order
+    new = [n for n in fp.names if n not in mapped]
+    names = [ours[m] for m in model_names if m in ours] + new  # the model's order first
     shares = _shares([config for config, _, _ in sources])
     notes = [f"fine-tuning {found.folder}: each stage as it was trained, from its weights"]
-    if len(names) < len(model_names):
-        notes.append(
-            f"{len(names)} of the model's {len(model_names)} landmarks, each from its own "
-            "output row of the model's; the others are left out"
-        )
+    notes += _landmark_notes(len(model_names), len(mapped), new)
     if any(n != m for n, m in mapped.items()):
-        shown = ", ".join(f"{n} is {mapped[n]}" for n in names[:3])
-        more = ", ..." if len(names) > 3 else ""
+        renamed = [n for n in names if n in mapped]
+        shown = ", ".join(f"{n} is {mapped[n]}" for n in renamed[:3])
+        more = ", ..." if len(renamed) > 3 else ""
         notes.append(
             f"the dataset's names are the model's landmarks by another name ({shown}{more})"
         )
-    pairs, mirror_note = _pairs(sources[0][0], ours)
+    pairs, mirror_note = _pairs(sources[0][0], ours, fp, new)
     notes += [mirror_note] if mirror_note else []
     stages = []
     for (entry, _), share, (config, _, weights) in zip(found.stages, shares, sources, strict=True):
@@ -112,7 +114,7 @@ def plan_from_model(
         # A packaged model's landmarks are its set's: some of them take its prior too.
         from_package = packaged.weights_name(sources[0][2]) is not None
         notes += give_prior(stages, fp, shape_prior, part=from_package)
-    return Plan(stages, pairs, f"as {found.folder} was trained", notes)
+    return Plan(stages, pairs, _pairs_source(found.folder, pairs, new, fp.names), notes)
 
 
 def _stage_source(found: ModelFolder, entry, paths: list[Path]) -> tuple[dict, list[str], Path]:
@@ -123,33 +125,73 @@ def _stage_source(found: ModelFolder, entry, paths: list[Path]) -> tuple[dict, l
     return ckpt.config, list(ckpt.landmarks), paths[0]
 
 
-def _check_landmarks(
-    folder: Path, model: list[str], dataset: list[str], mapped: dict[str, str]
-) -> None:
-    """InputError naming the model folder unless the dataset's landmarks are the model's
-    or some of them (``mapped``: those found, :func:`~heatmap3d.packaged.catalogue.
-    same_landmarks`): fine-tuning adds no landmark (a new one has no output row to start
-    from, nor a known mirror partner)."""
-    extra = [n for n in dataset if n not in mapped]
-    if extra:
-        raise InputError(
-            f"{folder}: fine-tuning needs landmarks the model finds; the dataset has "
-            f"{len(extra)} it does not ({_few(extra)}; the model's: {_few(model)}): train "
-            "a new model for them (heatmap3d train DATA without --init-from)"
+def _landmark_notes(model: int, kept: int, new: list[str]) -> list[str]:
+    """The plan's lines on which landmarks start from the model's output rows: ``kept`` of
+    its ``model`` landmarks, and the dataset's ``new`` ones, which start untrained."""
+    notes = []
+    if 0 < kept < model:
+        notes.append(
+            f"{kept} of the model's {model} landmarks, each from its own output row of the "
+            "model's; the others are left out"
         )
+    if new and kept:
+        notes.append(
+            f"{len(new)} new landmark(s) the model does not find ({_few(new)}): each gets a "
+            "new output row, untrained; the rest of the network starts from the model's"
+        )
+    elif new:
+        notes.append(
+            f"none of the dataset's {len(new)} landmarks is the model's: every output row "
+            "starts untrained and only the rest of the network from the model's weights"
+        )
+    return notes
 
 
-def _pairs(config: dict, ours: dict[str, str]) -> tuple[list[list[str]], str | None]:
-    """The model's mirror pairs among the dataset's landmarks (``ours``: model name ->
-    dataset name), by the dataset's names; none, and why, where one landmark of a pair is
-    there without its partner (mirroring would carry it to the other side under its own
-    name)."""
+def _pairs(
+    config: dict, ours: dict[str, str], fp: Fingerprint, new: list[str]
+) -> tuple[list[list[str]], str | None]:
+    """The mirror pairs by the dataset's names: the model's among its landmarks (``ours``:
+    model name -> dataset name), and pairs the dataset's ``new`` landmarks make (by name,
+    label or geometry: :func:`~heatmap3d.planning.plan.find_pairs`). None, and why, where
+    mirroring would carry a landmark to the other side under its own name: one of a model's
+    pair without its partner, or a new landmark off the midline without one."""
     pairs = [list(p) for p in config.get("augment", {}).get("mirror_pairs", [])]
     halves = [p for p in pairs if (p[0] in ours) != (p[1] in ours)]
     if halves:
-        shown = ", ".join("/".join(ours.get(n, n) for n in p) for p in halves[:4])
-        return [], f"no mirroring: the dataset has one landmark of the pair(s) {shown}"
-    return [[ours[a], ours[b]] for a, b in pairs if a in ours], None
+        shown = ", ".join(_half(p, ours) for p in halves[:4])
+        return [], f"no mirroring: the dataset has {shown}"
+    kept = [[ours[a], ours[b]] for a, b in pairs if a in ours]
+    if not new or from_dict(config).augment.mirror_axis < 0:
+        return kept, None
+    taken = {n for p in kept for n in p}
+    found, _ = find_pairs(fp)
+    kept += [p for p in found if set(p) & set(new) and not set(p) & taken]
+    paired = {n for p in kept for n in p}
+    points = [np.array(p, dtype=float) for p in fp.points_mm]
+    alone = [n for n in off_midline(points, fp.names, kept) if n in new and n not in paired]
+    if alone:
+        return [], f"no mirroring: the new landmark(s) {alone_reason(alone)}"
+    return kept, None
+
+
+def _pairs_source(folder: Path, pairs: list[list[str]], new: list[str], names: list[str]) -> str:
+    """How the plan's mirror pairs were found: the model's, and those with a new landmark
+    by their names (``R_``/``L_``, ...) or by their positions."""
+    how = f"as {folder} was trained"
+    added = [p for p in pairs if set(p) & set(new)]
+    named = sum(p in find_mirror_pairs(names) for p in added)
+    if named:
+        how += f"; {named} pair(s) of new landmarks from their names"
+    if len(added) > named:
+        how += f"; {len(added) - named} pair(s) with a new landmark found geometrically: check them"
+    return how
+
+
+def _half(pair: list[str], ours: dict[str, str]) -> str:
+    """``RSAMTH without its partner (the model's 23)``: the one of ``pair`` the dataset
+    has, by the dataset's name, and the model's name of the one it lacks."""
+    have, lack = (pair[0], pair[1]) if pair[0] in ours else (pair[1], pair[0])
+    return f"{ours[have]} without its mirror partner (the model's {lack})"
 
 
 def _narrowed(config: dict, names: list[str], pairs: list[list[str]], mirror_off: bool) -> dict:
