@@ -144,3 +144,23 @@ def test_empty_space_compares_the_step_on_and_off(capsys):
     empty_space.main(["--model", "afids-t1", "--hard", "1", "--gentle", "0", "--t2like"])
     moved = re.search(r"-> [\d.]+ \((\d+)\)", capsys.readouterr().out)
     assert moved and int(moved.group(1)) > 0
+
+
+def test_new_landmarks_renames_the_files_and_scores_new_and_known_apart(tmp_path):
+    """``benchmarks.new_landmarks`` gives AFIDs names the model does not know in every
+    landmark file, and scores those apart from the others (29/30 left out)."""
+    import numpy as np
+
+    from benchmarks.new_landmarks import NEW, line, rename
+    from heatmap3d.io.landmarks import Landmarks, read_landmarks, write_landmarks
+
+    (tmp_path / "landmarks").mkdir()
+    numbers = ["1", "15", "16", "19", "20", "29"]
+    write_landmarks(tmp_path / "landmarks" / "a.json", Landmarks(numbers, np.eye(6, 3)))
+    rename(tmp_path, NEW)
+    found = read_landmarks(tmp_path / "landmarks" / "a.json")
+    assert found.names == ["1", "R_ventricle_horn", "L_ventricle_horn", "genu", "splenium", "29"]
+    assert np.array_equal(found.points, np.eye(6, 3))
+    errors = np.array([[1.0, 2.0, 2.0, 6.0, 6.0, 40.0]])
+    said = line("arm", errors, numbers, NEW)
+    assert "new  4.00 mm (50 / 50 %)" in said and "the others  1.00 mm (100 / 100 %)" in said
