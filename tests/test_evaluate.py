@@ -130,10 +130,26 @@ def test_truth_file_that_leaves_out_a_landmark_counts_it_missing(tmp_path):
     assert errors["case000"]["b"] == "nan" and errors["case001"]["c"] == "inf"
 
 
-def test_predicted_name_that_no_truth_file_has_is_refused(tmp_path):
+def test_predicted_landmarks_no_truth_file_names_are_left_out_and_said(tmp_path):
+    """A model's landmarks scored against truth files of some of them (it was refused):
+    the truth's landmarks are scored, the others named on the report's first line."""
     pred, truth = folders(tmp_path)
-    write_landmarks(pred / "case001.csv", Landmarks(["a", "b", "x"], TRUTH["case001"]))
-    with raises_naming(pred / "case001.csv", "in no truth file", "'x'"):
+    points = np.vstack([TRUTH["case001"] + OFFSET, [[99.0, 0, 0], [0, 99, 0]]])
+    write_landmarks(pred / "case001.csv", Landmarks([*NAMES, "x", "y"], points))
+    report = evaluate_dirs(pred, truth)
+    first = report.splitlines()[0]
+    assert first == "not scored: 2 predicted landmark(s) that no truth file names (x, y); " + (
+        "the figures are of the truth's 3"
+    )
+    metrics = {r["landmark"]: r for r in rows(pred / "evaluation" / "metrics.csv")}
+    assert list(metrics) == [*NAMES, "all"]
+    assert float(metrics["all"]["mre_mm"]) == pytest.approx(1.0)
+
+
+def test_a_prediction_sharing_no_landmark_name_with_the_truth_is_refused(tmp_path):
+    pred, truth = folders(tmp_path)
+    write_landmarks(pred / "case001.csv", Landmarks(["x", "y", "z"], TRUTH["case001"]))
+    with raises_naming(pred / "case001.csv", "none of its landmark names is in a truth file"):
         evaluate_dirs(pred, truth)
 
 
@@ -256,6 +272,22 @@ def test_afids_predicted_by_number_are_scored_against_truth_named_by_short_names
         "ICS, ...)"
     )
     assert not texts["numbered"].startswith("note:")
+    # Truth of four of them: those scored as above, the other two said and left out.
+    truth = tmp_path / "truth_some"
+    truth.mkdir()
+    write_landmarks(
+        truth / "case000.csv", Landmarks(["LMB", "AC", "PC", "RMB"], truth_points[[4, 0, 1, 3]])
+    )
+    text = evaluate_dirs(pred, truth, tmp_path / "out_some")
+    assert text.splitlines()[1] == (
+        "not scored: 2 predicted landmark(s) that no truth file names (3, 14); the figures "
+        "are of the truth's 4"
+    )
+    assert "stated error radius: 75.0% of true errors inside (n=4)" in text
+    some = {r["landmark"]: figures(r) for r in rows(tmp_path / "out_some" / "metrics.csv")}
+    for row in tables["short"]:
+        if row["landmark"] in some and row["landmark"] != "all":
+            assert some[row["landmark"]] == figures(row)
 
 
 def test_the_report_joins_short_named_truth_to_numbered_predictions(tmp_path):
@@ -272,3 +304,15 @@ def test_the_report_joins_short_named_truth_to_numbered_predictions(tmp_path):
     np.testing.assert_array_equal(_truth_points(tmp_path, scan), points[[1, 0]])
     radii = _radii(SimpleNamespace(scans=[scan]), ["case000"], ["AC", "PC"])
     np.testing.assert_array_equal(radii, [[1.5, 2.5]])
+
+
+def test_the_reports_summary_counts_predicted_landmarks_no_truth_names():
+    from types import SimpleNamespace
+
+    from heatmap3d.evaluation.report_html import _unscored
+
+    cohort = SimpleNamespace(scans=[SimpleNamespace(names=["1", "2", "3"])])
+    assert _unscored(cohort, ["AC", "PC", "ICS"]) == ""
+    assert _unscored(cohort, ["PC"]) == (
+        " 2 predicted landmark(s) that no truth file names are not scored."
+    )

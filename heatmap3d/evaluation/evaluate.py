@@ -210,15 +210,32 @@ def _renamed_line(renamed: Mapping[str, str]) -> list[str]:
     return [f"note: predicted landmarks read by the truth's names for them ({shown}{more})"]
 
 
-def _check_predicted_names(paths: Mapping[str, Path], pred, names: Sequence[str]) -> None:
-    """A predicted name that no truth file has cannot be evaluated: another landmark set?"""
+def _unscored_names(paths: Mapping[str, Path], pred, names: Sequence[str]) -> list[str]:
+    """The note on predicted landmarks that no truth file names, left out of the figures (a
+    model's 32 AFIDs scored against truth files of 10 of them); InputError naming the file
+    where a case shares no landmark name with the truth: another landmark set?"""
+    known, unscored = set(names), {}
     for case_id, lm in pred.items():
-        unknown = [n for n in lm.names if n not in set(names)]
-        if unknown:
+        unknown = [n for n in lm.names if n not in known]
+        if unknown and len(unknown) == len(lm.names):
             raise InputError(
-                f"{paths[case_id]}: landmark names in no truth file: {unknown[:6]}"
-                f"{' ...' if len(unknown) > 6 else ''}; is it the same landmark set?"
+                f"{paths[case_id]}: none of its landmark names is in a truth file "
+                f"({listed(unknown)}; the truth's: {listed(list(names))}); is it the same "
+                "landmark set?"
             )
+        unscored.update(dict.fromkeys(unknown))
+    if not unscored:
+        return []
+    return [
+        f"not scored: {len(unscored)} predicted landmark(s) that no truth file names "
+        f"({listed(list(unscored))}); the figures are of the truth's {len(names)}"
+    ]
+
+
+def _scored(lm: Landmarks, names: Sequence[str]) -> Landmarks:
+    """``lm`` without the landmarks ``names`` lacks (:func:`_unscored_names` says which)."""
+    kept = [n for n in lm.names if n in set(names)]
+    return lm if len(kept) == len(lm.names) else Landmarks(kept, lm.points_of(kept))
 
 
 def evaluate_dirs(
@@ -256,7 +273,8 @@ def evaluate_dirs(
     truth = {c: read_landmarks(p) for c, p in truth_paths.items()}
     names = union_names(truth.values())
     pred, renamed = _named_as_truth(pred, names)
-    _check_predicted_names(paths, pred, names)
+    unnamed = _unscored_names(paths, pred, names)
+    pred = {c: _scored(lm, names) for c, lm in pred.items()}
     stats, errors, ids = evaluate(pred, truth, names)
     text = write_evaluation(Destination(out, replace=overwrite), stats, errors, ids, names)
     radii = stated_radii(pred_dir, pred, names, ids, renamed)
@@ -265,7 +283,8 @@ def evaluate_dirs(
     extra = [radius_line(errors, radii)] if stated else []
     extra.append(presence_line(pred, truth, names, ids))
     unscored = unpredicted_line(pred_dir, truth_dir, set(pred))
-    return "\n".join([*warning, *_renamed_line(renamed), text, *extra, *unscored])
+    notes = [*warning, *_renamed_line(renamed), *unnamed]
+    return "\n".join([*notes, text, *extra, *unscored])
 
 
 def unpredicted_line(pred_dir: Path, truth_dir: Path, predicted: set[str]) -> list[str]:

@@ -25,6 +25,7 @@ import numpy as np
 from markupsafe import Markup
 
 from heatmap3d.evaluation.report_data import Cohort, ScanRecord
+from heatmap3d.packaged import catalogue as packaged
 from heatmap3d.review.basis import ReviewBasis
 
 GENERATOR = "heatmap3d"
@@ -206,6 +207,17 @@ def _row(page: Page, n: int, s: ScanRecord) -> dict[str, Any]:
     }
 
 
+def _unscored(cohort: Cohort, truth_names: list[str]) -> str:
+    """`` N predicted landmark(s) ... not scored.`` for those of the cohort's that no truth
+    file names (a packaged set's, read by the truth's names for it), else ``""``."""
+    predicted = list(dict.fromkeys(n for s in cohort.scans for n in s.names))
+    scored = set(packaged.same_landmarks(predicted, truth_names).values())
+    left = [n for n in predicted if n not in scored]
+    if not left:
+        return ""
+    return f" {len(left)} predicted landmark(s) that no truth file names are not scored."
+
+
 def _evaluation(page: Page) -> dict[str, Any]:
     """The section against the truth: summary, plots, worst cases linked to their tile."""
     ev = page.cohort.evaluation
@@ -216,7 +228,7 @@ def _evaluation(page: Page) -> dict[str, Any]:
     summary = (
         f"{ev.errors.shape[0]} scans with truth; mean radial error {_num(mre)} mm over "
         f"{finite.size} landmarks found, {int(np.isinf(judged).sum())} missed."
-    )
+    ) + _unscored(page.cohort, ev.names)
     index = {s.stem: n for n, s in enumerate(page.cohort.scans)}
     worst = [
         {
