@@ -188,7 +188,7 @@ def _pairs_source(folder: Path, pairs: list[list[str]], new: list[str], names: l
 
 
 def _half(pair: list[str], ours: dict[str, str]) -> str:
-    """``RSAMTH without its partner (the model's 23)``: the one of ``pair`` the dataset
+    """``LSAMTH without its mirror partner (the model's 23)``: the one of ``pair`` the dataset
     has, by the dataset's name, and the model's name of the one it lacks."""
     have, lack = (pair[0], pair[1]) if pair[0] in ours else (pair[1], pair[0])
     return f"{ours[have]} without its mirror partner (the model's {lack})"
