@@ -188,6 +188,9 @@ def test_new_landmarks_mirror_with_partners_or_turn_mirroring_off(tmp_path, data
     assert augment["mirror_pairs"] == [["b", "c"], ["R_ear", "L_ear"]]
     assert augment["mirror_axis"] == 0
     assert found.pairs_source.endswith("was trained; 1 pair(s) of new landmarks from their names")
+    reasons = found.stages[0].reasons
+    assert reasons["augment.mirror_pairs"].startswith("as the model was trained; 1 pair(s) of new")
+    assert reasons["data.landmarks"] == "the model's channel order, then 3 new"
     found = plan(["a", "b", "c", "mid", "side"])
     augment = found.stages[0].config.get("augment", {})  # the defaults: no mirroring
     assert augment.get("mirror_axis", -1) == -1 and not augment.get("mirror_pairs")

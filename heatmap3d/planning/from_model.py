@@ -98,10 +98,15 @@ def plan_from_model(
         )
     pairs, mirror_note = _pairs(sources[0][0], ours, fp, new)
     notes += [mirror_note] if mirror_note else []
+    how = _pairs_source(found.folder, pairs, new, fp.names)
     stages = []
     for (entry, _), share, (config, _, weights) in zip(found.stages, shares, sources, strict=True):
         config = _narrowed(config, names, pairs, mirror_off=mirror_note is not None)
         stage, dropped = _stage(entry.name, share, config, weights, found.folder, device)
+        if new:  # not all as the model was trained
+            stage.reasons["data.landmarks"] = f"the model's channel order, then {len(new)} new"
+            if "augment.mirror_pairs" in stage.reasons:
+                stage.reasons["augment.mirror_pairs"] = how.replace(str(found.folder), "the model")
         stages.append(stage)
         notes += [f"stage {entry.name}: {line}" for line in dropped]
     members = len(found.stages[0][1])
@@ -114,7 +119,7 @@ def plan_from_model(
         # A packaged model's landmarks are its set's: some of them take its prior too.
         from_package = packaged.weights_name(sources[0][2]) is not None
         notes += give_prior(stages, fp, shape_prior, part=from_package)
-    return Plan(stages, pairs, _pairs_source(found.folder, pairs, new, fp.names), notes)
+    return Plan(stages, pairs, how, notes)
 
 
 def _stage_source(found: ModelFolder, entry, paths: list[Path]) -> tuple[dict, list[str], Path]:
