@@ -177,6 +177,26 @@ def test_names_pair_what_they_can_and_geometry_the_rest():
     assert plan.stages[0].config["augment"]["mirror_axis"] == 0
 
 
+def test_the_plan_says_which_of_names_labels_and_positions_paired():
+    from heatmap3d.planning.plan import find_pairs
+
+    base = np.array([[30.0, 10, 5], [-30.0, 10, 5], [20, -5, -8], [-20, -5, -8]])
+    points = [c.tolist() for c in _posed_cases(base)]
+    fp = fake(spacing=[1.0] * 3, fov=[200.0] * 3, extent=[60.0] * 3, names=["R_a", "L_a", "1",
+              "2"], nn=9, points=points)  # fmt: skip
+    labels = {"1": "R b", "2": "L b"}
+    assert find_pairs(fp)[1] == "from the landmark names; " + (
+        "found geometrically (mirror images across the midline): check them"
+    )
+    assert find_pairs(fp, labels) == (
+        [["R_a", "L_a"], ["1", "2"]],
+        "from the landmark names and label descriptions",
+    )
+    numbered = fake(spacing=[1.0] * 3, fov=[200.0] * 3, extent=[60.0] * 3, names=["1", "2"],
+                    nn=9, points=[c[2:].tolist() for c in _posed_cases(base)])  # fmt: skip
+    assert find_pairs(numbered, labels) == ([["1", "2"]], "from the label descriptions")
+
+
 def test_a_landmark_off_the_midline_without_a_partner_turns_mirroring_off():
     """Named pairs and one lateral landmark with none: mirroring would teach it on both
     sides, so the plan does not mirror, and says which landmark is why."""

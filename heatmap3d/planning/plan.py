@@ -138,22 +138,22 @@ def find_pairs(
     taken = {n for pair in named for n in pair}
     points = [np.array(p, dtype=float) for p in fp.points_mm]
     guessed = [p for p in geometric_pairs(points, fp.names) if not set(p) & taken]
-    hows = []
-    if named:
-        by_name = find_mirror_pairs(fp.names)
-        hows.append(
-            "from the landmark names"
-            if named == by_name
-            else "from the label descriptions"
-            if not by_name
-            else "from the landmark names and label descriptions"
-        )
+    hows = [_named_how(named, find_mirror_pairs(fp.names))] if named else []
     if guessed:
         hows.append("found geometrically (mirror images across the midline): check them")
     if not hows:
         return [], "none found"
     order = {n: i for i, n in enumerate(fp.names)}
     return sorted(named + guessed, key=lambda p: order[p[0]]), "; ".join(hows)
+
+
+def _named_how(named: list[list[str]], by_name: list[list[str]]) -> str:
+    """How ``named`` (pairs by names or labels) were found, given those by names alone."""
+    if named == by_name:
+        return "from the landmark names"
+    if not by_name:
+        return "from the label descriptions"
+    return "from the landmark names and label descriptions"
 
 
 def choose_pairs(
