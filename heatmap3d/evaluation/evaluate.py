@@ -232,12 +232,6 @@ def _unscored_names(paths: Mapping[str, Path], pred, names: Sequence[str]) -> li
     ]
 
 
-def _scored(lm: Landmarks, names: Sequence[str]) -> Landmarks:
-    """``lm`` without the landmarks ``names`` lacks (:func:`_unscored_names` says which)."""
-    kept = [n for n in lm.names if n in set(names)]
-    return lm if len(kept) == len(lm.names) else Landmarks(kept, lm.points_of(kept))
-
-
 def evaluate_dirs(
     pred_dir: Path,
     truth_dir: Path,
@@ -274,7 +268,7 @@ def evaluate_dirs(
     names = union_names(truth.values())
     pred, renamed = _named_as_truth(pred, names)
     unnamed = _unscored_names(paths, pred, names)
-    pred = {c: _scored(lm, names) for c, lm in pred.items()}
+    pred = {c: lm.only(names) for c, lm in pred.items()}  # the others: _unscored_names
     stats, errors, ids = evaluate(pred, truth, names)
     text = write_evaluation(Destination(out, replace=overwrite), stats, errors, ids, names)
     radii = stated_radii(pred_dir, pred, names, ids, renamed)

@@ -38,7 +38,7 @@ from heatmap3d.evaluation.report_data import Cohort, ScanRecord, read_cohort
 from heatmap3d.evaluation.report_html import GENERATOR, Page, render
 from heatmap3d.io.atomic import atomic_write_bytes
 from heatmap3d.io.destination import Destination
-from heatmap3d.io.landmarks import Landmarks, read_landmarks
+from heatmap3d.io.landmarks import read_landmarks
 from heatmap3d.io.layout import find_landmark_file
 from heatmap3d.io.png import write_png
 from heatmap3d.io.provenance import is_ours
@@ -233,9 +233,7 @@ def _truth_points(truth: Path | Mapping[str, Path], scan: ScanRecord) -> np.ndar
         else:
             lm = read_landmarks(find_landmark_file(truth, scan.stem))
         lm = lm.renamed(packaged.same_landmarks(scan.names, lm.names))  # AC as the model's 1
-        keep = [k for k, name in enumerate(lm.names) if name in set(scan.names)]
-        kept = Landmarks([lm.names[k] for k in keep], lm.points[keep])
-        return kept.select(scan.names, source=str(truth)).points
+        return lm.only(scan.names).select(scan.names, source=str(truth)).points
     except InputError:
         return None
 

@@ -100,6 +100,12 @@ class Landmarks:
         """The same points with each name in ``names`` replaced by its value."""
         return Landmarks([names.get(n, n) for n in self.names], self.points.copy())
 
+    def only(self, names: Sequence[str]) -> Landmarks:
+        """Those of these landmarks that ``names`` holds, in this order (the others left
+        out: :meth:`select` refuses them)."""
+        keep = [k for k, name in enumerate(self.names) if name in set(names)]
+        return Landmarks([self.names[k] for k in keep], self.points[keep])
+
     def select(self, names: Sequence[str], *, source: str = "") -> Landmarks:
         """Reorder to ``names``; names absent here become NaN rows.
 

@@ -17,8 +17,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from heatmap3d import checkpoint
 from heatmap3d.config_io import from_dict, to_dict
 from heatmap3d.errors import InputError
@@ -172,8 +170,7 @@ def _pairs(
     found, _ = find_pairs(fp)
     kept += [p for p in found if set(p) & set(new) and not set(p) & taken]
     paired = {n for p in kept for n in p}
-    points = [np.array(p, dtype=float) for p in fp.points_mm]
-    alone = [n for n in off_midline(points, fp.names, kept) if n in new and n not in paired]
+    alone = [n for n in off_midline(fp.points_mm, fp.names, kept) if n in new and n not in paired]
     if alone:
         return [], f"no mirroring: the new landmark(s) {alone_reason(alone)}"
     return kept, None

@@ -15,6 +15,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from heatmap3d.errors import listed
+
 __all__ = ["alone_reason", "find_mirror_pairs", "geometric_pairs", "off_midline", "side_and_key"]
 
 _SIDES = {"r": "R", "right": "R", "rt": "R", "l": "L", "left": "L", "lt": "L"}
@@ -159,8 +161,7 @@ def off_midline(
 
 def alone_reason(names: Sequence[str]) -> str:
     """Why landmarks off the midline without a mirror partner turn mirroring off."""
-    shown = ", ".join(names[:6]) + (", ..." if len(names) > 6 else "")
     return (
-        f"{shown} lie(s) off the midline without a mirror partner (mirroring would teach "
-        "each on the other side too)"
+        f"{listed(list(names))} lie(s) off the midline without a mirror partner (mirroring "
+        "would teach each on the other side too)"
     )

@@ -22,8 +22,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from heatmap3d.planning.fingerprint import Fingerprint
 from heatmap3d.planning.grids import (
     REFINE_FACTOR,
@@ -136,8 +134,7 @@ def find_pairs(
     unpaired (AFIDs numbered 1-32 beside two named ``R_``/``L_``)."""
     named = find_mirror_pairs(fp.names, descriptions)
     taken = {n for pair in named for n in pair}
-    points = [np.array(p, dtype=float) for p in fp.points_mm]
-    guessed = [p for p in geometric_pairs(points, fp.names) if not set(p) & taken]
+    guessed = [p for p in geometric_pairs(fp.points_mm, fp.names) if not set(p) & taken]
     hows = [_named_how(named, find_mirror_pairs(fp.names))] if named else []
     if guessed:
         hows.append("found geometrically (mirror images across the midline): check them")
@@ -163,8 +160,7 @@ def choose_pairs(
     without a partner: mirroring would teach it on the other side of the body too."""
     pairs, how = find_pairs(fp, descriptions)
     paired = {n for pair in pairs for n in pair}
-    points = [np.array(p, dtype=float) for p in fp.points_mm]
-    alone = [n for n in off_midline(points, fp.names, pairs) if n not in paired]
+    alone = [n for n in off_midline(fp.points_mm, fp.names, pairs) if n not in paired]
     if pairs and alone:
         return [], f"none: {alone_reason(alone)}"
     return pairs, how
