@@ -25,9 +25,10 @@ from heatmap3d.data.setup import prepare_dataset
 from heatmap3d.data.synthetic import generate_case
 from heatmap3d.distributed import DistInfo
 from heatmap3d.errors import InputError
-from heatmap3d.geometry import Volume, resample_to_spacing, voxel_to_world
+from heatmap3d.geometry import Volume, resample_to_spacing, voxel_to_world, world_to_voxel
 from heatmap3d.io.landmarks import Landmarks, read_landmarks, write_landmarks
 from heatmap3d.io.manifest import read_manifest
+from heatmap3d.io.volume_checks import check_voxels
 from heatmap3d.io.volumes import load_volume, save_volume
 
 REAL = Path(__file__).resolve().parents[2] / "shared" / "data" / "real"
@@ -154,7 +155,13 @@ def test_nan_voxels(data, capsys):
     save_volume(image(data, "case000"), vol)
     status, out = check(data, capsys)
     assert status == 1
-    assert "2 voxels are NaN or Inf" in lines_about(out, image(data, "case000"))[0]
+    line = lines_about(out, image(data, "case000"))[0]
+    assert f"2 voxels are NaN or Inf (of {vol.data.size})" in line
+
+
+def test_one_nan_voxel_is_one_voxel(tmp_path):
+    with pytest.raises(InputError, match=r"s.nii.gz: 1 voxel is NaN or Inf \(of 24\)"):
+        check_voxels(tmp_path / "s.nii.gz", np.array([np.nan, *range(23)]).reshape(2, 3, 4))
 
 
 def test_zero_spacing(data, capsys):
@@ -333,6 +340,51 @@ def test_transposed_image_gets_the_axis_order_hint(data, capsys):
     (line,) = lines_about(out, data / "landmarks" / "case001.mrk.json")
     assert "landmark outside its image case001.nii.gz (shape (35, 87, 87))" in line
     assert "hint: all would be inside if the image array were transposed" in line
+
+
+def stored_lps(vol: Volume) -> Volume:
+    """The same scan with its array axes running L, P and S, as Colin27's do (the
+    phantoms' run S-I first): the same voxels at the same world positions."""
+    axes = [int(np.argmax(np.abs(vol.affine[w, :3]))) for w in range(3)]
+    data, affine = vol.data.transpose(axes), vol.affine.copy()
+    affine[:, :3] = affine[:, axes]
+    for a, towards_lps in enumerate((-1, -1, 1)):  # flip the axes running the other way
+        if np.sign(affine[a, a]) != towards_lps:
+            affine[:3, 3] += affine[:3, a] * (data.shape[a] - 1)
+            affine[:, a] *= -1
+            data = np.flip(data, a)
+    return Volume(np.ascontiguousarray(data), affine)
+
+
+@pytest.mark.parametrize("suffix, system", [(".csv", "RAS"), (".fcsv", "LPS")])
+def test_voxel_indices_written_as_mm_get_the_indices_hint_alone(data, capsys, suffix, system):
+    """A common export mistake: each landmark's voxel indices (i, j, k) written where its
+    world mm belong. With the array stored L-P-S, indices look like the other cases turned
+    180 degrees about S-I: only the outside error speaks, naming indices, not RAS/LPS."""
+    vol = stored_lps(load_volume(image(data, "case000")))
+    lm = read_landmarks(data / "landmarks" / "case000.csv")
+    # Moved 150 mm left, posterior and inferior, as a scanner's origin often puts a scan:
+    # the indices (from 0 up) then lie outside its field of view read as mm.
+    vol.affine[:3, 3] -= 150.0
+    indices = world_to_voxel(lm.points - 150.0, vol.affine)
+    written = indices * ([-1, -1, 1] if system == "LPS" else 1)  # the file's numbers: i, j, k
+    path = put_case(data, "case000", vol, Landmarks(lm.names, written), suffix, system)
+    status, out = check(data, capsys)
+    assert status == 1
+    (line,) = lines_about(out, path)  # one error: no "turned 180 degrees" beside it
+    assert "landmark outside its image case000.nii.gz" in line
+    assert "hint: the numbers look like voxel indices (i, j, k) of the image, not world mm" in line
+    assert "coordinate system" not in line
+
+
+def test_mm_landmarks_outside_a_scan_get_no_indices_hint(data, capsys):
+    # Shifted out of the image but with negative numbers: not indices.
+    path = data / "landmarks" / "case000.csv"
+    lm = read_landmarks(path)
+    write_landmarks(path, Landmarks(lm.names, lm.points + [0.0, 0.0, 400.0]))
+    status, out = check(data, capsys)
+    (line,) = lines_about(out, path)
+    assert status == 1 and "outside its image" in line and "voxel indices" not in line
 
 
 # --------------------------------------------------------------------------------------

@@ -63,6 +63,7 @@ from heatmap3d.data.landmark_checks import (
     check_scales,
     check_unannotated,
     reference_names,
+    written_as_indices,
 )
 from heatmap3d.data.reflection import check_orientation
 from heatmap3d.errors import InputError
@@ -169,7 +170,14 @@ def check_cases(
         where = unique[0].landmarks.parent
         check_unannotated(where, [d.landmarks for d in data], names, source, found)
     placed = [(d.case.landmarks, d.landmarks) for d in data if d.landmarks is not None]
-    check_orientation(placed, names, found)
+    # Voxel indices of an image stored L-P-S look like RAS turned half round: their
+    # "outside the image" error says what they are, and they are no partner in mm.
+    in_mm = [
+        (d.case.landmarks, d.landmarks)
+        for d, grid in zip(data, grids)
+        if d.landmarks is not None and not written_as_indices(d.landmarks, grid)
+    ]
+    check_orientation(in_mm, names, found)
     check_label_swaps(placed, names, found)
     with_grid = [(d.case, d.landmarks, g) for d, g in zip(data, grids) if d.landmarks is not None]
     check_scales(with_grid, names, found)

@@ -29,6 +29,7 @@ _MAX_PARTNERS = 40  # cases each case's size is compared with (evenly spread)
 # Factors that turn numbers written in another unit into mm, and that unit's name.
 _UNITS = ((1000.0, "metres"), (25.4, "inches"), (10.0, "centimetres"), (1e-3, "micrometres"))
 _MRK_UNITS = re.compile(r'"coordinateUnits"\s*:\s*\[?\s*"([^"]*)"')
+Grid = tuple[tuple[int, int, int], np.ndarray]  # an image's shape and affine
 
 
 def reference_names(sets: list[Landmarks | None], given: list[str] | None) -> tuple[list[str], str]:
@@ -194,6 +195,12 @@ def _outside_hint(
         )
     elif factor := _units_inside(world, shape, affine):
         hints.append(f"all would be inside with every number x{factor:g}{units_hint(path, factor)}")
+    if _index_like(world, shape):
+        hints.append(
+            "the numbers look like voxel indices (i, j, k) of the image, not world mm: all "
+            "would be inside read as indices; landmark files hold world mm, so convert "
+            "them with the image's affine"
+        )
     for order in itertools.permutations(range(3)):
         if order != (0, 1, 2) and inside_image(vox, np.asarray(shape)[list(order)]):
             hints.append(
@@ -229,6 +236,27 @@ def units_hint(path: Path, factor: float) -> str:
     return f": numbers written in {ratio[1]}? convert them to mm{advice}"
 
 
+def written_as_indices(lm: Landmarks, grid: Grid | None) -> bool:
+    """Whether ``lm``'s numbers look like voxel indices of its image (``grid``: shape,
+    affine) rather than world mm: some landmark lies outside the image read as mm, and
+    every number as written lies in the image's index box (:func:`_index_like`)."""
+    if grid is None:
+        return False
+    world = lm.points[np.all(np.isfinite(lm.points), axis=1)]
+    shape, affine = grid
+    return not inside_image(world_to_voxel(world, affine), shape) and _index_like(world, shape)
+
+
+def _index_like(world: np.ndarray, shape: tuple[int, int, int]) -> bool:
+    """Whether the numbers of ``world`` ``(N, 3)`` as the file wrote them (RAS; or LPS:
+    x and y negated back) are voxel indices of an image of ``shape``: each inside
+    ``[-0.5, n - 0.5]`` along its axis, spread over 5 indices at least (a few points
+    near the origin are no evidence)."""
+    if len(world) < 2 or np.ptp(world, axis=0).max() < 5:
+        return False
+    return any(inside_image(numbers, shape) for numbers in (world, world * LPS_FLIP))
+
+
 def _units_inside(world: np.ndarray, shape: tuple[int, int, int], affine: np.ndarray) -> float:
     """The unit factor of :data:`_UNITS` that puts every point of ``world`` ``(N, 3)`` RAS
     mm inside the image, spread over 5 voxels at least (any points shrunk a thousand
@@ -248,9 +276,6 @@ def _text(path: Path) -> str:
         return path.read_text(encoding="utf-8-sig", errors="replace")
     except OSError:
         return ""
-
-
-Grid = tuple[tuple[int, int, int], np.ndarray]  # an image's shape and affine
 
 
 def check_scales(

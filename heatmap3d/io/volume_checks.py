@@ -68,7 +68,8 @@ def check_voxels(path: Path, data: np.ndarray) -> None:
         raise InputError(f"{path}: image is empty (shape {data.shape})")
     n_bad = int(data.size - np.count_nonzero(np.isfinite(data)))
     if n_bad:
-        raise InputError(f"{path}: {n_bad} voxels are NaN or Inf")
+        are = "voxel is" if n_bad == 1 else "voxels are"
+        raise InputError(f"{path}: {n_bad} {are} NaN or Inf (of {data.size})")
 
 
 def _is_constant(data: np.ndarray) -> bool:
