@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -498,6 +499,35 @@ def test_afids_plans_coarse_and_refiner(tmp_path):
     assert "check them" in text
     # The ensemble default says why (one model measured better at an equal budget).
     assert "# Note: one model per stage (train without --folds/--members)" in text
-    assert "--folds 3 states a truer error radius" in plan.notes[-1]  # what folds buy
+    (folds,) = [n for n in plan.notes if n.startswith("one model per stage")]
+    assert "--folds 3 states a truer error radius" in folds  # what folds buy
     note = text[text.index("# Note: one model") :].split("\n\n")[0].splitlines()
     assert len(note) > 1 and max(map(len, note)) <= 90  # wrapped, to read in an editor
+
+
+# -- a packaged model the dataset could fine-tune ------------------------------------------
+
+
+def _fine_tune_note(fp: Fingerprint) -> list[str]:
+    return [n for n in make_plan(fp).notes if n.startswith("packaged model:")]
+
+
+def test_a_plan_of_landmarks_a_packaged_model_finds_names_it_for_fine_tuning():
+    (note,) = _fine_tune_note(MR_HEAD)  # the 32 AFIDs, numbered as the model numbers them
+    assert note.startswith("packaged model: afids-t1 finds 32 of the dataset's 32 landmarks")
+    assert "heatmap3d train DATA --init-from afids-t1 fine-tunes it" in note
+    short = dataclasses.replace(MR_HEAD, names=["AC", "PC", "genu", "SPLE", "RMB", "new"])
+    (note,) = _fine_tune_note(short)  # by the AFIDs' short names, any case; one it lacks
+    assert "afids-t1 finds 5 of the dataset's 6 landmarks (MR)" in note
+
+
+@pytest.mark.parametrize(
+    "fp",
+    [
+        dataclasses.replace(MR_HEAD, modality="ct"),  # the model was trained on MR scans
+        dataclasses.replace(MR_HEAD, names=["AC", "PC", "RMB", "apex"]),  # 3: too few to say
+        CT_TORSO,
+    ],
+)
+def test_no_packaged_model_is_named_for_other_scans_or_landmarks(fp):
+    assert _fine_tune_note(fp) == []

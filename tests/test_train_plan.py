@@ -13,6 +13,12 @@ import torch
 from torchrun_util import TINY as TORCHRUN_TINY
 from torchrun_util import run, torchrun
 
+from heatmap3d.config_io import load_config
+from heatmap3d.distributed import DistInfo
+from heatmap3d.io.destination import Destination
+from heatmap3d.io.landmarks import read_landmarks, write_landmarks
+from heatmap3d.training.stages import _planned_stages
+
 TINY = ["data.num_workers=0", "model.channels=2", "model.depth=2", "data.patch_size=[16,16,16]"]
 
 TWO_STAGES = """\
@@ -187,3 +193,30 @@ def test_members_train_with_other_seeds_and_predict_as_one_ensemble(phantoms, co
     assert pred.returncode == 0, pred.stderr[-2000:]
     rows = (data.parent / "pred" / f"{scan.name.split('.')[0]}.csv").read_text().splitlines()
     assert "radius_mm" in rows[1] and len(rows) > 2
+
+
+def test_training_from_scratch_names_the_packaged_model_that_finds_its_landmarks(
+    phantoms, copy_of, tmp_path, caplog
+):
+    """A plan written by training (not read by many) says in the log too that a packaged
+    model finds the dataset's landmarks; with other landmarks it says nothing."""
+
+    def log_of(data: Path, name: str) -> list[str]:
+        overrides = [f"train.out_dir={tmp_path / 'runs'}", f"train.name={name}"]
+        world = DistInfo(0, 0, 1, 1, torch.device("cpu"))
+        caplog.clear()
+        with caplog.at_level("INFO", logger="heatmap3d"):
+            _planned_stages(
+                data, None, overrides, load_config(None, overrides), world,
+                out=Destination(tmp_path / "runs"),
+            )  # fmt: skip
+        return [r.getMessage() for r in caplog.records if "packaged model" in r.getMessage()]
+
+    data = copy_of(phantoms(n_train=2, n_val=1, seed=1))
+    assert log_of(data, "phantoms") == []
+    afids = dict(zip(["AC", "PC", "GENU", "SPLE", "RMB", "LMB"], range(6)))
+    for path in (data / "landmarks").iterdir():  # the phantoms' six, named as AFIDs
+        lm = read_landmarks(path)
+        write_landmarks(path, lm.renamed(dict(zip(lm.names, afids))))
+    (said,) = log_of(data, "as_afids")
+    assert said.startswith("note: packaged model: afids-t1 finds 6 of the dataset's 6 landmarks")

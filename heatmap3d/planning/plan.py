@@ -32,6 +32,7 @@ from heatmap3d.planning.grids import (
     needs_refinement,
     region_of_interest_mm,
 )
+from heatmap3d.planning.packaged_models import fine_tune_notes
 from heatmap3d.planning.pairs import alone_reason, find_mirror_pairs, geometric_pairs, off_midline
 from heatmap3d.planning.priors import AUTO, give_prior
 from heatmap3d.planning.sizing import (
@@ -321,4 +322,5 @@ def make_plan(
     notes.append(f"with a {budget_minutes:g}-minute budget: {minutes} minutes")
     notes += give_prior(stages, fp, shape_prior)
     notes.append(ONE_MODEL_WHY)
+    notes += fine_tune_notes(fp)
     return Plan(stages, pairs, how, notes)

@@ -29,6 +29,7 @@ from heatmap3d.log import get_logger
 from heatmap3d.model import build_model
 from heatmap3d.planning.fingerprint import fingerprint_dataset
 from heatmap3d.planning.from_model import open_model, plan_from_model
+from heatmap3d.planning.packaged_models import fine_tune_notes
 from heatmap3d.planning.plan import make_plan
 from heatmap3d.planning.plan_file import (
     check_plan_target,
@@ -158,6 +159,8 @@ def _planned_stages(
         device = world.device.type
         if source is None:
             new_plan = make_plan(fp, device=device)
+            for note in fine_tune_notes(fp):  # the plan file holds it too, unread by many
+                log.info(f"note: {note}")
         else:
             new_plan = plan_from_model(source, fp, device=device)
         plan = record
