@@ -26,6 +26,7 @@ from heatmap3d.io.itk_io import affine_from_itk, itk_from_affine, lps_ras
 from heatmap3d.io.layout import (
     IMAGE_SUFFIXES,
     expand_scans,
+    files_left_out,
     find_image,
     image_candidates,
     scan_stem,
@@ -565,6 +566,25 @@ def test_expand_scans(tmp_path: Path) -> None:
     os.mkfifo(tmp_path / "pipe.nii.gz")  # exists, but no scan: said so, never opened
     with raises_naming(tmp_path / "pipe.nii.gz", "not a regular file or folder"):
         expand_scans([tmp_path / "pipe.nii.gz"])
+
+
+def test_files_beside_scans_in_formats_it_does_not_read_are_named(tmp_path: Path) -> None:
+    """A cohort folder holding MINC or Analyze scans beside NIfTI ones: predicted without
+    a word, those would be missed; documents, landmark files, a MetaImage's data file
+    and hidden files are no news."""
+    images = dataset_images(tmp_path)
+    assert files_left_out([images]) == []  # list.txt, notes/, the scans' own files
+    header = images / "split.mhd"
+    header.write_text(
+        "NDims = 3\nDimSize = 2 2 2\nElementType = MET_UCHAR\nElementDataFile = split.raw\n"
+    )
+    (images / "split.raw").write_bytes(bytes(8))
+    for name in ("b.mnc", "c.hdr", "c.img", ".DS_Store", "case.fcsv", "case.mrk.json", "a.md"):
+        (images / name).write_bytes(b"x")
+    (line,) = files_left_out([images, images / "meta.mha", images / "dicom"])
+    assert line.startswith(f"{images}: 3 file(s) here are no scan heatmap3d reads, left out: ")
+    assert "left out: b.mnc, c.hdr, c.img (it reads .nii.gz, .nii," in line
+    assert expand_scans([images])[-1] == images / "split.mhd"  # taken, with split.raw
 
 
 def test_expand_scans_on_a_real_dicom_tree() -> None:

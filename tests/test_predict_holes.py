@@ -172,6 +172,19 @@ def test_one_scan_named_twice_is_predicted_once_and_said_so(capsys, tmp_path, we
     assert len(rows) == len(set(rows)) == distinct * len(NAMES), rows
 
 
+def test_scans_of_a_format_it_does_not_read_in_the_folder_are_named(capsys, tmp_path, weights):
+    """A cohort folder with a MINC scan beside the NIfTI ones: the one predicted says
+    which file it left out (a cohort of 300 would not notice one scan fewer)."""
+    scan = _scan(tmp_path / "scans" / "case0.nii.gz")
+    (scan.parent / "case1.mnc").write_bytes(b"MINC")
+    code, out, err = predict(capsys, weights, tmp_path / "out", scan.parent)
+    assert code == 0, err
+    (note,) = [line for line in out.splitlines() if "left out" in line]
+    assert note.startswith(f"note: {scan.parent}: 1 file(s) here are no scan heatmap3d reads")
+    assert "left out: case1.mnc (it reads .nii.gz" in note
+    assert "1 scan(s): 1 predicted" in out, out
+
+
 def test_a_rerun_with_a_repeat_skips_and_tables_once(capsys, tmp_path, weights):
     scan = _scan(tmp_path / "scans" / "case0.nii.gz")
     assert predict(capsys, weights, tmp_path / "out", scan)[0] == 0

@@ -37,7 +37,7 @@ from heatmap3d.inference.reading import check_workers, reading_workers
 from heatmap3d.inference.refine import Cascade
 from heatmap3d.inference.scans import output_stems, unique_scans
 from heatmap3d.io.destination import Destination
-from heatmap3d.io.layout import expand_scans
+from heatmap3d.io.layout import expand_scans, files_left_out
 from heatmap3d.io.model_folder import read_model_folder
 from heatmap3d.io.png import write_png
 from heatmap3d.log import get_logger
@@ -235,7 +235,7 @@ def _scans(paths: Sequence[Path]) -> list[Path]:
     """The scans ``paths`` name (folders expanded), each file once; a note is logged for
     each one left out (a repeat, or heatmaps the tool wrote)."""
     found, left_out = unique_scans(expand_scans(list(paths)))
-    for line in left_out:
+    for line in files_left_out(list(paths)) + left_out:
         log.info(f"note: {line}")
     if not found:
         raise InputError(f"{paths[0]}: no scans to predict ({left_out[0]})")

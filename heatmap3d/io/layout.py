@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from heatmap3d.errors import InputError
+from heatmap3d.errors import InputError, listed
 from heatmap3d.io.case_ids import case_id_problem, normalise_case_id, sort_case_ids
 from heatmap3d.io.dicom import holds_dicom
 from heatmap3d.io.header_files import named_files
@@ -282,6 +282,44 @@ def expand_scans(paths: list[Path]) -> list[Path]:
                 )
             scans.extend(found)
     return scans
+
+
+# Files found beside scans that are no image and need no word: documents, tables, and
+# landmark files (LANDMARK_SUFFIXES).
+_NOT_IMAGES = (".txt", ".md", ".pdf", ".html", ".log", ".csv", ".tsv", ".yaml", ".yml")
+
+
+def files_left_out(paths: list[Path]) -> list[str]:
+    """One line per folder of ``paths`` (as :func:`expand_scans` reads them) naming the
+    files directly in it that are no scan it takes, nor a data file of one, a document or
+    a landmark file (hidden files aside): most likely scans in a format heatmap3d does not
+    read (MINC, Analyze, MGH...), which a cohort would otherwise miss without a word."""
+    lines = []
+    for folder in map(Path, paths):
+        if not folder.is_dir() or holds_dicom(folder):
+            continue
+        files = [p for p in folder.iterdir() if p.is_file() and not p.name.startswith(".")]
+        used = {part.resolve() for p in files if _is_scan(p) for part in _parts(p)}
+        quiet = _NOT_IMAGES + LANDMARK_SUFFIXES
+        odd = sorted(
+            p.name for p in files if p.resolve() not in used and not p.name.lower().endswith(quiet)
+        )
+        if odd:
+            lines.append(
+                f"{folder}: {len(odd)} file(s) here are no scan heatmap3d reads, left out: "
+                f"{listed(odd)} (it reads {', '.join(IMAGE_SUFFIXES)} and DICOM series: "
+                "convert others to one of them)"
+            )
+    return lines
+
+
+def _parts(scan: Path) -> list[Path]:
+    """:func:`image_files` of ``scan``; the scan alone where its header names files it
+    may not (its reader says so when it is read)."""
+    try:
+        return image_files(scan)
+    except InputError:
+        return [scan]
 
 
 def _is_scan(path: Path) -> bool:
