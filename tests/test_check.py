@@ -229,6 +229,21 @@ def test_a_scan_named_with_a_channel_suffix_is_paired_in_the_message(data, capsy
     assert out.count("look like one case") == 2  # the other cases are not paired
 
 
+def test_a_scan_named_in_other_letter_case_is_paired_in_the_message(data, capsys):
+    """Case002.nii.gz beside case002.mrk.json: two cases on a case-sensitive file system,
+    each missing a file; both lines name the other spelling."""
+    (data / "split.json").unlink(missing_ok=True)
+    image(data, "case002").rename(data / "images" / "Case002.nii.gz")
+    status, out = check(data, capsys)
+    assert status == 1
+    (line,) = lines_about(out, image(data, "case002"))
+    assert "image of case 'case002' not found" in line
+    assert "; 'Case002' differs from it only in letter case" in line
+    (line,) = lines_about(out, data / "landmarks" / "Case002")
+    assert "no landmark file" in line and "'case002' differs from it only in letter case" in line
+    assert out.count("only in letter case") == 2  # the other cases are not paired
+
+
 def test_unparseable_landmark_file(data, capsys):
     path = edit_csv(data, "case002", "name,x,y,z", "label,x,y,z")
     status, out = check(data, capsys)

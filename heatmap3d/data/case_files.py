@@ -1,7 +1,8 @@
 """Where each case's files are, for ``heatmap3d check``: its scan and its landmark file as
 training finds them (:mod:`heatmap3d.io.layout`), or a finding for each that is missing or
 is two files; a missing one whose name differs from the other's by a suffix (nnU-Net's
-``case1_0000.nii.gz`` beside ``case1.fcsv``) is said to look like one case.
+``case1_0000.nii.gz`` beside ``case1.fcsv``) is said to look like one case, and one whose
+name differs only in letter case (``Case1.nii.gz`` beside ``case1.fcsv``) is named.
 """
 
 from __future__ import annotations
@@ -34,13 +35,13 @@ def locate_case(root: Path, case_id: str, report: Collector) -> Case | None:
         if image is None:
             images = image_candidates(root, case_id)
             others = ", ".join(p.name for p in images[1:])
-            hint = _suffixed_namesake(root, case_id)
+            hint = _namesake(root, case_id)
             report.error(images[0], f"image of case {case_id!r} not found (nor {others}){hint}")
     tried = landmark_candidates(root / "landmarks", case_id)
     marks: Path | None = None
     if not any(p.is_file() for p in tried):
         names = ", ".join(p.name for p in tried)
-        hint = _suffixed_namesake(root, case_id)
+        hint = _namesake(root, case_id)
         report.error(root / "landmarks" / case_id, f"no landmark file (tried {names}){hint}")
     else:
         try:
@@ -48,6 +49,32 @@ def locate_case(root: Path, case_id: str, report: Collector) -> Case | None:
         except InputError as err:  # two landmark files for the case
             report.input_error(named_path(err), err)
     return Case(case_id, image, marks) if image is not None and marks is not None else None
+
+
+def _namesake(root: Path, case_id: str) -> str:
+    """A hint for a case missing its scan or its landmark file, when the other folder
+    holds its name with a suffix or in other letter case; ``""`` when it holds neither."""
+    return _suffixed_namesake(root, case_id) or _letter_case_namesake(root, case_id)
+
+
+def _letter_case_namesake(root: Path, case_id: str) -> str:
+    """The hint when the other folder holds ``case_id`` in other letter case
+    (``MNIColin27.nii.gz`` beside ``mnicolin27.fcsv``): case ids are matched letter for
+    letter, as a case-sensitive file system does; ``""`` when there is none."""
+    key = case_id.casefold()
+    scans = [scan_stem(p) for p in _entries(root / "images")]
+    marks = [m for m in map(landmark_case_id, _entries(root / "landmarks")) if m]
+    others = [n for n in scans + marks if n != case_id and n.casefold() == key]
+    if not others:
+        return ""
+    return (
+        f"; {others[0]!r} differs from it only in letter case: a scan and its landmark "
+        "file share one name, letter for letter"
+    )
+
+
+def _entries(folder: Path) -> list[Path]:
+    return sorted(folder.iterdir()) if folder.is_dir() else []
 
 
 def _suffixed_namesake(root: Path, case_id: str) -> str:
