@@ -122,6 +122,18 @@ def test_save_volume_refuses_shear_for_itk_formats(tmp_path: Path) -> None:
             save_volume(tmp_path / name, Volume(scan_data(), sheared))
 
 
+def test_a_gzip_file_named_nii_is_told_to_be_named_nii_gz(tmp_path: Path) -> None:
+    save_volume(tmp_path / "scan.nii.gz", Volume(scan_data(), AFFINES["oblique"]))
+    (tmp_path / "scan.nii").write_bytes((tmp_path / "scan.nii.gz").read_bytes())
+    with raises_naming(tmp_path / "scan.nii", "gzip-compressed: name it .nii.gz"):
+        load_volume(tmp_path / "scan.nii")
+    (tmp_path / "junk.nii").write_bytes(b"not an image at all")
+    with pytest.raises(InputError) as refused:
+        load_volume(tmp_path / "junk.nii")
+    assert "cannot read image" in str(refused.value)
+    assert "gzip-compressed" not in str(refused.value)
+
+
 # --------------------------------------------------------------------------------------
 # DICOM series: what GDCM orders, what is checked here
 # --------------------------------------------------------------------------------------

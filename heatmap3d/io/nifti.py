@@ -130,7 +130,7 @@ def read_nifti(
     try:
         img = nib.load(path)
     except _NIBABEL_READ_ERRORS as exc:
-        raise InputError(f"{path}: cannot read image ({one_line(exc)})") from exc
+        raise InputError(f"{path}: cannot read image ({one_line(exc)}){_gzip_hint(path)}") from exc
     stored = _header_as_stored(path, img)
     _check_codes(path, stored, allow_no_world_frame)
     _check_world_frame(path, stored, allow_no_world_frame)
@@ -144,6 +144,19 @@ def read_nifti(
     except _NIBABEL_READ_ERRORS as exc:
         raise InputError(f"{path}: cannot read image ({one_line(exc)})") from exc
     return data, _in_mm(path, stored, affine)
+
+
+def _gzip_hint(path: Path) -> str:
+    """The hint for a gzip-compressed file named ``.nii`` (nibabel goes by the name and
+    finds no NIfTI header in the compressed bytes); ``""`` for any other file."""
+    if not path.name.lower().endswith(".nii"):
+        return ""
+    try:
+        with open(path, "rb") as f:
+            compressed = f.read(2) == b"\x1f\x8b"
+    except OSError:
+        return ""
+    return "; its bytes are gzip-compressed: name it .nii.gz" if compressed else ""
 
 
 def _check_dtype(path: Path, dtype: np.dtype) -> None:
