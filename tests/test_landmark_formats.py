@@ -276,6 +276,20 @@ def test_find_landmark_file_refuses_two_files_for_one_case(tmp_path: Path) -> No
         find_landmark_file(tmp_path, "case3")
 
 
+def test_a_case_without_its_landmark_file_names_what_the_folder_holds(tmp_path: Path) -> None:
+    """Truth files named otherwise than the scans (``colin27.fcsv`` for ``MNIColin27``):
+    the refusal names the files that are there, so the mismatch shows."""
+    with pytest.raises(InputError, match=r"; it holds no landmark file$"):
+        find_landmark_file(tmp_path, "MNIColin27")
+    (tmp_path / "colin27.fcsv").write_text("")
+    (tmp_path / "notes.txt").write_text("")
+    with pytest.raises(InputError) as refused:
+        find_landmark_file(tmp_path, "MNIColin27")
+    assert str(refused.value).endswith(
+        "; it holds 1 landmark file(s): colin27.fcsv (each named as its scan)"
+    )
+
+
 # --------------------------------------------------------------------------------------
 # Landmarks: every reader's InputError, on real broken files
 # --------------------------------------------------------------------------------------

@@ -220,7 +220,20 @@ def find_landmark_file(directory: Path, case_id: str) -> Path:
     raise InputError(
         f"{directory}: no landmark file for case {case_id!r}; tried "
         + ", ".join(p.name for p in tried)
+        + _landmark_files_held(Path(directory))
     )
+
+
+def _landmark_files_held(directory: Path) -> str:
+    """What ``directory`` holds instead, for the error of a case without a landmark file:
+    its landmark files' names (each case's file is named as its scan), or that it holds
+    none."""
+    if not directory.is_dir():
+        return ""
+    held = sorted(p.name for p in directory.iterdir() if landmark_case_id(p) and p.is_file())
+    if not held:
+        return "; it holds no landmark file"
+    return f"; it holds {len(held)} landmark file(s): {listed(held)} (each named as its scan)"
 
 
 def _one_of(found: list[Path], what: str, kind: str) -> None:
