@@ -107,6 +107,28 @@ def test_model_folder_lists_members_and_reads_the_first_format(tmp_path):
     assert stage.checkpoints == ("a/coarse/best.pt",) and paths == [tmp_path / "a/coarse/best.pt"]
 
 
+def test_a_run_folder_before_its_end_says_training_has_not_finished(tmp_path):
+    """``predict --model runs/x`` while x trains (or after it stopped): model.json comes
+    at the end, so the folder is no model folder yet; the refusal says why and offers a
+    network that is there."""
+    run = tmp_path / "run"
+    for stage in ("fold0/fine", "fold0/coarse", "fold1/coarse"):
+        (run / stage).mkdir(parents=True)
+        (run / stage / "last.pt").write_bytes(b"x")
+    (run / "fold0" / "coarse" / "best.pt").write_bytes(b"x")
+    with pytest.raises(InputError) as refused:
+        read_model_folder(run)
+    message = str(refused.value)
+    assert message.startswith(f"{run}: not a model folder (a training run before its end: ")
+    assert "still training, or stopped (heatmap3d train DATA --resume goes on)" in message
+    assert message.endswith(
+        f"--checkpoint {run / 'fold0/coarse/best.pt'} runs one of its networks now)"
+    )
+    (tmp_path / "empty").mkdir()  # no checkpoint below: nothing to offer
+    with pytest.raises(InputError, match=r"\(no model.json; heatmap3d train DATA writes one\)$"):
+        read_model_folder(tmp_path / "empty")
+
+
 def test_a_stage_folder_or_checkpoint_given_as_the_model_says_what_to_give(tmp_path):
     stage = tmp_path / "run" / "fold0" / "coarse"
     stage.mkdir(parents=True)

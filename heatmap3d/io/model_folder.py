@@ -105,7 +105,24 @@ def _what_instead(path: Path) -> str:
     stage = [n for n in ("best.pt", "last.pt") if (path / n).is_file()]
     if stage:
         return f"a training stage's folder: --checkpoint {path / stage[0]} runs its network{whole}"
+    if above is None and path.is_dir() and (unfinished := _a_checkpoint_below(path)):
+        return (
+            f"a training run before its end: {MODEL_FILE} is written once every stage has "
+            "trained, so it is still training, or stopped (heatmap3d train DATA --resume "
+            f"goes on); --checkpoint {unfinished} runs one of its networks now"
+        )
     return f"no {MODEL_FILE}; heatmap3d train DATA writes one{whole}"
+
+
+def _a_checkpoint_below(folder: Path) -> Path | None:
+    """The first ``best.pt`` (else ``last.pt``) of a stage folder up to 3 levels below
+    ``folder`` (``fold0/coarse/best.pt``), by name; None when there is none."""
+    for name in ("best.pt", "last.pt"):
+        for depth in range(1, 4):
+            found = sorted(folder.glob("/".join(["*"] * depth + [name])))
+            if found:
+                return found[0]
+    return None
 
 
 def read_model_folder(folder: Path) -> ModelFolder:
