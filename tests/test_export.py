@@ -148,3 +148,22 @@ def test_broken_exports_are_one_line_naming_the_file(capsys, exported, scan_file
     (broken / "model.json").write_text(json.dumps(doc))
     err = one_error(capsys, "predict", "--model", broken, scan_file, "--out", tmp_path / "o")
     assert "coarse.safetensors" in err and "do not match" in err
+
+
+def test_an_output_folder_that_cannot_be_made_is_one_line(
+    capsys, trained, scan_file, tmp_path, monkeypatch
+):
+    """A folder the system will not create (a mount gone, /proc, no permission as root on
+    a network share): export and predict said it with a traceback."""
+    out = tmp_path / "gone" / "out"
+    real_mkdir = Path.mkdir
+
+    def refused(self, *args, **kwargs):
+        if self == out:
+            raise FileNotFoundError(2, "No such file or directory", str(self))
+        return real_mkdir(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "mkdir", refused)
+    for argv in (("export", trained), ("predict", "--model", trained, scan_file)):
+        err = one_error(capsys, *argv, "--out", out)
+        assert err.startswith(f"error: {out}: cannot create the output folder (")

@@ -29,6 +29,7 @@ from heatmap3d.errors import InputError
 from heatmap3d.inference.model_loading import read_extras
 from heatmap3d.inference.onnx_network import OPSET, export_onnx
 from heatmap3d.io.atomic import atomic_write_bytes
+from heatmap3d.io.destination import make_folder
 from heatmap3d.io.model_folder import EXPORT_FORMAT, MODEL_FILE, read_model_folder
 from heatmap3d.log import get_logger
 from heatmap3d.model import build_model
@@ -117,7 +118,7 @@ def _check_out(out: Path, overwrite: bool) -> Path:
         raise InputError(
             f"{out}: not empty and not an export of heatmap3d; give a new folder (or --overwrite)"
         )
-    out.mkdir(parents=True, exist_ok=True)
+    make_folder(out)
     return out
 
 

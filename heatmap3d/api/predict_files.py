@@ -36,7 +36,7 @@ from heatmap3d.inference.predictor import Predictor
 from heatmap3d.inference.reading import check_workers, reading_workers
 from heatmap3d.inference.refine import Cascade
 from heatmap3d.inference.scans import output_stems, unique_scans
-from heatmap3d.io.destination import Destination
+from heatmap3d.io.destination import Destination, make_folder
 from heatmap3d.io.layout import expand_scans, files_left_out
 from heatmap3d.io.model_folder import read_model_folder
 from heatmap3d.io.png import write_png
@@ -279,7 +279,7 @@ def _check_out_dir(out: Path) -> None:
             if not os.access(parent, os.W_OK | os.X_OK):
                 raise InputError(f"{out}: cannot write here: {parent} is not writable")
             break
-    out.mkdir(parents=True, exist_ok=True)
+    make_folder(out)
 
 
 def _write(
