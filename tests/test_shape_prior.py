@@ -111,6 +111,19 @@ def test_shape_fit_reads_fcsv_and_csv_folders_and_writes_a_prior(tmp_path, capsy
     assert json.loads(out.read_text())["names"][:2] == ["X0", "X1"]
 
 
+def test_shape_fit_makes_the_out_folder_or_says_at_once_why_it_cannot(tmp_path, capsys):
+    """A new folder for the prior is made (it was a traceback after the whole fit); a
+    file where the folder must go is one line, before any file is read."""
+    people = tmp_path / "people"
+    _write_people(people, _people(12, seed=2), ".fcsv")
+    out = tmp_path / "priors" / "brains" / "prior.json"
+    assert main(["shape", "fit", str(people), "--out", str(out)]) == 0
+    assert json.loads(out.read_text())["n_cases"] == 12
+    (tmp_path / "a_file").write_text("")
+    argv = ["shape", "fit", str(tmp_path / "nothing here"), "--out"]
+    _refused(capsys, [*argv, str(tmp_path / "a_file" / "prior.json")], "a_file is a file")
+
+
 def _refused(capsys, argv: list[str], *words: str) -> None:
     assert main(argv) == 2
     err = capsys.readouterr().err.strip()

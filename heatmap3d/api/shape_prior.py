@@ -23,7 +23,7 @@ import numpy as np
 from heatmap3d import __version__
 from heatmap3d.errors import InputError
 from heatmap3d.io.atomic import atomic_write_bytes
-from heatmap3d.io.destination import Destination
+from heatmap3d.io.destination import Destination, make_folder
 from heatmap3d.io.json_file import read_text
 from heatmap3d.io.seal import seal, seal_state
 from heatmap3d.log import get_logger
@@ -49,6 +49,7 @@ def fit_prior(
     the dataset's; write it to ``out`` and say what it rests on. The prior."""
     out = Path(out)
     check_target(Destination(out.parent, replace=overwrite), out.name)
+    make_folder(out.parent)  # before the fit: a folder it cannot write is said at once
     files = landmark_files(list(paths))
     if len(files) < MIN_CASES:
         raise InputError(
