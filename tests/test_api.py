@@ -103,6 +103,23 @@ def test_a_volume_predicts_as_its_file(folder, scans):
     assert model.predict(vol).scan == ""
 
 
+def test_a_volume_is_refused_as_its_file_would_be(folder, scans):
+    """A Volume made in memory gets the file's checks: NaN voxels or a sheared grid were
+    predicted (every landmark missing; landmarks on a grid no tool places alike)."""
+    model = heatmap3d.load_model(folder)
+    vol = heatmap3d.load_volume(scans[1])
+    holes = vol.data.copy()
+    holes[0, 0, 0] = np.nan
+    with pytest.raises(InputError, match=r"^the volume: 1 voxel is NaN or Inf"):
+        model.predict(heatmap3d.Volume(holes, vol.affine))
+    sheared = vol.affine.copy()
+    sheared[0, 1] += 0.5 * abs(sheared[1, 1]) + 0.5
+    with pytest.raises(InputError, match=r"^scan\.nii\.gz: sheared frame"):
+        model.predict(heatmap3d.Volume(vol.data, sheared, "scan.nii.gz"))
+    with pytest.raises(TypeError, match="not ndarray: without an affine"):
+        model.predict(vol.data)
+
+
 def test_shards_take_what_predict_shard_takes(folder, scans):
     model = heatmap3d.load_model(folder)
     shares = [model.predict_many(scans, shard=(i, 2)) for i in range(2)]

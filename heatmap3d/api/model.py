@@ -28,7 +28,7 @@ from heatmap3d.inference.pipeline import DEFAULT_REVIEW_RADIUS_MM, Pipeline
 from heatmap3d.inference.prediction import Prediction
 from heatmap3d.io.landmarks import Landmarks
 from heatmap3d.io.nifti import check_frame_choice
-from heatmap3d.io.volumes import load_volume
+from heatmap3d.io.volumes import check_volume, load_volume
 from heatmap3d.packaged import catalogue as packaged
 from heatmap3d.predictions.scan_files import review_flags
 from heatmap3d.review.basis import ReviewBasis
@@ -114,11 +114,18 @@ class Model:
         return self.pipeline.basis
 
     def predict(self, scan: str | Path | Volume) -> ScanResult:
-        """The reviewed landmarks of one scan: a file or DICOM folder, or a volume."""
+        """The reviewed landmarks of one scan: a file or DICOM folder, or a volume (refused
+        as a file of it would be: NaN voxels, a sheared grid, ...; InputError)."""
         if isinstance(scan, Volume):
-            vol = scan
-        else:
+            vol = check_volume(scan)  # as a file of it would be: no NaN, no sheared grid
+        elif isinstance(scan, str | Path):
             vol = load_volume(Path(scan), nifti_frame=self.nifti_frame)
+        else:
+            raise TypeError(
+                f"predict takes a scan's path or a heatmap3d.Volume (voxels and their "
+                f"affine), not {type(scan).__name__}: without an affine no landmark has a "
+                "place in world mm"
+            )
         pred = self.pipeline.predict_volume(vol)
         where = "" if isinstance(scan, Volume) else str(scan)
         return ScanResult.of(pred, self.basis, self.review_below, where)

@@ -88,6 +88,17 @@ def load_volume(
     return Volume(np.ascontiguousarray(data, dtype=np.float32), affine, str(path))
 
 
+def check_volume(vol: Volume) -> Volume:
+    """``vol`` made in memory, refused as :func:`load_volume` refuses a file of it
+    (InputError naming ``vol.source``, or "the volume"): NaN or Inf voxels, one value
+    everywhere, an affine that is not a right, finite, unsheared voxel grid."""
+    name = Path(vol.source or "the volume")
+    check_voxels(name, vol.data)
+    check_affine(name, vol.affine)
+    check_not_constant(name, vol.data)
+    return vol
+
+
 def save_volume(path: str | Path, vol: Volume) -> None:
     """Write ``vol`` in the format ``path`` names: NIfTI, NRRD or MetaImage by suffix
     (float32 voxels), or a DICOM series (int16 with rescale, one file per slice ``k``)
