@@ -22,7 +22,8 @@ from pathlib import Path
 
 from heatmap3d.config import DataConfig
 from heatmap3d.data.cache import build_entries
-from heatmap3d.io.layout import find_cases, image_files, read_split
+from heatmap3d.io.layout import find_cases, read_split
+from heatmap3d.io.scan_paths import image_files
 
 
 def digest(folder: Path) -> str:

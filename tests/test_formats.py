@@ -23,14 +23,8 @@ from heatmap3d.errors import InputError
 from heatmap3d.geometry import Volume, voxel_to_world
 from heatmap3d.io.dicom import write_dicom_series
 from heatmap3d.io.itk_io import affine_from_itk, itk_from_affine, lps_ras
-from heatmap3d.io.layout import (
-    IMAGE_SUFFIXES,
-    expand_scans,
-    files_left_out,
-    find_image,
-    image_candidates,
-    scan_stem,
-)
+from heatmap3d.io.layout import IMAGE_SUFFIXES, find_image, image_candidates
+from heatmap3d.io.scan_paths import expand_scans, files_left_out, scan_stem
 from heatmap3d.io.volumes import load_volume, save_volume
 
 SHAPE = (20, 24, 16)

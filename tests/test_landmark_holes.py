@@ -2,7 +2,7 @@
 
 1. numbers in other units than the file says (Slicer markups saying ``"um"`` over numbers
    in mm: every landmark within 0.05 mm of the others): caught by
-   :func:`heatmap3d.data.landmark_checks.check_scales` and the outside-the-image hint;
+   :func:`heatmap3d.data.landmark_units.check_scales` and the outside-the-image hint;
 2. the labels of two landmarks exchanged in one case: caught against the other cases by
    :mod:`heatmap3d.data.label_swaps`, without flagging real anatomical variability (the
    AFIDs templates and 320 real AFIDs files of 122 people, when present beside the
@@ -28,7 +28,7 @@ from heatmap3d.config import Config, DataConfig
 from heatmap3d.data.check import check_dataset
 from heatmap3d.data.findings import CheckReport, Collector
 from heatmap3d.data.label_swaps import check_label_swaps
-from heatmap3d.data.landmark_checks import check_scales
+from heatmap3d.data.landmark_units import check_scales
 from heatmap3d.data.setup import prepare_dataset
 from heatmap3d.distributed import DistInfo
 from heatmap3d.errors import InputError

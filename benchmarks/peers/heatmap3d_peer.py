@@ -36,7 +36,7 @@ def run(
     """The four commands on ``data`` with ``train.budget_minutes=minutes``; with ``model``
     (trained so before, on the same training scans) only ``predict``."""
     from benchmarks.common import tool, train
-    from heatmap3d.io.layout import scan_stem
+    from heatmap3d.io.scan_paths import scan_stem
     from heatmap3d.predictions.reading import read_prediction_table
 
     out = work / "heatmap3d"

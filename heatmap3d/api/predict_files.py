@@ -37,9 +37,9 @@ from heatmap3d.inference.reading import check_workers, reading_workers
 from heatmap3d.inference.refine import Cascade
 from heatmap3d.inference.scans import output_stems, unique_scans
 from heatmap3d.io.destination import Destination, make_folder
-from heatmap3d.io.layout import expand_scans, files_left_out
 from heatmap3d.io.model_folder import read_model_folder
 from heatmap3d.io.png import write_png
+from heatmap3d.io.scan_paths import expand_scans, files_left_out
 from heatmap3d.log import get_logger
 from heatmap3d.packaged import catalogue as packaged
 from heatmap3d.precision import autocast_name

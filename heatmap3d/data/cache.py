@@ -51,7 +51,7 @@ from heatmap3d.errors import InputError, one_line
 from heatmap3d.geometry import Volume
 from heatmap3d.io.atomic import atomic_write
 from heatmap3d.io.json_file import load_json
-from heatmap3d.io.layout import image_files
+from heatmap3d.io.scan_paths import image_files
 from heatmap3d.io.volumes import load_volume
 
 # Part of every key: bump when preprocess() changes its output for the same settings.

@@ -19,8 +19,8 @@ from heatmap3d.io.layout import (
     image_candidates,
     landmark_candidates,
     landmark_case_id,
-    scan_stem,
 )
+from heatmap3d.io.scan_paths import scan_stem
 
 
 def locate_case(root: Path, case_id: str, report: Collector) -> Case | None:

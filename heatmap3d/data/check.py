@@ -32,7 +32,7 @@ legal but worth a look. Checks, one function each:
   from its own consensus position and at the other's (:mod:`heatmap3d.data.label_swaps`);
   numbers in other units than the file says: every landmark within one voxel of the others
   (mm numbers under ``coordinateUnits: um``), or a case spanning 5 times less or more than
-  the others, with the likely unit (:func:`~heatmap3d.data.landmark_checks.check_scales`);
+  the others, with the likely unit (:func:`~heatmap3d.data.landmark_units.check_scales`);
   the last two need 3 cases or more;
 * per case id: one file name (no path), one image and one landmark file (two candidates,
   ``case.csv`` and ``case.mrk.json``, are an error naming both).
@@ -60,11 +60,11 @@ from heatmap3d.data.frame_check import check_frame
 from heatmap3d.data.label_swaps import check_label_swaps
 from heatmap3d.data.landmark_checks import (
     check_case,
-    check_scales,
     check_unannotated,
     reference_names,
     written_as_indices,
 )
+from heatmap3d.data.landmark_units import check_scales
 from heatmap3d.data.reflection import check_orientation
 from heatmap3d.errors import InputError
 from heatmap3d.geometry import Volume

@@ -36,7 +36,7 @@ from heatmap3d.geometry import (
     spacing_of,
     world_to_voxel,
 )
-from heatmap3d.io.layout import expand_scans, scan_stem
+from heatmap3d.io.scan_paths import expand_scans, scan_stem
 
 THUMB_PX = 96  # thumbnails: the whole axial slice in this many pixels across
 TILE_PX = 160  # each view of a tile: this many pixels of TILE_MM mm (96 mm across)

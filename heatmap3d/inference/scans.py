@@ -20,8 +20,8 @@ from typing import Any, Protocol
 from heatmap3d.errors import InputError, one_line
 from heatmap3d.geometry import Volume
 from heatmap3d.inference.prediction import Prediction
-from heatmap3d.io.layout import scan_stem
 from heatmap3d.io.provenance import is_ours
+from heatmap3d.io.scan_paths import scan_stem
 from heatmap3d.predictions.tables import TABLES
 
 

@@ -105,24 +105,26 @@ def _what_instead(path: Path) -> str:
     stage = [n for n in ("best.pt", "last.pt") if (path / n).is_file()]
     if stage:
         return f"a training stage's folder: --checkpoint {path / stage[0]} runs its network{whole}"
-    if above is None and path.is_dir() and (unfinished := _a_checkpoint_below(path)):
+    unfinished = run_checkpoints(path) if above is None and path.is_dir() else []
+    if unfinished:
+        unfinished.sort(key=lambda p: p.name != "best.pt")  # a best.pt first, else a last.pt
         return (
             f"a training run before its end: {MODEL_FILE} is written once every stage has "
             "trained, so it is still training, or stopped (heatmap3d train DATA --resume "
-            f"goes on); --checkpoint {unfinished} runs one of its networks now"
+            f"goes on); --checkpoint {unfinished[0]} runs one of its networks now"
         )
     return f"no {MODEL_FILE}; heatmap3d train DATA writes one{whole}"
 
 
-def _a_checkpoint_below(folder: Path) -> Path | None:
-    """The first ``best.pt`` (else ``last.pt``) of a stage folder up to 3 levels below
-    ``folder`` (``fold0/coarse/best.pt``), by name; None when there is none."""
-    for name in ("best.pt", "last.pt"):
-        for depth in range(1, 4):
-            found = sorted(folder.glob("/".join(["*"] * depth + [name])))
-            if found:
-                return found[0]
-    return None
+def run_checkpoints(folder: Path) -> list[Path]:
+    """The checkpoints (``best.pt``, ``last.pt``) a training run keeps in ``folder``'s
+    stage folders (``coarse/best.pt``) or its members' (``fold0/coarse/last.pt``), sorted."""
+    return sorted(
+        p
+        for pattern in ("*/*.pt", "*/*/*.pt")
+        for p in Path(folder).glob(pattern)
+        if p.name in ("best.pt", "last.pt")
+    )
 
 
 def read_model_folder(folder: Path) -> ModelFolder:

@@ -82,9 +82,7 @@ def load_volume(
         raise InputError(f"{path}: unknown image type (expected {_KNOWN}){hint}")
     if data.ndim == 4 and data.shape[3] == 1:
         data = data[..., 0]
-    check_voxels(path, data)
-    check_affine(path, affine)
-    check_not_constant(path, data)
+    _check(path, data, affine)
     return Volume(np.ascontiguousarray(data, dtype=np.float32), affine, str(path))
 
 
@@ -92,11 +90,15 @@ def check_volume(vol: Volume) -> Volume:
     """``vol`` made in memory, refused as :func:`load_volume` refuses a file of it
     (InputError naming ``vol.source``, or "the volume"): NaN or Inf voxels, one value
     everywhere, an affine that is not a right, finite, unsheared voxel grid."""
-    name = Path(vol.source or "the volume")
-    check_voxels(name, vol.data)
-    check_affine(name, vol.affine)
-    check_not_constant(name, vol.data)
+    _check(Path(vol.source or "the volume"), vol.data, vol.affine)
     return vol
+
+
+def _check(path: Path, data: np.ndarray, affine: np.ndarray) -> None:
+    """The checks of a scan's voxels and grid, whether read from ``path`` or made in memory."""
+    check_voxels(path, data)
+    check_affine(path, affine)
+    check_not_constant(path, data)
 
 
 def save_volume(path: str | Path, vol: Volume) -> None:

@@ -14,9 +14,10 @@ from heatmap3d.io.model_folder import read_model_folder
 from heatmap3d.packaged import catalogue as packaged
 from heatmap3d.planning.fingerprint import Fingerprint
 
-__all__ = ["MIN_SHARED", "fine_tune_notes"]
+__all__ = ["MIN_SHARED", "NOTE", "fine_tune_notes"]
 
 MIN_SHARED = 4  # landmarks the model finds: fewer say little about the rest of the set
+NOTE = "packaged model: "  # how each of its notes starts, among the plan's
 
 
 def fine_tune_notes(fp: Fingerprint) -> list[str]:
@@ -36,7 +37,7 @@ def fine_tune_notes(fp: Fingerprint) -> list[str]:
         found = packaged.same_landmarks(model.landmarks, fp.names)
         if len(found) >= MIN_SHARED:
             notes.append(
-                f"packaged model: {name} finds {len(found)} of the dataset's "
+                f"{NOTE}{name} finds {len(found)} of the dataset's "
                 f"{len(fp.names)} landmarks ({fp.modality.upper()}): heatmap3d train DATA "
                 f"--init-from {name} fine-tunes it from its weights instead of training "
                 "from scratch (heatmap3d models: its card)"

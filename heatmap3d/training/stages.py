@@ -24,12 +24,12 @@ from heatmap3d.distributed import DistInfo
 from heatmap3d.errors import InputError
 from heatmap3d.evaluation.metrics import LandmarkStats
 from heatmap3d.io.destination import Destination
-from heatmap3d.io.model_folder import ModelFolder
+from heatmap3d.io.model_folder import ModelFolder, run_checkpoints
 from heatmap3d.log import get_logger
 from heatmap3d.model import build_model
+from heatmap3d.planning import packaged_models
 from heatmap3d.planning.fingerprint import fingerprint_dataset
 from heatmap3d.planning.from_model import open_model, plan_from_model
-from heatmap3d.planning.packaged_models import fine_tune_notes
 from heatmap3d.planning.plan import make_plan
 from heatmap3d.planning.plan_file import (
     check_plan_target,
@@ -159,8 +159,9 @@ def _planned_stages(
         device = world.device.type
         if source is None:
             new_plan = make_plan(fp, device=device)
-            for note in fine_tune_notes(fp):  # the plan file holds it too, unread by many
-                log.info(f"note: {note}")
+            for note in new_plan.notes:  # the plan file holds it too, unread by many
+                if note.startswith(packaged_models.NOTE):
+                    log.info(f"note: {note}")
         else:
             new_plan = plan_from_model(source, fp, device=device)
         plan = record
@@ -193,12 +194,7 @@ def _refuse_earlier_run(model_dir: Path) -> None:
     """InputError when ``model_dir`` holds checkpoints of an earlier run (in a stage's
     folder, or a member's): the same refusal each stage's trainer makes, made before the
     plan is written so that nothing changes when the run is refused."""
-    earlier = sorted(
-        p
-        for pattern in ("*/*.pt", "*/*/*.pt")
-        for p in model_dir.glob(pattern)
-        if p.name in ("best.pt", "last.pt")
-    )
+    earlier = run_checkpoints(model_dir)
     if earlier:
         shown = ", ".join(str(p.relative_to(model_dir)) for p in earlier[:4])
         raise InputError(
