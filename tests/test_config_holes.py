@@ -495,12 +495,27 @@ def test_synth_checks_the_disk_first(capsys, tmp_path, monkeypatch):
     import heatmap3d.data.synthetic_folder as folder
 
     class Usage:
-        free = 10 * 2**20  # 10 MiB
+        total, free = 2**40, 10 * 2**20  # 10 MiB free
 
     monkeypatch.setattr(folder.shutil, "disk_usage", lambda _: Usage)
     err = one_error(capsys, "synth", tmp_path / "new", "--n-train", "100")
-    assert str(tmp_path / "new") in err and "GiB of disk" in err
+    assert str(tmp_path / "new") in err and "of disk, 10 MiB are free there" in err, err
     assert not (tmp_path / "new").exists()
+
+
+def test_synth_into_a_file_system_of_no_size_leaves_the_writes_to_say(tmp_path, monkeypatch):
+    """/proc and some network or FUSE mounts report 0 bytes, of which 0 free: that is no
+    measure of the room there ("0 GiB are free" was said of /proc)."""
+    import heatmap3d.data.synthetic_folder as folder
+
+    class Usage:
+        total = free = 0
+
+    monkeypatch.setattr(folder.shutil, "disk_usage", lambda _: Usage)
+    folder.check_resources(tmp_path / "new", 100, case_voxels=64**3, work_bytes=4)
+    Usage.total = 2**40
+    with pytest.raises(InputError, match="about 51.6 MiB of disk, 0 MiB are free"):
+        folder.check_resources(tmp_path / "new", 100, case_voxels=64**3, work_bytes=4)
 
 
 def test_synth_checks_the_memory_first(capsys, tmp_path, monkeypatch):

@@ -46,22 +46,31 @@ def check_resources(root: Path, n_cases: int, *, case_voxels: int, work_bytes: i
     need = n_cases * (case_voxels * _DISK_BYTES + _LANDMARK_BYTES)
     where = next((p for p in (root, *root.absolute().parents) if p.is_dir()), Path("."))
     try:
-        free = shutil.disk_usage(where).free
+        usage = shutil.disk_usage(where)
     except OSError:
-        free = None  # unknown: the writes themselves will say
-    if free is not None and need > free:
+        usage = None  # unknown: the writes themselves will say
+    # A file system that reports no size at all (/proc, some network and FUSE mounts)
+    # says nothing about its free space: the writes will say whether they fit.
+    if usage is not None and usage.total > 0 and need > usage.free:
         raise InputError(
-            f"{root}: {n_cases} synthetic cases need about {need / 2**30:.3g} GiB of disk, "
-            f"{free / 2**30:.3g} GiB are free there; generate fewer (--n-train, --n-val, "
+            f"{root}: {n_cases} synthetic cases need about {_size(need)} of disk, "
+            f"{_size(usage.free)} are free there; generate fewer (--n-train, --n-val, "
             "--n-test) or into another folder"
         )
     memory, available = case_voxels * work_bytes, available_memory()
     if available is not None and memory > _MEMORY_SHARE * available:
         raise InputError(
             f"{root}: making one synthetic scan of {case_voxels / 1e6:.3g} M voxels needs "
-            f"about {memory / 2**30:.3g} GiB of memory, {available / 2**30:.3g} GiB are "
-            "available to this process"
+            f"about {_size(memory)} of memory, {_size(available)} are available to this "
+            "process"
         )
+
+
+def _size(n_bytes: float) -> str:
+    """``n_bytes`` in GiB from 1 GiB up, in MiB below (3 significant digits)."""
+    if n_bytes >= 2**30:
+        return f"{n_bytes / 2**30:.3g} GiB"
+    return f"{n_bytes / 2**20:.3g} MiB"
 
 
 def claim_folder(root: Path) -> None:
