@@ -7,6 +7,7 @@ Built from small blocks. Normalisation is InstanceNorm or GroupNorm, never Batch
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 
 import torch
@@ -119,7 +120,7 @@ def _onednn_inference(x: torch.Tensor, weight: torch.Tensor) -> bool:
     to ONNX, which has no such operator: the plain convolution is the same function)."""
     return (
         not torch.is_grad_enabled()
-        and not torch.onnx.is_in_onnx_export()
+        and not _exporting_onnx()
         and x.device.type == "cpu"
         and x.dtype == torch.float32
         and weight.dtype == torch.float32
@@ -128,6 +129,13 @@ def _onednn_inference(x: torch.Tensor, weight: torch.Tensor) -> bool:
         and torch.backends.mkldnn.enabled
         and not torch.is_autocast_enabled("cpu")
     )
+
+
+def _exporting_onnx() -> bool:
+    """Whether torch is exporting to ONNX now. Asking ``torch.onnx`` imports it (torch
+    loads it lazily: 85 ms of every prediction's start); a process that has not imported
+    it is not exporting."""
+    return "torch.onnx" in sys.modules and torch.onnx.is_in_onnx_export()
 
 
 class ConvBlock(nn.Sequential):

@@ -183,3 +183,24 @@ def test_predicting_imports_no_plotting_until_a_picture_or_report_is_asked_for()
     and ``--report`` need it."""
     script = "import sys, heatmap3d.api.predict_files\nprint('matplotlib' in sys.modules)\n"
     assert python_says(script) == ["False"]
+
+
+def test_predicting_imports_no_scipy_spatial():
+    """scipy.spatial (0.3 s of a start) fits a pose in training; predicting needs none of
+    it."""
+    script = "import sys, heatmap3d.api.predict_files\nprint('scipy.spatial' in sys.modules)\n"
+    assert python_says(script) == ["False"]
+
+
+def test_a_forward_pass_does_not_import_torchs_onnx_exporter():
+    """The convolutions ask whether an ONNX export is running; asking ``torch.onnx``
+    would import it (85 ms of every prediction's start) when nothing has."""
+    script = (
+        "import sys, torch\n"
+        "from heatmap3d.config import ModelConfig\n"
+        "from heatmap3d.model import build_model\n"
+        "with torch.no_grad():\n"
+        "    build_model(ModelConfig(channels=2, depth=2), 3)(torch.zeros(1, 1, 8, 8, 8))\n"
+        "print('torch.onnx' in sys.modules)\n"
+    )
+    assert python_says(script) == ["False"]

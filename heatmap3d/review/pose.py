@@ -28,7 +28,6 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 from nibabel.affines import apply_affine
-from scipy.spatial.transform import Rotation
 
 from heatmap3d.data.tensor_preprocess import resample_grid_tensor
 from heatmap3d.geometry import Volume, grid_corners, resample_to_grid
@@ -167,6 +166,10 @@ def fit_pose(
             ref = np.nanmean(aligned, axis=0)
     # Back from the first case's pose to the average of the cases' poses.
     back = [np.linalg.inv(m) for m in moves]
+    # Here, not at the top: scipy.spatial's import (0.3 s) is needed to fit a pose, in
+    # training, and would otherwise be paid by every prediction's start.
+    from scipy.spatial.transform import Rotation
+
     rot = Rotation.from_matrix(np.stack([b[:3, :3] for b in back])).mean().as_matrix()
     centre = np.nanmean(ref, axis=0)
     shift = np.mean([apply_affine(b, centre[None])[0] for b in back], axis=0)
