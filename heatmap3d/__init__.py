@@ -39,7 +39,7 @@ _PUBLIC = {
     "save_volume": "heatmap3d.io.volumes",
     "read_landmarks": "heatmap3d.io.landmarks",
     "write_landmarks": "heatmap3d.io.landmarks",
-    "load_config": "heatmap3d.config",
+    "load_config": "heatmap3d.config_io",
     "check_dataset": "heatmap3d.data.check",
     "plan": "heatmap3d.api.runs",
     "train": "heatmap3d.api.runs",

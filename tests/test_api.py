@@ -149,6 +149,16 @@ def test_predict_files_is_the_command(caplog, tmp_path, folder, scans):
         heatmap3d.ModelSpec()
 
 
+def test_every_public_name_is_there(tmp_path):
+    """Each name ``heatmap3d.__all__`` lists resolves: ``heatmap3d.load_config`` named the
+    module it had left (an AttributeError on use)."""
+    for name in heatmap3d.__all__:
+        assert getattr(heatmap3d, name).__name__ == name
+    (tmp_path / "c.yaml").write_text("train:\n  lr: 0.01\n")
+    cfg = heatmap3d.load_config(tmp_path / "c.yaml", ["train.epochs=3"])
+    assert cfg.train.epochs == 3 and cfg.train.lr == 0.01
+
+
 def test_no_namespace_below_the_command_line():
     """The command line parses; everything below takes typed arguments."""
     below = [
