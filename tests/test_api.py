@@ -149,6 +149,18 @@ def test_predict_files_is_the_command(caplog, tmp_path, folder, scans):
         heatmap3d.ModelSpec()
 
 
+def test_predict_files_takes_paths_as_strs_as_the_docs_write_them(tmp_path, folder, scans):
+    """``ModelSpec(model="runs/my_dataset")`` failed inside the packaged-model lookup
+    ('str' object has no attribute 'parts'); every path the options hold is a Path."""
+    spec = heatmap3d.ModelSpec(model=str(folder))
+    options = heatmap3d.PredictOptions(out=str(tmp_path / "p"), device="cpu")
+    assert spec.model == folder and options.out == tmp_path / "p"
+    heatmap3d.predict_files(spec, [str(scans[0])], options)
+    assert (tmp_path / "p" / "case0.csv").is_file()
+    checkpoint = heatmap3d.ModelSpec(checkpoint=str(folder / "coarse" / "best.pt"))
+    assert checkpoint.source == folder / "coarse" / "best.pt"
+
+
 def test_every_public_name_is_there(tmp_path):
     """Each name ``heatmap3d.__all__`` lists resolves: ``heatmap3d.load_config`` named the
     module it had left (an AttributeError on use)."""

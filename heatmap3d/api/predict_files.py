@@ -74,9 +74,9 @@ class ModelSpec:
             process that runs the model; the workers then only read).
     """
 
-    model: Path | None = None
-    checkpoint: Path | None = None
-    refine: Path | None = None
+    model: Path | str | None = None
+    checkpoint: Path | str | None = None
+    refine: Path | str | None = None
     mirror: bool = True
     pose: bool = True
     review_radius_mm: float = DEFAULT_REVIEW_RADIUS_MM
@@ -85,6 +85,7 @@ class ModelSpec:
     preprocess: str = "workers"
 
     def __post_init__(self) -> None:
+        _as_paths(self, "model", "checkpoint", "refine")  # a str, as the docs write them
         if (self.model is None) == (self.checkpoint is None):
             raise InputError("give one model: a model folder or a checkpoint")
         if self.model is not None:  # frozen: the packaged model's folder set once, here
@@ -120,7 +121,7 @@ class PredictOptions:
         overwrite: replace files heatmap3d did not write.
     """
 
-    out: Path
+    out: Path | str
     device: str = "auto"
     shard: tuple[int, int] = (0, 1)
     workers: int | None = None
@@ -132,10 +133,22 @@ class PredictOptions:
     report: bool = False
     overwrite: bool = False
 
+    def __post_init__(self) -> None:
+        _as_paths(self, "out")
+
     @property
     def destination(self) -> Destination:
         """``out``, and whether files there that heatmap3d did not write may be replaced."""
         return Destination(self.out, replace=self.overwrite)
+
+
+def _as_paths(options: object, *fields: str) -> None:
+    """Each of a frozen dataclass's ``fields`` that holds a str (or another path-like
+    object) made a Path, once, where it is built."""
+    for field in fields:
+        value = getattr(options, field)
+        if value is not None and not isinstance(value, Path):
+            object.__setattr__(options, field, Path(value))
 
 
 def load_model(spec: ModelSpec, device: torch.device) -> Pipeline:
@@ -167,9 +180,10 @@ def load_model(spec: ModelSpec, device: torch.device) -> Pipeline:
     return Pipeline(predictor, review_radius_mm=spec.review_radius_mm)
 
 
-def predict_files(spec: ModelSpec, scans: Sequence[Path], options: PredictOptions) -> None:
+def predict_files(spec: ModelSpec, scans: Sequence[Path | str], options: PredictOptions) -> None:
     """Predict ``scans`` (files or folders of them) into ``options.out`` (module docstring);
     InputError (one line) for bad input, or listing the scans that failed."""
+    scans = [Path(scan) for scan in scans]  # strs too, as the docs write them
     if options.workers is not None:  # refused now, not after forking them
         check_workers(options.workers, usable_cpus())
     world = distributed.setup(options.device, timeout=WAIT, option="--device")
