@@ -233,9 +233,9 @@ def _unscored_names(paths: Mapping[str, Path], pred, names: Sequence[str]) -> li
 
 
 def evaluate_dirs(
-    pred_dir: Path,
-    truth_dir: Path,
-    out_dir: Path | None = None,
+    pred_dir: str | Path,
+    truth_dir: str | Path,
+    out_dir: str | Path | None = None,
     *,
     overwrite: bool = False,
     mixed_models: bool = False,
