@@ -171,6 +171,17 @@ def test_every_public_name_is_there(tmp_path):
     assert cfg.train.epochs == 3 and cfg.train.lr == 0.01
 
 
+def test_a_device_that_cannot_run_is_one_line_naming_it(folder):
+    """torch's own errors said "Torch not compiled with CUDA enabled" (an AssertionError)
+    or listed its 20 device types."""
+    with pytest.raises(InputError, match="device=gpu: unknown device; use auto, cpu, cuda"):
+        heatmap3d.load_model(folder, device="gpu")
+    assert heatmap3d.load_model(folder, device=torch.device("cpu")).predict  # as before
+    if not torch.cuda.is_available():
+        with pytest.raises(InputError, match="device=cuda:1: no CUDA GPU is visible"):
+            heatmap3d.load_model(folder, device="cuda:1")
+
+
 def test_no_namespace_below_the_command_line():
     """The command line parses; everything below takes typed arguments."""
     below = [

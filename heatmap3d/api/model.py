@@ -23,6 +23,7 @@ import torch
 
 from heatmap3d.api.predict_files import ModelSpec
 from heatmap3d.api.predict_files import load_model as load_pipeline_of
+from heatmap3d.distributed import check_device
 from heatmap3d.geometry import Volume
 from heatmap3d.inference.pipeline import DEFAULT_REVIEW_RADIUS_MM, Pipeline
 from heatmap3d.inference.prediction import Prediction
@@ -141,6 +142,16 @@ class Model:
         return [self.predict(scan) for scan in list(scans)[index::count]]
 
 
+def _device(device: str | torch.device) -> torch.device:
+    """``device`` checked as ``--device`` is: InputError, one line, for a device name torch
+    does not know and for CUDA where no GPU is visible (torch's own errors there say
+    neither which argument nor what to do)."""
+    use_cuda, index = check_device(str(device), "device")
+    if not use_cuda:
+        return torch.device("cpu")
+    return torch.device("cuda") if index is None else torch.device("cuda", index)
+
+
 def load_model(
     path: str | Path,
     device: str | torch.device = "cpu",
@@ -175,7 +186,5 @@ def load_model(
         precision=precision,
         preprocess=preprocess,
     )
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    pipeline = load_pipeline_of(spec, torch.device(device))
+    pipeline = load_pipeline_of(spec, _device(device))
     return Model(pipeline, review_below, check_frame_choice(nifti_frame))
