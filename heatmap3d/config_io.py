@@ -57,9 +57,19 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
         raw = load_yaml(path, what="config file", max_bytes=2**20) or {}  # a few kB
         if not isinstance(raw, dict):
             raise InputError(f"{path}: a config must be a mapping of sections")
-    for item in overrides or []:
+    for item in override_list(overrides):
         apply_override(raw, item)
     return from_dict(raw, source=source)
+
+
+def override_list(overrides: Sequence[str] | None) -> list[str]:
+    """``overrides`` as a list; TypeError for one str, which would otherwise be read
+    letter by letter ("override 't': expected section.key=value")."""
+    if isinstance(overrides, str):
+        raise TypeError(
+            f"overrides: a list of section.key=value strings, not one str: [{overrides!r}]"
+        )
+    return list(overrides or [])
 
 
 def _split_override(item: str) -> tuple[list[str], str]:

@@ -182,6 +182,18 @@ def test_a_device_that_cannot_run_is_one_line_naming_it(folder):
             heatmap3d.load_model(folder, device="cuda:1")
 
 
+def test_api_mistakes_say_what_was_meant(tmp_path):
+    """One str of overrides was read letter by letter ("override 't': expected
+    section.key=value"); a dataset folder that is not there gave a report of one finding
+    about its split.json."""
+    with pytest.raises(TypeError, match=r"not one str: \['train.lr=0.01'\]"):
+        heatmap3d.load_config(None, "train.lr=0.01")
+    with pytest.raises(TypeError, match="a list of section.key=value strings"):
+        heatmap3d.train(tmp_path, overrides="train.lr=0.01")
+    with pytest.raises(InputError, match="nope: dataset folder not found"):
+        heatmap3d.check_dataset(tmp_path / "nope")
+
+
 def test_no_namespace_below_the_command_line():
     """The command line parses; everything below takes typed arguments."""
     below = [

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from heatmap3d.config_io import load_config
+from heatmap3d.config_io import load_config, override_list
 from heatmap3d.errors import InputError
 from heatmap3d.evaluation.metrics import LandmarkStats
 from heatmap3d.io.destination import Destination, make_folder
@@ -124,7 +124,7 @@ def train(
     starting from its weights (:mod:`heatmap3d.planning.from_model`); for a single run a
     checkpoint (``.pt``) or an exported stage's ``.safetensors``.
     """
-    extra = list(overrides)
+    extra = override_list(overrides)
     if budget_minutes is not None:
         extra.append(f"train.budget_minutes={float(budget_minutes)!r}")
     if dataset is None and plan_file is None:

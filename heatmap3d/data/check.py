@@ -111,9 +111,11 @@ def check_dataset(
     sform and qform disagree (None: such a file is an error); ``measure`` runs on each
     image read (``CheckReport.measured``: case id -> its result), so that ``plan`` reads
     each scan once. Never raises :class:`InputError` for a bad file: each one becomes a
-    :class:`Finding`.
+    :class:`Finding`; it does for a ``root`` that is no folder (nothing to check).
     """
     root = Path(root)
+    if not root.is_dir():
+        raise InputError(f"{root}: dataset folder not found")
     found = Collector(CheckReport(root))
     split = _check_split(root / split_file, found)
     ids = list(dict.fromkeys(itertools.chain.from_iterable(split.values())))
