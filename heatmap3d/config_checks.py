@@ -38,6 +38,9 @@ COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-
 # Counts that hang or exhaust a machine long before they fail: each bound is far beyond
 # what any run uses (a value past it is a typo or a unit mistake, refused naming the key).
 MAX_WORKERS = 256  # loader processes per rank: more than any machine has cores
+MAX_BUDGET_MINUTES = 10**6
+"""A plan's budget, at most: about two years, so a longer one is a unit mistake (seconds
+for minutes)."""
 MAX_PREFETCH = 64  # batches each loader worker keeps ready, in memory
 MAX_BATCH = 4096  # samples per step, or windows per forward pass
 MAX_ACCUMULATE = 4096  # micro-batches per optimizer step

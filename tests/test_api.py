@@ -194,6 +194,32 @@ def test_api_mistakes_say_what_was_meant(tmp_path):
         heatmap3d.check_dataset(tmp_path / "nope")
 
 
+@pytest.mark.parametrize(
+    "call, says",
+    [
+        (lambda f: heatmap3d.load_model(f, review_below=2), "review_below=2: not a confidence"),
+        (lambda f: heatmap3d.load_model(f, review_radius_mm=-1), "review_radius_mm=-1: not a"),
+        (lambda f: heatmap3d.ModelSpec(model=f, review_radius_mm=float("nan")), "not a radius"),
+        (lambda f: heatmap3d.PredictOptions(out=f, review_below=float("nan")), "review_below="),
+    ],
+)
+def test_review_thresholds_are_checked_as_the_commands_are(folder, call, says):
+    """A radius of -1 flagged every landmark, NaN none, without a word."""
+    with pytest.raises(InputError, match=says):
+        call(folder)
+
+
+def test_plan_checks_its_budget_and_device_as_the_command_does(tmp_path):
+    """A NaN budget made a plan of "nan minutes"; a device name other than auto, cpu or
+    cuda was sized as a GPU."""
+    for budget in (float("nan"), -5, 0, 1e9):
+        with pytest.raises(InputError, match=f"budget_minutes={budget!r}: not a budget"):
+            heatmap3d.plan(tmp_path, budget_minutes=budget)
+    with pytest.raises(InputError, match="device='gpu': what the plan is sized for"):
+        heatmap3d.plan(tmp_path, device="gpu")
+    assert not (tmp_path / "plan.yaml").exists()
+
+
 def test_no_namespace_below_the_command_line():
     """The command line parses; everything below takes typed arguments."""
     below = [

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from heatmap3d.api.predict_files import ModelSpec
+from heatmap3d.api.predict_files import ModelSpec, check_review
 from heatmap3d.api.predict_files import load_model as load_pipeline_of
 from heatmap3d.distributed import check_device
 from heatmap3d.geometry import Volume
@@ -186,5 +186,6 @@ def load_model(
         precision=precision,
         preprocess=preprocess,
     )
+    check_review(below=review_below)
     pipeline = load_pipeline_of(spec, _device(device))
     return Model(pipeline, review_below, check_frame_choice(nifti_frame))

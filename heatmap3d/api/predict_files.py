@@ -17,6 +17,7 @@ does not stop the others: the failures are listed at the end (:class:`InputError
 from __future__ import annotations
 
 import functools
+import math
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -86,6 +87,7 @@ class ModelSpec:
 
     def __post_init__(self) -> None:
         _as_paths(self, "model", "checkpoint", "refine")  # a str, as the docs write them
+        check_review(radius_mm=self.review_radius_mm)
         if (self.model is None) == (self.checkpoint is None):
             raise InputError("give one model: a model folder or a checkpoint")
         if self.model is not None:  # frozen: the packaged model's folder set once, here
@@ -135,11 +137,22 @@ class PredictOptions:
 
     def __post_init__(self) -> None:
         _as_paths(self, "out")
+        check_review(below=self.review_below)
 
     @property
     def destination(self) -> Destination:
         """``out``, and whether files there that heatmap3d did not write may be replaced."""
         return Destination(self.out, replace=self.overwrite)
+
+
+def check_review(*, below: float = 0.5, radius_mm: float = DEFAULT_REVIEW_RADIUS_MM) -> None:
+    """InputError unless ``below`` is a confidence in [0, 1] and ``radius_mm`` a radius
+    > 0 (as ``--review-below`` and ``--review-radius`` are checked): a radius of -1 would
+    flag every landmark, a threshold of 2 every one; NaN none."""
+    if not 0.0 <= below <= 1.0:  # False for NaN too
+        raise InputError(f"review_below={below!r}: not a confidence between 0 and 1")
+    if not 0.0 < radius_mm < math.inf:
+        raise InputError(f"review_radius_mm={radius_mm!r}: not a radius in mm (a number > 0)")
 
 
 def _as_paths(options: object, *fields: str) -> None:

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import torch
 
+from heatmap3d.config_checks import MAX_BUDGET_MINUTES
 from heatmap3d.config_io import load_config, override_list
 from heatmap3d.errors import InputError
 from heatmap3d.evaluation.metrics import LandmarkStats
@@ -67,6 +68,15 @@ def plan(
     data = Path(dataset)
     if not data.is_dir():
         raise InputError(f"{data}: dataset folder not found")
+    # As the command's arguments are checked: a NaN budget made a plan of "nan minutes",
+    # and a device name other than these was sized as a GPU.
+    if device not in ("auto", "cpu", "cuda"):
+        raise InputError(f"device={device!r}: what the plan is sized for: auto, cpu or cuda")
+    if not 0 < budget_minutes <= MAX_BUDGET_MINUTES:  # False for NaN too
+        raise InputError(
+            f"budget_minutes={budget_minutes!r}: not a budget in minutes "
+            f"(> 0, at most {MAX_BUDGET_MINUTES})"
+        )
     target = Path(out) if out is not None else data / "plan.yaml"
     replacing = check_plan_out(Destination(target.parent, replace=overwrite), target.name)
     descriptions = _read_labels(None if labels is None else Path(labels))

@@ -6,6 +6,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from heatmap3d.config_checks import MAX_BUDGET_MINUTES
+
 __all__ = ["add_plan_arguments", "plan_command"]
 
 
@@ -53,10 +55,6 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
         help="replace the file at the plan's path, even one heatmap3d did not write or one "
         "someone edited (its content is lost)",
     )
-
-
-MAX_BUDGET_MINUTES = 10**6
-"""About two years: a longer budget is a unit mistake (seconds for minutes)."""
 
 
 def _minutes(text: str) -> float:
