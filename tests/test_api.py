@@ -201,10 +201,14 @@ def test_api_mistakes_say_what_was_meant(tmp_path):
         (lambda f: heatmap3d.load_model(f, review_radius_mm=-1), "review_radius_mm=-1: not a"),
         (lambda f: heatmap3d.ModelSpec(model=f, review_radius_mm=float("nan")), "not a radius"),
         (lambda f: heatmap3d.PredictOptions(out=f, review_below=float("nan")), "review_below="),
+        (lambda f: heatmap3d.PredictOptions(out=f, shard=(2, 2)), r"shard=\(2, 2\): give"),
+        (lambda f: heatmap3d.PredictOptions(out=f, shard=(-1, 2)), r"shard=\(-1, 2\): give"),
+        (lambda f: heatmap3d.PredictOptions(out=f, nifti_frame="x"), "expected one of sform"),
     ],
 )
-def test_review_thresholds_are_checked_as_the_commands_are(folder, call, says):
-    """A radius of -1 flagged every landmark, NaN none, without a word."""
+def test_options_are_checked_as_the_commands_are(folder, call, says):
+    """A radius of -1 flagged every landmark, NaN none, without a word; shard (2, 2)
+    predicted nothing and (-1, 2) a share; a NIfTI frame "x" failed each scan."""
     with pytest.raises(InputError, match=says):
         call(folder)
 

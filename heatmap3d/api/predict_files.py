@@ -39,6 +39,7 @@ from heatmap3d.inference.refine import Cascade
 from heatmap3d.inference.scans import output_stems, unique_scans
 from heatmap3d.io.destination import Destination, make_folder
 from heatmap3d.io.model_folder import read_model_folder
+from heatmap3d.io.nifti import check_frame_choice
 from heatmap3d.io.png import write_png
 from heatmap3d.io.scan_paths import expand_scans, files_left_out
 from heatmap3d.log import get_logger
@@ -138,6 +139,12 @@ class PredictOptions:
     def __post_init__(self) -> None:
         _as_paths(self, "out")
         check_review(below=self.review_below)
+        check_frame_choice(self.nifti_frame)  # refused here, not scan by scan
+        index, count = self.shard  # as --shard I/N: (2, 2) predicted nothing, (-1, 2) a share
+        if not (isinstance(index, int) and isinstance(count, int) and 0 <= index < count):
+            raise InputError(
+                f"shard={self.shard!r}: give (i, n) with 0 <= i < n, e.g. (0, 4) for the first of 4"
+            )
 
     @property
     def destination(self) -> Destination:
