@@ -203,6 +203,7 @@ def test_api_mistakes_say_what_was_meant(tmp_path):
         (lambda f: heatmap3d.PredictOptions(out=f, review_below=float("nan")), "review_below="),
         (lambda f: heatmap3d.PredictOptions(out=f, shard=(2, 2)), r"shard=\(2, 2\): give"),
         (lambda f: heatmap3d.PredictOptions(out=f, shard=(-1, 2)), r"shard=\(-1, 2\): give"),
+        (lambda f: heatmap3d.PredictOptions(out=f, shard="0/4"), "shard='0/4': give"),
         (lambda f: heatmap3d.PredictOptions(out=f, nifti_frame="x"), "expected one of sform"),
     ],
 )

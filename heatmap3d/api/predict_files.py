@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import functools
 import math
+import numbers
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -140,11 +141,7 @@ class PredictOptions:
         _as_paths(self, "out")
         check_review(below=self.review_below)
         check_frame_choice(self.nifti_frame)  # refused here, not scan by scan
-        index, count = self.shard  # as --shard I/N: (2, 2) predicted nothing, (-1, 2) a share
-        if not (isinstance(index, int) and isinstance(count, int) and 0 <= index < count):
-            raise InputError(
-                f"shard={self.shard!r}: give (i, n) with 0 <= i < n, e.g. (0, 4) for the first of 4"
-            )
+        object.__setattr__(self, "shard", _checked_shard(self.shard))
 
     @property
     def destination(self) -> Destination:
@@ -160,6 +157,22 @@ def check_review(*, below: float = 0.5, radius_mm: float = DEFAULT_REVIEW_RADIUS
         raise InputError(f"review_below={below!r}: not a confidence between 0 and 1")
     if not 0.0 < radius_mm < math.inf:
         raise InputError(f"review_radius_mm={radius_mm!r}: not a radius in mm (a number > 0)")
+
+
+def _checked_shard(shard: object) -> tuple[int, int]:
+    """``shard`` as ``(i, n)`` of ints; InputError unless it holds whole numbers with
+    0 <= i < n, as ``--shard I/N`` is checked: (2, 2) predicted nothing and (-1, 2) a
+    share."""
+    try:
+        index, count = shard  # type: ignore[misc]
+    except (TypeError, ValueError):
+        index = count = None
+    whole = isinstance(index, numbers.Integral) and isinstance(count, numbers.Integral)
+    if not (whole and 0 <= index < count):  # type: ignore[operator]
+        raise InputError(
+            f"shard={shard!r}: give (i, n) with 0 <= i < n, e.g. (0, 4) for the first of 4"
+        )
+    return int(index), int(count)  # type: ignore[arg-type]
 
 
 def _as_paths(options: object, *fields: str) -> None:

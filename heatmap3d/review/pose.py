@@ -166,8 +166,8 @@ def fit_pose(
             ref = np.nanmean(aligned, axis=0)
     # Back from the first case's pose to the average of the cases' poses.
     back = [np.linalg.inv(m) for m in moves]
-    # Here, not at the top: scipy.spatial's import (0.3 s) is needed to fit a pose, in
-    # training, and would otherwise be paid by every prediction's start.
+    # Here, not at the top: scipy.spatial's import (about 0.1 s after torch's) is needed to
+    # fit a pose, in training, and would otherwise be paid by every prediction's start.
     from scipy.spatial.transform import Rotation
 
     rot = Rotation.from_matrix(np.stack([b[:3, :3] for b in back])).mean().as_matrix()
