@@ -656,3 +656,21 @@ def test_writing_dicom_keeps_the_process_locale(tmp_path: Path) -> None:
     data = np.arange(8 * 8 * 4, dtype=np.float32).reshape(8, 8, 4)
     write_dicom_series(tmp_path / "series", Volume(data, np.eye(4)))
     assert locale.setlocale(locale.LC_ALL) == before
+
+
+@pytest.mark.parametrize(
+    "affine, says",
+    [
+        (np.full((4, 4), np.nan), "affine has NaN or Inf entries"),
+        (np.zeros((4, 4)), "zero voxel spacing"),
+        (np.array([[1.0, 1, 0, 0], [0, 0, 0, 0], [0, 0, 1, 0], [0, 0, 0, 1]]), "singular"),
+    ],
+)
+@pytest.mark.parametrize("name", ["v.nii.gz", "v.nrrd", "series"])
+def test_a_volume_whose_grid_places_no_voxel_is_not_written(tmp_path, affine, says, name):
+    """nibabel's refusal was a HeaderDataError printing the matrix (after three warnings);
+    such a file could not be read back."""
+    path = tmp_path / name
+    with pytest.raises(InputError, match=f"{path}: .*{says}"):
+        save_volume(path, Volume(scan_data(), affine))
+    assert not path.exists()

@@ -132,6 +132,20 @@ def shear_of(affine: np.ndarray) -> float:
 def check_affine(path: Path, affine: np.ndarray) -> None:
     """Raise InputError unless ``affine`` is finite, with positive spacing, invertible, and
     its voxel axes orthogonal (within :data:`SHEAR_TOLERANCE`)."""
+    check_invertible(path, affine)
+    shear = shear_of(affine)
+    if shear > SHEAR_TOLERANCE:
+        angle = float(np.degrees(np.arccos(min(shear, 1.0))))
+        raise InputError(
+            f"{path}: sheared frame (two voxel axes at {angle:.4g} degrees, not 90): the "
+            "voxel grid is not orthogonal, as ITK and most tools require; resample it to "
+            "an orthogonal grid first"
+        )
+
+
+def check_invertible(path: Path, affine: np.ndarray) -> None:
+    """Raise InputError unless ``affine`` is finite, with positive spacing, and
+    invertible: a grid that places voxels in the world at all (a sheared one does)."""
     if not np.all(np.isfinite(affine)):
         raise InputError(f"{path}: affine has NaN or Inf entries")
     spacing = spacing_of(affine)
@@ -141,14 +155,6 @@ def check_affine(path: Path, affine: np.ndarray) -> None:
     # axes are to parallel (independent of the spacing), so 1e6 means "numerically singular".
     if np.linalg.cond(affine[:3, :3] / spacing) > 1e6:
         raise InputError(f"{path}: affine is singular (its voxel axes are parallel)")
-    shear = shear_of(affine)
-    if shear > SHEAR_TOLERANCE:
-        angle = float(np.degrees(np.arccos(min(shear, 1.0))))
-        raise InputError(
-            f"{path}: sheared frame (two voxel axes at {angle:.4g} degrees, not 90): the "
-            "voxel grid is not orthogonal, as ITK and most tools require; resample it to "
-            "an orthogonal grid first"
-        )
 
 
 def check_grid(vol: Volume, spacing: Sequence[float]) -> None:

@@ -31,6 +31,7 @@ from heatmap3d.geometry import Volume
 from heatmap3d.io import dicom, itk_io, nifti
 from heatmap3d.io.volume_checks import (
     check_affine,
+    check_invertible,
     check_not_constant,
     check_voxels,
 )
@@ -106,10 +107,13 @@ def save_volume(path: str | Path, vol: Volume) -> None:
     (float32 voxels), or a DICOM series (int16 with rescale, one file per slice ``k``)
     when ``path`` is an existing folder or has no suffix.
 
-    NIfTI stores any affine; NRRD and MetaImage refuse shear; DICOM also refuses a
-    left-handed affine (see :func:`heatmap3d.io.dicom_writer.write_dicom_series`).
+    NIfTI stores any grid that places voxels in the world (a sheared one too; not a NaN,
+    zero or singular affine: InputError naming ``path``, nothing written); NRRD and
+    MetaImage refuse shear; DICOM also refuses a left-handed affine (see
+    :func:`heatmap3d.io.dicom_writer.write_dicom_series`).
     """
     path = Path(path)
+    check_invertible(path, vol.affine)  # nibabel's own refusal was a matrix and a trace
     if _has_suffix(path, nifti.NIFTI_SUFFIXES):
         nifti.write_nifti(path, vol)
     elif _has_suffix(path, itk_io.ITK_SUFFIXES):
