@@ -41,6 +41,7 @@ MAX_WORKERS = 256  # loader processes per rank: more than any machine has cores
 MAX_BUDGET_MINUTES = 10**6
 """A plan's budget, at most: about two years, so a longer one is a unit mistake (seconds
 for minutes)."""
+PLAN_DEVICES = ("cpu", "cuda", "auto")  # what a plan is sized for (the command's choices)
 MAX_PREFETCH = 64  # batches each loader worker keeps ready, in memory
 MAX_BATCH = 4096  # samples per step, or windows per forward pass
 MAX_ACCUMULATE = 4096  # micro-batches per optimizer step
@@ -259,3 +260,9 @@ def _is_range(values: list[float], lo: float = -math.inf, hi: float = math.inf) 
 def _is_factor_range(values: list[float]) -> bool:
     """Two finite factors ``[low, high]`` with ``0 < low <= high`` (equal: a fixed factor)."""
     return len(values) == 2 and all(math.isfinite(v) for v in values) and 0 < values[0] <= values[1]
+
+
+def is_budget(minutes: float) -> bool:
+    """Whether ``minutes`` is a plan's budget: > 0 and at most :data:`MAX_BUDGET_MINUTES`
+    (False for NaN, which compares false)."""
+    return 0 < minutes <= MAX_BUDGET_MINUTES

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from heatmap3d.data.check import check_dataset
+from heatmap3d.data.check import check_dataset, dataset_folder
 from heatmap3d.errors import InputError
 from heatmap3d.io.destination import Destination
 from heatmap3d.io.manifest import check_manifest_target, write_manifest
@@ -31,8 +31,7 @@ def run_check(
     mistakes in the command itself (no such folder, duplicated ``--landmarks``, a
     ``--manifest`` path holding someone else's file): these are refused before reading.
     """
-    if not Path(data).is_dir():
-        raise InputError(f"{data}: dataset folder not found")
+    dataset_folder(data)
     if manifest is not None:  # its folder, and whether a file there not ours may go
         manifest = Path(manifest)
         where = Destination(manifest.parent, replace=overwrite)

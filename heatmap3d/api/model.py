@@ -21,8 +21,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from heatmap3d.api.predict_files import ModelSpec, check_review
 from heatmap3d.api.predict_files import load_model as load_pipeline_of
+from heatmap3d.api.predict_options import ModelSpec, check_review
 from heatmap3d.distributed import check_device
 from heatmap3d.geometry import Volume
 from heatmap3d.inference.pipeline import DEFAULT_REVIEW_RADIUS_MM, Pipeline

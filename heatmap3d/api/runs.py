@@ -18,8 +18,9 @@ from pathlib import Path
 
 import torch
 
-from heatmap3d.config_checks import MAX_BUDGET_MINUTES
+from heatmap3d.config_checks import MAX_BUDGET_MINUTES, PLAN_DEVICES, is_budget
 from heatmap3d.config_io import load_config, override_list
+from heatmap3d.data.check import dataset_folder
 from heatmap3d.errors import InputError
 from heatmap3d.evaluation.metrics import LandmarkStats
 from heatmap3d.io.destination import Destination, make_folder
@@ -65,14 +66,12 @@ def plan(
     from its weights: :mod:`heatmap3d.planning.from_model`); ``shape_prior`` then applies
     where the model was trained without one.
     """
-    data = Path(dataset)
-    if not data.is_dir():
-        raise InputError(f"{data}: dataset folder not found")
+    data = dataset_folder(dataset)
     # As the command's arguments are checked: a NaN budget made a plan of "nan minutes",
     # and a device name other than these was sized as a GPU.
-    if device not in ("auto", "cpu", "cuda"):
+    if device not in PLAN_DEVICES:
         raise InputError(f"device={device!r}: what the plan is sized for: auto, cpu or cuda")
-    if not 0 < budget_minutes <= MAX_BUDGET_MINUTES:  # False for NaN too
+    if not is_budget(budget_minutes):
         raise InputError(
             f"budget_minutes={budget_minutes!r}: not a budget in minutes "
             f"(> 0, at most {MAX_BUDGET_MINUTES})"

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from heatmap3d.config_checks import MAX_BUDGET_MINUTES
+from heatmap3d.config_checks import MAX_BUDGET_MINUTES, PLAN_DEVICES, is_budget
 
 __all__ = ["add_plan_arguments", "plan_command"]
 
@@ -17,7 +17,7 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", type=Path, default=None, help="plan file (default DATA/plan.yaml)")
     parser.add_argument(
         "--device",
-        choices=("cpu", "cuda", "auto"),
+        choices=PLAN_DEVICES,
         default="auto",
         help="what the plan is sized for (auto: cuda if available)",
     )
@@ -64,7 +64,7 @@ def _minutes(text: str) -> float:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number of minutes") from None
-    if not 0 < value <= MAX_BUDGET_MINUTES:  # False for NaN too
+    if not is_budget(value):
         raise argparse.ArgumentTypeError(
             f"{text!r} is not a budget in minutes (> 0, at most {MAX_BUDGET_MINUTES})"
         )

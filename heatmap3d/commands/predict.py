@@ -157,7 +157,8 @@ def predict_command(args: argparse.Namespace) -> None:
     """Run ``heatmap3d predict``; InputError (exit 2) for bad input or failed scans."""
     # Here, not at the top: the parser imports this module for its arguments, and --help
     # should not wait for torch and the models.
-    from heatmap3d.api.predict_files import ModelSpec, PredictOptions, predict_files
+    from heatmap3d.api.predict_files import predict_files
+    from heatmap3d.api.predict_options import ModelSpec, PredictOptions
 
     spec = ModelSpec(
         model=args.model,

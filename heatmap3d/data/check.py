@@ -95,6 +95,15 @@ class _CaseData:
     measured: object = None  # measure(volume), where the caller gave a measure
 
 
+def dataset_folder(root: str | Path) -> Path:
+    """``root`` as a Path; InputError, one line, when it is no folder (the check, the plan
+    and ``heatmap3d check`` refuse it so before reading anything)."""
+    root = Path(root)
+    if not root.is_dir():
+        raise InputError(f"{root}: dataset folder not found")
+    return root
+
+
 def check_dataset(
     root: str | Path,
     *,
@@ -113,9 +122,7 @@ def check_dataset(
     each scan once. Never raises :class:`InputError` for a bad file: each one becomes a
     :class:`Finding`; it does for a ``root`` that is no folder (nothing to check).
     """
-    root = Path(root)
-    if not root.is_dir():
-        raise InputError(f"{root}: dataset folder not found")
+    root = dataset_folder(root)
     found = Collector(CheckReport(root))
     split = _check_split(root / split_file, found)
     ids = list(dict.fromkeys(itertools.chain.from_iterable(split.values())))

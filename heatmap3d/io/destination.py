@@ -3,7 +3,7 @@
 Every writer takes a Destination (a folder, and whether ``--overwrite`` was given) instead
 of a folder and an ``overwrite`` flag passed down from call to call. The flag itself
 lives only at the edges: the ``--overwrite`` option of the commands and the
-``overwrite`` of the Python API (:class:`heatmap3d.api.predict_files.PredictOptions`,
+``overwrite`` of the Python API (:class:`heatmap3d.api.predict_options.PredictOptions`,
 :func:`heatmap3d.plan`, :func:`heatmap3d.train`, :func:`heatmap3d.evaluate_dirs`, ...),
 each of which builds its Destination once::
 

@@ -107,9 +107,9 @@ def save_volume(path: str | Path, vol: Volume) -> None:
     (float32 voxels), or a DICOM series (int16 with rescale, one file per slice ``k``)
     when ``path`` is an existing folder or has no suffix.
 
-    NIfTI stores any grid that places voxels in the world (a sheared one too; not a NaN,
-    zero or singular affine: InputError naming ``path``, nothing written); NRRD and
-    MetaImage refuse shear; DICOM also refuses a left-handed affine (see
+    A NaN, zero or singular affine places no voxel in the world: InputError naming
+    ``path``, nothing written. Every format refuses shear, as every reader does; DICOM
+    also refuses a left-handed affine (see
     :func:`heatmap3d.io.dicom_writer.write_dicom_series`).
     """
     path = Path(path)
