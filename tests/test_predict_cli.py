@@ -217,6 +217,18 @@ def test_refusals_are_one_line(models, tmp_path):
     assert not (tmp_path / "out").exists()  # nothing was written by any of them
 
 
+def test_a_mistyped_scan_is_the_one_line_before_the_model_loads(tmp_path):
+    """The packaged model's notes (what its radius and shape check rest on) came first:
+    three lines on stdout, and a second of loading, before the one that mattered."""
+    missing = [tmp_path / "nope.nii.gz", tmp_path / "nope"]
+    commands = [["--model", "afids-t1", scan, "--out", tmp_path / "out"] for scan in missing]
+    for scan, proc in zip(missing, predict_all(*commands)):
+        assert proc.returncode == 2
+        assert proc.stderr.strip() == f"error: {scan}: no such file or folder", proc.stderr
+        assert proc.stdout == "", proc.stdout
+    assert not (tmp_path / "out").exists()
+
+
 def _bad_scans(tmp_path: Path) -> dict[str, Path]:
     """Scans a user may hand to predict that cannot be read, by what is wrong with them."""
     bad = {}

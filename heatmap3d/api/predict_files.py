@@ -87,6 +87,10 @@ def predict_files(spec: ModelSpec, scans: Sequence[Path | str], options: Predict
         check_workers(options.workers, usable_cpus())
     world = distributed.setup(options.device, timeout=WAIT, option="--device")
     try:
+        # Every rank lists the same scans: sorted folders, the arguments' order. Listed
+        # before the model loads, so a mistyped path is the only line a user reads.
+        found = _scans(scans)
+        stems = output_stems(found)  # two scans named alike: refused before anything is written
         pipeline = load_model(spec, world.device)
         # What every radius and status written below rests on.
         log.info("\n".join(f"note: {line}" for line in pipeline.basis.sentences()))
@@ -94,9 +98,6 @@ def predict_files(spec: ModelSpec, scans: Sequence[Path | str], options: Predict
         if cast is not None:
             log.info(f"note: the networks run in {autocast_name(cast)} autocast on "
                      f"{world.device.type} (--precision fp32 for float32)")  # fmt: skip
-        # Every rank lists the same scans: sorted folders, the arguments' order.
-        found = _scans(scans)
-        stems = output_stems(found)  # two scans named alike: refused before anything is written
         _check_out_dir(options.out)
         if options.shard[1] == 1:  # refused now, not after the whole cohort was predicted
             check_tables(options.destination)
