@@ -125,8 +125,9 @@ def test_shards_take_what_predict_shard_takes(folder, scans):
     shares = [model.predict_many(scans, shard=(i, 2)) for i in range(2)]
     assert [r.scan for r in shares[0]] == [str(scans[0]), str(scans[2])]
     assert [r.scan for r in shares[1]] == [str(scans[1])]
-    with pytest.raises(ValueError, match="shard"):
-        model.predict_many(scans, shard=(2, 2))
+    for bad in [(2, 2), (-1, 2), (0.5, 2), "0/2", (0,)]:  # nothing, a share, TypeErrors
+        with pytest.raises(InputError, match=r"^shard=.*: give \(i, n\) with 0 <= i < n"):
+            model.predict_many(scans, shard=bad)
 
 
 def test_a_checkpoint_alone_is_never_ok(folder, scans):

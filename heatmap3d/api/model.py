@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from heatmap3d.api.predict_files import load_model as load_pipeline_of
-from heatmap3d.api.predict_options import ModelSpec, check_review
+from heatmap3d.api.predict_options import ModelSpec, check_review, check_shard
 from heatmap3d.distributed import check_device
 from heatmap3d.geometry import Volume
 from heatmap3d.inference.pipeline import DEFAULT_REVIEW_RADIUS_MM, Pipeline
@@ -135,10 +135,9 @@ class Model:
         self, scans: Sequence[str | Path | Volume], *, shard: tuple[int, int] = (0, 1)
     ) -> list[ScanResult]:
         """Share ``shard = (i, n)`` of ``scans``: items ``i, i + n, ...`` (what ``predict
-        --shard i/n`` takes), each predicted in turn."""
-        index, count = shard
-        if not 0 <= index < count:
-            raise ValueError(f"shard must be (i, n) with 0 <= i < n, got {shard}")
+        --shard i/n`` takes), each predicted in turn; InputError for a share that is not one
+        (as ``PredictOptions`` refuses it)."""
+        index, count = check_shard(shard)  # InputError, as PredictOptions' shard
         return [self.predict(scan) for scan in list(scans)[index::count]]
 
 

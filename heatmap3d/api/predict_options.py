@@ -107,7 +107,7 @@ class PredictOptions:
         _as_paths(self, "out")
         check_review(below=self.review_below)
         check_frame_choice(self.nifti_frame)  # refused here, not scan by scan
-        object.__setattr__(self, "shard", _checked_shard(self.shard))
+        object.__setattr__(self, "shard", check_shard(self.shard))
 
     @property
     def destination(self) -> Destination:
@@ -125,7 +125,7 @@ def check_review(*, below: float = 0.5, radius_mm: float = DEFAULT_REVIEW_RADIUS
         raise InputError(f"review_radius_mm={radius_mm!r}: not a radius in mm (a number > 0)")
 
 
-def _checked_shard(shard: object) -> tuple[int, int]:
+def check_shard(shard: object) -> tuple[int, int]:
     """``shard`` as ``(i, n)`` of ints; InputError unless it holds whole numbers with
     0 <= i < n, as ``--shard I/N`` is checked: (2, 2) predicted nothing and (-1, 2) a
     share."""
