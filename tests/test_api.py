@@ -206,11 +206,13 @@ def test_api_mistakes_say_what_was_meant(tmp_path):
         (lambda f: heatmap3d.PredictOptions(out=f, shard=(-1, 2)), r"shard=\(-1, 2\): give"),
         (lambda f: heatmap3d.PredictOptions(out=f, shard="0/4"), "shard='0/4': give"),
         (lambda f: heatmap3d.PredictOptions(out=f, nifti_frame="x"), "expected one of sform"),
+        (lambda f: heatmap3d.PredictOptions(out=f, shard=(0, 4), report=True), "share 0 of 4"),
     ],
 )
 def test_options_are_checked_as_the_commands_are(folder, call, says):
     """A radius of -1 flagged every landmark, NaN none, without a word; shard (2, 2)
-    predicted nothing and (-1, 2) a share; a NIfTI frame "x" failed each scan."""
+    predicted nothing and (-1, 2) a share; a NIfTI frame "x" failed each scan; a report
+    asked of a share was never written, without a word."""
     with pytest.raises(InputError, match=says):
         call(folder)
 

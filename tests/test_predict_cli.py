@@ -206,6 +206,7 @@ def test_refusals_are_one_line(models, tmp_path):
         (["--checkpoint", models["fine"], one], "refinement model"),
         (["--checkpoint", models["coarse"], one, "--out", tmp_path / "file" / "x"], "is a file"),
         (["--checkpoint", models["coarse"], tmp_path / "nothing"], "nothing"),
+        (["--checkpoint", models["coarse"], one, "--shard", "1/2", "--report"], "share 1 of 2"),
     ]
     commands = [
         args if "--out" in args else [*args, "--out", tmp_path / "out"] for args, _ in cases

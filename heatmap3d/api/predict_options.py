@@ -80,14 +80,17 @@ class PredictOptions:
         device: ``auto`` (CUDA if available), ``cuda`` (under torchrun: the local rank's
             GPU), ``cuda:N`` or ``cpu``.
         shard: ``(i, n)``: share ``i`` of ``n`` of the scans (a SLURM array task).
-        workers: loader processes reading scans ahead (None: one per free CPU, at most 4).
+        workers: loader processes reading scans ahead (None: on a GPU the rank's CPUs but
+            one, at most 8; on a CPU 1, or 2 from 8 CPUs a rank).
         series: the DICOM series to read where a folder holds several.
         nifti_frame: for a NIfTI whose sform and qform disagree, the frame to trust
             (``"sform"`` or ``"qform"``); None refuses such a scan.
         review_below: a landmark whose confidence is below this is flagged for review.
         save_heatmaps: also write each scan's heatmaps (NIfTI on the scan's grid).
         snapshots: also write a PNG of each scan's landmarks.
-        report: write ``out/report.html`` at the end.
+        report: write ``out/report.html`` at the end (with the cohort tables: refused
+            with a shard of ``n > 1``, whose job writes neither; ``heatmap3d report OUT``
+            once every share has run and ``heatmap3d collect OUT`` has).
         overwrite: replace files heatmap3d did not write.
     """
 
@@ -108,6 +111,14 @@ class PredictOptions:
         check_review(below=self.review_below)
         check_frame_choice(self.nifti_frame)  # refused here, not scan by scan
         object.__setattr__(self, "shard", check_shard(self.shard))
+        if self.report and self.shard[1] > 1:  # it would write none, and say nothing
+            index, count = self.shard
+            raise InputError(
+                f"{self.out}: a report shows the whole cohort, and share {index} of {count} "
+                "holds only its own scans: leave the report out of the shares, and once "
+                f"every share has run: heatmap3d collect {self.out}, then heatmap3d report "
+                f"{self.out} --scans SCANS"
+            )
 
     @property
     def destination(self) -> Destination:

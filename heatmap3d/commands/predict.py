@@ -45,8 +45,8 @@ def add_predict_arguments(p: argparse.ArgumentParser) -> None:
         type=int,
         metavar="N",
         help="loader processes per rank reading scans ahead, 0 to the CPUs this process may "
-        "use (default: on a GPU the rank's CPUs but one, at most 8; on a CPU 1); 0 reads in "
-        "the main process",
+        "use (default: on a GPU the rank's CPUs but one, at most 8; on a CPU 1, or 2 from 8 "
+        "CPUs a rank); 0 reads in the main process",
     )
     p.add_argument(
         "--refine",
