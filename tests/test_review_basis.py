@@ -148,7 +148,7 @@ def test_basis_labels_say_what_the_radius_rests_on():
         many_cal := _calibration(12), ShapeModel.fit(_names(), _people(3, 1))
     )
     assert unmeasured.shape == "unmeasured" and not unmeasured.trusted
-    assert many_cal.caveat() is None
+    assert many_cal.is_bound()
 
 
 def test_basis_says_when_a_landmark_is_reported_absent_and_when_never():

@@ -7,7 +7,7 @@ output says it, in the same words (:class:`ReviewBasis`):
 
 * **The radius.** ``calibrated`` when its calibration saw enough distinct held-out scans for
   its nominal coverage to be a bound for a new patient's scan
-  (:meth:`~heatmap3d.review.calibration.Calibration.caveat`); ``not calibrated`` when it
+  (:meth:`~heatmap3d.review.calibration.Calibration.is_bound`); ``not calibrated`` when it
   saw fewer (how many, and how many a bound needs): then the radius is a scale of the
   error, neither a bound nor shown to rank the errors; ``none`` without a calibration.
 * **The shape check.** What it was measured to catch
@@ -63,7 +63,7 @@ class ReviewBasis:
         if calibration is None:
             radius, n, nominal = NONE, None, None
         else:
-            good = calibration.caveat() is None
+            good = calibration.is_bound()
             radius = "calibrated" if good else "not calibrated"
             n, nominal = calibration.n_scans, calibration.nominal
         power = getattr(shape, "power", None)

@@ -97,28 +97,17 @@ class Calibration:
             if not 0 <= self.n_scans <= max(self.n_cases, 0):
                 raise ValueError(f"n_scans must be in [0, n_cases], got {self.n_scans}")
 
-    def caveat(self) -> str | None:
-        """Why the radii are not a ``nominal`` bound for a new patient's scan, or None.
+    def is_bound(self) -> bool:
+        """Whether the radii are a ``nominal`` bound for a new patient's scan.
 
         The unit a user predicts is a new scan, so the calibration's evidence is its number
         of distinct held-out scans (placements of one scan share its anatomy): a new scan
         may be unlike all ``M`` of them with probability up to ``1 / (M + 1)``, so a
         ``nominal`` bound needs ``M >= nominal / (1 - nominal)`` (:func:`scans_needed`).
+        A calibration that does not record ``M`` (an earlier heatmap3d's) is no bound.
+        What a user reads of it is :class:`heatmap3d.review.basis.ReviewBasis`'s.
         """
-        needed = scans_needed(self.nominal)
-        if self.n_scans is None:
-            return (
-                "the error radii's calibration does not say how many held-out scans it saw "
-                "(written by an earlier heatmap3d): radius_mm is not a bound"
-            )
-        if self.n_scans >= needed:
-            return None
-        return (
-            f"error radii calibrated on {self.n_scans} held-out scan(s): a "
-            f"{self.nominal:.0%} bound for a new patient's scan needs at least {needed} "
-            "(more validation scans, or --folds over more cases); radius_mm is not a bound "
-            "and has not been shown to rank errors"
-        )
+        return self.n_scans is not None and self.n_scans >= scans_needed(self.nominal)
 
     def radii(self, signals: np.ndarray) -> np.ndarray:
         """Error radii, mm. ``signals``: ``(..., K)`` mm -> ``(..., K)`` mm.
@@ -293,7 +282,7 @@ def fit_calibration(
         nominal: target coverage of the radii.
         n_scans: how many distinct scans the ``N`` rows come from (placements of one scan
             are one); recorded, so that prediction can say when it is too few
-            (:meth:`Calibration.caveat`).
+            (:meth:`Calibration.is_bound`).
         threshold_rows: ``(N,)`` bool, the rows the presence threshold is chosen on
             (default: all). Training passes the held-out scans as stored, not their
             placements (:func:`heatmap3d.training.heldout.calibrate` says why).
