@@ -17,6 +17,7 @@ from heatmap3d.evaluation.pictures import landmark_views
 from heatmap3d.evaluation.report import write_report
 from heatmap3d.evaluation.report_html import GENERATOR
 from heatmap3d.predictions.resume import write_record
+from heatmap3d.predictions.tables import write_tables
 
 
 def run(capsys, *argv: str) -> tuple[int, str, str]:
@@ -152,6 +153,17 @@ def test_half_written_folder_is_said_first(tmp_path, capsys):
     head = report_head(capsys, pred)
     assert "half-written folder: case001 without .mrk.json, case002 without .csv" in head
     assert "temporary files of an interrupted write: .case003.csv.abc123.tmp" in head
+
+
+def test_a_table_naming_scans_whose_files_are_gone_is_said_first(tmp_path, capsys):
+    """The check of landmarks.csv against the folder raised TypeError (a local name hid
+    the function listing the scans): report and evaluate --report ended in a traceback."""
+    pred, _, _ = prediction_folder(tmp_path, with_scans=False)
+    write_tables(pred, [f"case{n:03d}" for n in range(4)])
+    for name in ("case002.csv", "case002.mrk.json"):
+        (pred / name).unlink()
+    head = report_head(capsys, pred)
+    assert "landmarks.csv lists scans with no files here: case002" in head
 
 
 def test_unreadable_prediction_is_said_first(tmp_path, capsys):

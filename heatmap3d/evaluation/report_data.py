@@ -228,11 +228,11 @@ def _check_cohort_table(cohort: Cohort) -> None:
         return
     try:
         with path.open(encoding="utf-8-sig", newline="") as f:
-            listed = {from_spreadsheet_safe(row.get("scan", "")) for row in csv.DictReader(f)}
+            named = {from_spreadsheet_safe(row.get("scan", "")) for row in csv.DictReader(f)}
     except (OSError, UnicodeDecodeError, csv.Error) as exc:
         cohort.problems.append(f"{path.name}: unreadable ({one_line(exc)})")
         return
-    gone = sorted(listed - {s.stem for s in cohort.scans} - {""})
+    gone = sorted(named - {s.stem for s in cohort.scans} - {""})
     if gone:
         cohort.problems.append(f"{path.name} lists scans with no files here: {listed(gone)}")
 
