@@ -297,6 +297,23 @@ def test_a_checkpoint_alone_states_no_radius_and_no_ok(capsys, tmp_path, weights
     assert table[0].split(",")[-3:] == ["radius_basis", "shape_check", "written_by"]
 
 
+def test_a_scan_of_a_long_legal_name_is_predicted_whole(capsys, tmp_path, weights, scan):
+    """A 235-character scan name makes outputs of 244 (legal); their temporary names were
+    258, over the 255 a file name may have: the scan's .csv was written and its .mrk.json
+    failed, a half-written scan, on every rerun too."""
+    stem = "a" * 235
+    (tmp_path / "scans").mkdir()
+    (tmp_path / "scans" / f"{stem}.nii.gz").write_bytes(scan.read_bytes())
+    out = tmp_path / "out"
+    for _ in range(2):  # the rerun finds the scan done
+        code = main(["predict", "--device", "cpu", "--checkpoint", str(weights),
+                     str(tmp_path / "scans"), "--out", str(out)])  # fmt: skip
+        assert code == 0, capsys.readouterr().err
+    assert "1 skipped (already done)" in capsys.readouterr().out
+    assert table_rows(out / f"{stem}.csv") and (out / f"{stem}.mrk.json").is_file()
+    assert not list(out.glob(".*.tmp"))
+
+
 @pytest.mark.parametrize(("n_scans", "word"), [(1, "not calibrated: 1 held-out"), (20, "bound")])
 def test_every_output_says_what_the_radius_rests_on(capsys, tmp_path, weights, scan, n_scans, word):
     """Issue 42: the CSV (a note and a column), the markups, the cohort table, the summary

@@ -5,12 +5,15 @@ to a temporary file in the same folder, is flushed to disk, gets the permissions
 ordinary file would get (``0o666`` minus the umask, so a shared group can read
 checkpoints and cache entries where the umask allows it), and is renamed over the target.
 A process killed mid-write leaves the previous file intact and a temporary file named
-``.<name>.<random>.tmp`` behind (see :func:`remove_stale`). Whether a file may be
+``.<name>.<random>.tmp`` behind (see :func:`remove_stale`; ``<name>`` shortened where
+the whole would pass the file system's 255 bytes). Whether a file may be
 written over at all is decided before, by :meth:`heatmap3d.io.destination.Destination.check`.
 """
 
 from __future__ import annotations
 
+import glob
+import hashlib
 import os
 import signal
 import tempfile
@@ -36,6 +39,28 @@ def umask() -> int:
     return current
 
 
+# A file name's limit on the usual Linux and macOS file systems (NAME_MAX), in bytes.
+NAME_MAX = 255
+# What mkstemp adds to the prefix: 8 random characters, then ".tmp".
+_RANDOM_AND_SUFFIX = 8 + len(".tmp")
+
+
+def _temp_prefix(name: str) -> str:
+    """``.<name>.``, with a long ``name`` cut (at a character) and a digest of it added, so
+    that the temporary file's whole name fits in :data:`NAME_MAX` bytes: a target of a
+    legal 244-byte name had no legal temporary name, so its write failed."""
+    room = NAME_MAX - _RANDOM_AND_SUFFIX - len(b"..")
+    if len(os.fsencode(name)) <= room:
+        return f".{name}."
+    # The cut name and a digest of the whole: two long names alike in their first 230
+    # bytes must not share temporary names (remove_stale of one would take the other's).
+    digest = "~" + hashlib.sha256(os.fsencode(name)).hexdigest()[:8]
+    cut = name
+    while len(os.fsencode(cut + digest)) > room:  # by characters: no half of a UTF-8 one
+        cut = cut[:-1]
+    return f".{cut}{digest}."
+
+
 def atomic_write(path: str | Path, write: Callable[[BinaryIO], None]) -> None:
     """Call ``write(file)`` on a temporary file next to ``path``, fsync, rename it over.
 
@@ -43,7 +68,7 @@ def atomic_write(path: str | Path, write: Callable[[BinaryIO], None]) -> None:
     the mode a plain ``open(path, "w")`` would have before the rename.
     """
     path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=_temp_prefix(path.name), suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:
             write(f)
@@ -67,7 +92,8 @@ def remove_stale(path: str | Path) -> None:
     Only safe where one process writes ``path`` (as global rank 0 writes checkpoints).
     """
     path = Path(path)
-    for stale in path.parent.glob(f".{path.name}.*.tmp"):
+    # escaped: a name holding [, * or ? is matched as written
+    for stale in path.parent.glob(glob.escape(_temp_prefix(path.name)) + "*.tmp"):
         stale.unlink(missing_ok=True)
 
 
