@@ -85,6 +85,14 @@ class _StandardStream(logging.StreamHandler):
     def stream(self, value) -> None:  # StreamHandler.__init__ assigns one: the name decides
         pass
 
+    def handleError(self, record: logging.LogRecord) -> None:  # noqa: N802 (logging's name)
+        # A reader that has gone (``heatmap3d ... | head``) ends the command, which then
+        # says nothing more, rather than a "--- Logging error ---" trace for each line.
+        error = sys.exc_info()[1]
+        if isinstance(error, BrokenPipeError):
+            raise error
+        super().handleError(record)
+
 
 def configure() -> None:
     """Show the package's messages as the command does (module docstring); idempotent."""

@@ -1,13 +1,19 @@
 """The ``heatmap3d`` command: runs what :mod:`heatmap3d.commands.parser` parses.
 
 Mistakes in the user's input (:class:`~heatmap3d.errors.InputError`) are printed as one
-line, ``error: <file>: <problem>``, with exit status 2, never as a traceback. A training
-run stopped by a non-finite loss prints its one-line reason and exits with status 1.
+line, ``error: <file>: <problem>``, with exit status 2, never as a traceback; so is a path
+the system refuses that no check named first (a name over 255 bytes, a folder the user
+may not write: :data:`PATH_ERRORS`). A training run stopped by a non-finite loss prints
+its one-line reason and exits with status 1. Output into a pipe whose reader has gone
+(``heatmap3d config | head``) ends the command quietly, with status 141 (128 + SIGPIPE).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import errno
+import os
 import sys
 import traceback
 from pathlib import Path
@@ -25,6 +31,22 @@ from heatmap3d.errors import (
 from heatmap3d.signals import handle_sigterm
 
 log = logs.get_logger(__name__)
+
+# What the system says of a path the user gave: theirs to change, not the tool's bug. (A
+# file not found stays a traceback here: commands check that what they read exists.)
+PATH_ERRORS = frozenset(
+    {
+        errno.ENAMETOOLONG,
+        errno.EACCES,
+        errno.EPERM,
+        errno.EROFS,
+        errno.ENOSPC,
+        errno.EDQUOT,
+        errno.ENOTDIR,
+        errno.EISDIR,
+        errno.ELOOP,
+    }
+)
 
 
 def _run(args: argparse.Namespace) -> None:
@@ -160,7 +182,22 @@ def main(argv: list[str] | None = None) -> int:
     except (Interrupted, KeyboardInterrupt) as err:  # Ctrl-C: one line, from rank 0 only
         log.error(f"error: {str(err) or 'interrupted'}")
         return 143 if stopped_by_sigterm(err) else 130  # 128 + the signal, as a shell says
+    except BrokenPipeError:  # stdout's reader has gone (| head): nothing more to say
+        _stdout_to_devnull()
+        return 141
+    except OSError as err:
+        if err.filename is None or err.errno not in PATH_ERRORS:
+            raise
+        log.error(f"error: {err.filename}: {err.strerror}", extra=logs.EVERY_RANK)
+        return 2
     return 0
+
+
+def _stdout_to_devnull() -> None:
+    """Point stdout at /dev/null, so that the interpreter's flush at exit does not raise
+    BrokenPipeError again (Python's documented recipe for SIGPIPE)."""
+    with contextlib.suppress(OSError, ValueError):  # ValueError: a stdout with no descriptor
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
 def entry(argv: list[str] | None = None) -> NoReturn:
