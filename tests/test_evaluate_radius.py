@@ -130,6 +130,13 @@ def test_radius_is_read_next_to_the_markups_file_that_is_evaluated(tmp_path):
             moved[0] = TRUTH[case][0]  # a corrected by hand: error 0, radius 3.2 not stated
         write_landmarks(pred / f"{case}.mrk.json", Landmarks(NAMES, moved), coordinate_system="LPS")
     text = evaluate_dirs(pred, truth)
+    # Said: the report shows the CSV's point, so a reviewer's move (or a spreadsheet edit
+    # of the CSV, not scored) would otherwise pass unseen.
+    assert text.splitlines()[0] == (
+        "note: 1 case(s) whose .mrk.json places landmarks elsewhere than its .csv "
+        "(case001: a): scored as the .mrk.json places them (3D Slicer's file, where a "
+        "reviewer moves a point), without the .csv's radius there"
+    )
     # Errors 1 2 3 5 6, radii 2.5 1.5 3.5 5.5 10: 4 of 5 inside; ranks identical but for
     # 1 <-> 2: sum d^2 = 2, Spearman 1 - 6 * 2 / (5 * 24) = 0.90.
     assert text.splitlines()[-2] == (

@@ -166,6 +166,20 @@ def test_a_table_naming_scans_whose_files_are_gone_is_said_first(tmp_path, capsy
     assert "landmarks.csv lists scans with no files here: case002" in head
 
 
+def test_a_point_moved_in_one_of_a_scans_two_files_is_said_first(tmp_path, capsys):
+    """The page showed the .csv's point and evaluate scored the .mrk.json's, and neither
+    said they differ (a point moved in 3D Slicer, or edited in a spreadsheet)."""
+    pred, _, _ = prediction_folder(tmp_path, with_scans=False)
+    lines = (pred / "case001.csv").read_text().splitlines()
+    row = next(i for i, line in enumerate(lines) if line.startswith("L01,"))
+    cells = lines[row].split(",")
+    cells[1] = str(float(cells[1]) + 5.0)  # 5 mm to the right
+    lines[row] = ",".join(cells)
+    (pred / "case001.csv").write_text("\n".join(lines) + "\n")
+    head = report_head(capsys, pred)
+    assert "landmarks placed elsewhere in the .mrk.json than in the .csv: case001 (L01)" in head
+
+
 def test_unreadable_prediction_is_said_first(tmp_path, capsys):
     pred, _, _ = prediction_folder(tmp_path, with_scans=False)
     text = (pred / "case001.csv").read_text().replace(",review,1,", ",bogus,1,", 1)

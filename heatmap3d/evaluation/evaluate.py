@@ -37,7 +37,7 @@ from heatmap3d.evaluation.metrics import (
     stats_to_rows,
     summarize,
 )
-from heatmap3d.evaluation.stated import presence_line, radius_line, stated_radii
+from heatmap3d.evaluation.stated import moved_line, presence_line, radius_line, stated_radii
 from heatmap3d.io.atomic import atomic_write_bytes
 from heatmap3d.io.destination import Destination, make_folder
 from heatmap3d.io.landmark_fields import spreadsheet_safe
@@ -277,7 +277,8 @@ def evaluate_dirs(
     extra = [radius_line(errors, radii)] if stated else []
     extra.append(presence_line(pred, truth, names, ids))
     unscored = unpredicted_line(pred_dir, truth_dir, set(pred))
-    notes = [*warning, *_renamed_line(renamed), *unnamed]
+    moved = moved_line(pred_dir, paths, pred, names, renamed)
+    notes = [*warning, *_renamed_line(renamed), *unnamed, *moved]
     return "\n".join([*notes, text, *extra, *unscored])
 
 

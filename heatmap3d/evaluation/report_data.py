@@ -23,11 +23,13 @@ import numpy as np
 
 from heatmap3d.errors import InputError, listed, one_line
 from heatmap3d.io.landmark_fields import from_spreadsheet_safe
+from heatmap3d.io.landmarks import read_landmarks
 from heatmap3d.predictions.reading import TABLES as COHORT_TABLES
 from heatmap3d.predictions.reading import (
     PredictionTable,
     is_evaluation_output,
     read_prediction_table,
+    same_points,
 )
 from heatmap3d.predictions.resume import RECORDS, read_record
 
@@ -145,6 +147,7 @@ def read_cohort(folder: Path, evaluation: Path | None = None) -> Cohort:
     cohort.tables = [folder / t for t in COHORT_TABLES if (folder / t).is_file()]
     _check_sameness(cohort)
     _check_cohort_table(cohort)
+    _check_markups(cohort)
     default = folder / "evaluation"
     if evaluation is not None or (default / "errors.csv").is_file():
         cohort.evaluation = read_evaluation(Path(evaluation or default))
@@ -235,6 +238,30 @@ def _check_cohort_table(cohort: Cohort) -> None:
     gone = sorted(named - {s.stem for s in cohort.scans} - {""})
     if gone:
         cohort.problems.append(f"{path.name} lists scans with no files here: {listed(gone)}")
+
+
+def _check_markups(cohort: Cohort) -> None:
+    """Problems: scans whose ``.mrk.json`` places landmarks elsewhere than their ``.csv``
+    (a point moved in 3D Slicer, or edited in a spreadsheet): this page shows the CSV's,
+    ``evaluate`` scores the ``.mrk.json``'s."""
+    moved = []
+    for scan in cohort.scans:
+        if scan.markups is None:
+            continue
+        try:
+            markups = read_landmarks(scan.markups)
+        except InputError as err:
+            cohort.problems.append(f"{scan.markups.name}: unreadable ({err})")
+            continue
+        ours = scan.table.landmarks
+        same = same_points(ours.points, markups.points_of(ours.names))
+        if not same.all():
+            moved.append(f"{scan.stem} ({listed([n for n, k in zip(ours.names, same) if not k])})")
+    if moved:
+        cohort.problems.append(
+            f"landmarks placed elsewhere in the .mrk.json than in the .csv: {'; '.join(moved)}; "
+            "this page shows the .csv's, heatmap3d evaluate scores the .mrk.json's"
+        )
 
 
 def read_evaluation(folder: Path) -> Evaluation:

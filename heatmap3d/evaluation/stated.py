@@ -13,13 +13,9 @@ from pathlib import Path
 
 import numpy as np
 
+from heatmap3d.errors import listed
 from heatmap3d.io.landmarks import Landmarks, read_landmarks
-from heatmap3d.predictions.reading import is_evaluation_output, read_radius_column
-
-# A landmark's position in the file evaluated and in the CSV that states its radius count
-# as the same within this (mm): the .mrk.json holds the CSV's RAS points negated to LPS,
-# which reads back exactly; a point a reviewer moved in Slicer is far beyond it.
-_SAME_POINT_MM = 1e-6
+from heatmap3d.predictions.reading import is_evaluation_output, read_radius_column, same_points
 
 
 def _pct(value: float) -> str:
@@ -141,13 +137,43 @@ def stated_radii(
         found = True
         column = {renamed.get(k, k): v for k, v in column.items()}
         stated = np.array([column.get(name, np.nan) for name in names])
-        # points_of: landmarks no truth names are not scored (evaluate says so).
-        ours = read_landmarks(path).renamed(renamed).points_of(names)
-        evaluated = pred[case].select(names, source=case).points
-        same = np.all(
-            np.isclose(ours, evaluated, rtol=0.0, atol=_SAME_POINT_MM)
-            | (np.isnan(ours) & np.isnan(evaluated)),
-            axis=1,
-        )
+        same = _same_as_csv(path, pred[case].select(names, source=case), names, renamed)
         radii[i] = np.where(same, stated, np.nan)
     return radii if found else None
+
+
+def _same_as_csv(
+    path: Path, evaluated: Landmarks, names: Sequence[str], renamed: Mapping[str, str]
+) -> np.ndarray:
+    """``(K,)`` bool: whether the CSV ``path`` places each of ``names`` where
+    ``evaluated`` (the case's file scored) does, both without a position counting alike."""
+    # points_of: landmarks no truth names are not scored (evaluate says so).
+    ours = read_landmarks(path).renamed(dict(renamed)).points_of(names)
+    return same_points(ours, evaluated.points)
+
+
+def moved_line(
+    pred_dir: Path,
+    paths: Mapping[str, Path],
+    pred: Mapping[str, Landmarks],
+    names: Sequence[str],
+    renamed: Mapping[str, str] | None = None,
+) -> list[str]:
+    """The note naming the landmarks a case's ``.mrk.json`` (the file scored) places
+    elsewhere than its ``.csv`` (none when they agree): a point moved in 3D Slicer, or one
+    edited in a spreadsheet, which the scores then do not see; ``report`` shows the CSV's."""
+    moved = []
+    for case, path in paths.items():
+        csv_path = pred_dir / f"{case}.csv"
+        if not path.name.endswith(".mrk.json") or not csv_path.is_file():
+            continue
+        same = _same_as_csv(csv_path, pred[case].select(names, source=case), names, renamed or {})
+        if not same.all():
+            moved.append(f"{case}: {listed([n for n, s in zip(names, same) if not s])}")
+    if not moved:
+        return []
+    return [
+        f"note: {len(moved)} case(s) whose .mrk.json places landmarks elsewhere than its "
+        f".csv ({'; '.join(moved)}): scored as the .mrk.json places them (3D Slicer's file, "
+        "where a reviewer moves a point), without the .csv's radius there"
+    ]

@@ -130,6 +130,19 @@ def has_table_header(path: Path) -> bool:
     return head[: len(TABLE_HEAD)] == list(TABLE_HEAD)  # the basis columns came later
 
 
+# A landmark's position in a scan's .mrk.json and in its .csv count as the same within this
+# (mm): the .mrk.json holds the CSV's RAS points negated to LPS, which reads back exactly;
+# a point a reviewer moved in Slicer, or edited in a spreadsheet, is far beyond it.
+SAME_POINT_MM = 1e-6
+
+
+def same_points(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """``(K,)`` bool: whether rows of ``a`` and ``b`` ``(K, 3)`` (world mm) are the same
+    point, two rows without a position (NaN) counting alike."""
+    close = np.isclose(a, b, rtol=0.0, atol=SAME_POINT_MM)
+    return np.all(close | (np.isnan(a) & np.isnan(b)), axis=1)
+
+
 # --------------------------------------------------------------------------------------
 # heatmap3d's prediction CSV
 # --------------------------------------------------------------------------------------
