@@ -21,6 +21,11 @@ from heatmap3d.io.volumes import save_volume
 from heatmap3d.model import build_model
 
 ONNX_HEATMAP_TOLERANCE = 1e-4  # float32 convolutions summed in another order
+STAGES = [
+    StageEntry("coarse", "whole_scan", ("coarse/best.pt",)),
+    StageEntry("fine", "refiner", ("fine/best.pt",)),
+]
+EDITED = "edited since heatmap3d export wrote it; refusing to replace it (--overwrite replaces it)"
 
 
 @pytest.fixture(scope="module")
@@ -30,11 +35,7 @@ def trained(tmp_path_factory) -> Path:
     for stage, role in (("coarse", "whole_scan"), ("fine", "refiner")):
         (folder / stage).mkdir(parents=True)
         checkpoint(folder / stage / "best.pt", role=role)
-    entries = [
-        StageEntry("coarse", "whole_scan", ("coarse/best.pt",)),
-        StageEntry("fine", "refiner", ("fine/best.pt",)),
-    ]
-    write_model_folder(folder, entries)
+    write_model_folder(folder, STAGES)
     return folder
 
 
@@ -167,3 +168,74 @@ def test_an_output_folder_that_cannot_be_made_is_one_line(
     for argv in (("export", trained), ("predict", "--model", trained, scan_file)):
         err = one_error(capsys, *argv, "--out", out)
         assert err.startswith(f"error: {out}: cannot create the output folder (")
+
+
+def contents(folder: Path) -> dict[str, bytes | None]:
+    """What ``folder`` holds: each file's bytes, None for a folder (hidden ones too)."""
+    return {p.name: p.read_bytes() if p.is_file() else None for p in sorted(folder.iterdir())}
+
+
+@pytest.mark.parametrize("edited", ["MODEL.md", "model.json"])
+def test_a_file_of_the_export_edited_since_is_replaced_only_with_overwrite(
+    capsys, trained, exported, tmp_path, edited
+):
+    """The card asks for the training data and licences: exporting again replaced a card
+    the user had completed, without a word (as it did a model.json an editor re-saved)."""
+    out = Path(shutil.copytree(exported, tmp_path / "e"))
+    if edited == "MODEL.md":
+        with open(out / "MODEL.md", "a", encoding="utf-8") as f:
+            f.write("## Training data\n\nmine, CC BY 4.0\n")
+    else:
+        doc = json.loads((out / "model.json").read_text())
+        (out / "model.json").write_text(json.dumps(doc, indent=2))
+    before = contents(out)
+    err = one_error(capsys, "export", trained, "--out", out)
+    assert err == f"error: {out / edited}: {EDITED}"
+    assert contents(out) == before
+    assert run(capsys, "export", trained, "--out", out, "--overwrite")[0] == 0
+    assert "mine" not in (out / "MODEL.md").read_text()
+
+
+def test_an_export_over_an_earlier_one_leaves_that_ones_files_out(
+    capsys, trained, exported, tmp_path
+):
+    """The earlier export's files that this one does not write stayed (and counted in the
+    size printed): coarse.onnx of an export with --onnx, another model's fine stage. Its
+    files edited since, and files heatmap3d did not write, are left alone."""
+    out = Path(shutil.copytree(exported, tmp_path / "e"))
+    (out / "notes.txt").write_text("mine")
+    (out / "fine.onnx").write_bytes(b"edited")
+    one = tmp_path / "one"
+    (one / "coarse").mkdir(parents=True)
+    shutil.copy(trained / "coarse" / "best.pt", one / "coarse" / "best.pt")
+    write_model_folder(one, STAGES[:1])
+    assert run(capsys, "export", one, "--out", out)[0] == 0
+    left = ["MODEL.md", "coarse.safetensors", "fine.onnx", "model.json", "notes.txt"]
+    assert sorted(p.name for p in out.iterdir()) == left
+    assert (out / "notes.txt").read_text() == "mine"
+    assert [s["name"] for s in json.loads((out / "model.json").read_text())["stages"]] == ["coarse"]
+
+
+def test_a_failed_export_leaves_its_output_folder_as_it_was(capsys, trained, exported, tmp_path):
+    """A broken shape.json was refused after the weights were written: the half-written
+    folder was then refused by the next export as 'not empty and not an export'; --card of
+    a file not there left an empty folder. Nothing is created or changed now."""
+    new, earlier = tmp_path / "out" / "new", Path(shutil.copytree(exported, tmp_path / "old"))
+    before = contents(earlier)
+    broken = Path(shutil.copytree(trained, tmp_path / "run"))
+    (broken / "shape.json").write_text('{"a": 1}')
+    write_model_folder(broken, STAGES, shape="shape.json")
+    for out in (new, earlier):
+        err = one_error(capsys, "export", broken, "--out", out)
+        assert err.startswith(f"error: {broken / 'shape.json'}: malformed shape model")
+        assert not new.exists() and contents(earlier) == before
+    write_model_folder(broken, STAGES)  # read after a stage's weights were written
+    (broken / "fine" / "best.pt").write_bytes(b"not a checkpoint")
+    for out in (new, earlier):
+        err = one_error(capsys, "export", broken, "--out", out, "--onnx")
+        assert str(broken / "fine" / "best.pt") in err
+        err = one_error(capsys, "export", trained, "--out", out, "--card", tmp_path / "no.md")
+        assert str(tmp_path / "no.md") in err
+    assert not (tmp_path / "out").exists() and contents(earlier) == before
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # nor a staging
+    assert run(capsys, "export", trained, "--out", new)[0] == 0

@@ -13,7 +13,13 @@ from heatmap3d.packaged import catalogue as packaged
 def add_export_arguments(p: argparse.ArgumentParser) -> None:
     """The ``export`` subcommand's arguments."""
     p.add_argument("model", type=Path, help="a model folder of heatmap3d train DATA")
-    p.add_argument("--out", type=Path, required=True, help="the folder to write the export to")
+    p.add_argument(
+        "--out",
+        type=Path,
+        required=True,
+        help="the folder to write the export to: new, empty, or an earlier export (which it "
+        "replaces; left as it was when the export fails)",
+    )
     p.add_argument(
         "--onnx",
         action="store_true",
@@ -27,7 +33,10 @@ def add_export_arguments(p: argparse.ArgumentParser) -> None:
         "accuracy measured on which benchmark, intended use and limits",
     )
     p.add_argument(
-        "--overwrite", action="store_true", help="write into a folder that is not an export"
+        "--overwrite",
+        action="store_true",
+        help="write into a folder that is not an export, and replace the files of an earlier "
+        f"export edited since (its {CARD_FILE}, say)",
     )
 
 
