@@ -445,3 +445,25 @@ def test_as_many_workers_as_cpus_is_fine_and_a_huge_shard_count_too(capsys, tmp_
     assert code == 0 and "1 predicted" in out, err
     code, out, err = run(capsys, *argv, "--shard", f"0/{10**30}", "--overwrite")
     assert code == 0 and "1 scan(s): 1 predicted" in out, (out, err)
+
+
+@pytest.mark.parametrize(
+    ("change", "says"),
+    [
+        (lambda out: (out / "case1.mrk.json").unlink(), "case1: case1.mrk.json is gone"),
+        (lambda out: (out / "case1.csv").write_text("edited"), "case1.csv changed since"),
+    ],
+    ids=["deleted", "edited"],
+)
+def test_collect_names_the_scans_it_leaves_out(capsys, tmp_path, weights, change, says):
+    """A scan whose files changed since predict wrote them was left out of the tables
+    without a word (exit 0): the tables looked like the cohort's."""
+    scans = [_scan(tmp_path / "scans" / f"case{n}.nii.gz", seed=n) for n in range(2)]
+    out = tmp_path / "out"
+    for share in ("0/2", "1/2"):
+        assert predict(capsys, weights, out, *scans, extra=["--shard", share])[0] == 0
+    change(out)
+    line = error_line(*run(capsys, "collect", out)[::2])
+    assert line.startswith("error: collected 1 scan(s)") and says in line, line
+    assert "left out 1 scan(s) whose files changed since predict wrote them" in line
+    assert sorted({s for s, _ in table_rows(out)}) == ["case0"]

@@ -43,6 +43,7 @@ __all__ = [
     "model_identity",
     "output_names",
     "read_record",
+    "read_records",
     "record_path",
     "remove_stale",
     "write_record",
@@ -204,18 +205,35 @@ def remove_stale(out: Path, stem: str, names: list[str]) -> None:
 
 def complete_records(out: Path) -> dict[str, dict[str, Any]]:
     """Every scan in ``out`` whose record is ours and whose outputs still match it, by
-    stem (``heatmap3d collect``)."""
-    found = {}
+    stem."""
+    return read_records(out)[0]
+
+
+def read_records(out: Path) -> tuple[dict[str, dict[str, Any]], dict[str, str]]:
+    """The records of ``out`` (``heatmap3d collect``): those whose outputs still match
+    them, by stem, and the stems whose outputs do not, each with why (the first output
+    gone or changed since predict wrote it)."""
+    found, left = {}, {}
     folder = Path(out) / RECORDS
     for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
         stem = path.name[: -len(".json")]
         record = read_record(out, stem)
-        if record is not None and is_current(
-            out,
-            stem,
-            record.get("input_sha256", ""),
-            record.get("model", ""),
-            list(record["outputs"]),
-        ):
+        if record is None:
+            continue
+        why = _changed_output(Path(out), record)
+        if why is None:
             found[stem] = record
-    return found
+        else:
+            left[stem] = why
+    return found, left
+
+
+def _changed_output(out: Path, record: dict[str, Any]) -> str | None:
+    """Why ``record``'s outputs in ``out`` are not as it says (None when they are)."""
+    for name, sha in record["outputs"].items():
+        path = out / name
+        if not path.is_file():
+            return f"{name} is gone"
+        if file_sha256(path) != sha:
+            return f"{name} changed since predict wrote it"
+    return None

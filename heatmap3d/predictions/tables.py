@@ -47,7 +47,7 @@ from heatmap3d.io.landmark_fields import spreadsheet_safe
 from heatmap3d.io.provenance import MARKER, is_ours
 from heatmap3d.io.seal import seal, seal_state
 from heatmap3d.predictions.reading import TABLE_HEAD, TABLES, table_rows
-from heatmap3d.predictions.resume import RECORDS, complete_records, mixed_models
+from heatmap3d.predictions.resume import RECORDS, mixed_models, read_records
 from heatmap3d.predictions.scan_files import BASIS_COLUMNS
 
 __all__ = [
@@ -181,17 +181,20 @@ def collect(dest: Destination | Path) -> str:
     summary line.
 
     InputError when ``P`` holds no predicted scan, or scans predicted by different
-    models (or options): one table would mix them.
+    models (or options): one table would mix them; and, once the tables are written, when
+    scans were left out of them because their files changed since predict wrote them
+    (named, with the file): the tables are not the cohort's.
     """
     dest = Destination.of(dest)
     out = dest.folder
     if not out.is_dir():
         raise InputError(f"{out}: not a folder")
-    records = complete_records(out)
+    records, left = read_records(out)
     if not records:
         raise InputError(
-            f"{out}: no predicted scans to collect (no current records in {out / RECORDS}; "
-            "run heatmap3d predict --out there first)"
+            f"{out}: no predicted scans to collect (no current records in {out / RECORDS}"
+            + (f"; {_left_out(left)}" if left else "; run heatmap3d predict --out there first")
+            + ")"
         )
     mixed = mixed_models(records)
     if mixed:
@@ -200,8 +203,19 @@ def collect(dest: Destination | Path) -> str:
             "into separate folders"
         )
     written = write_tables(dest, list(records))
-    return (
+    summary = (
         f"collected {written.scans} scan(s), {written.rows} landmark row(s); "
-        f"{written.flagged} flagged for review: {out / TABLES[0]}, {out / TABLES[1]}\n"
-        f"{written.basis}"
+        f"{written.flagged} flagged for review: {out / TABLES[0]}, {out / TABLES[1]}"
+    )
+    if left:
+        raise InputError(f"{summary}; {_left_out(left)}")
+    return f"{summary}\n{written.basis}"
+
+
+def _left_out(left: dict[str, str]) -> str:
+    """The scans ``collect`` leaves out, and why, in one clause."""
+    why = "; ".join(f"{stem}: {reason}" for stem, reason in left.items())
+    return (
+        f"left out {len(left)} scan(s) whose files changed since predict wrote them ({why}); "
+        "rerun the predict command that made them (it predicts them again), then collect"
     )
