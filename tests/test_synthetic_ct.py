@@ -121,3 +121,35 @@ def test_a_bad_slice_range_is_refused_before_anything_is_written(tmp_path, slice
             tmp_path / "d", n_train=1, n_val=0, n_test=0, seed=0, progress=False, slice_mm=slices
         )
     assert not (tmp_path / "d").exists()
+
+
+def test_a_run_stopped_mid_series_is_finished_by_running_it_again(tmp_path, monkeypatch):
+    """Ctrl-C while the DICOM series was half written (half its slices on disk) left
+    images/<case>/ with slices the marker did not list, and the same call again refused
+    them as not synth's. No scan may stand half written; a rerun completes the dataset."""
+    from heatmap3d.io import dicom
+
+    write, stopped = dicom.write_dicom_series, []
+
+    def half_then_ctrl_c(folder, vol, *args, **kwargs):
+        write(folder, vol, *args, **kwargs)
+        for extra in sorted(folder.iterdir())[len(list(folder.iterdir())) // 2 :]:
+            extra.unlink()
+        stopped.append(folder)
+        raise KeyboardInterrupt
+
+    coarse = {"inplane_mm": (4.0, 5.0), "slice_mm": (8.0, 10.0)}  # ~0.1 M voxels a scan
+    counts = {"n_train": 2, "n_val": 0, "n_test": 0, "seed": 0, "progress": False, **coarse}
+    monkeypatch.setattr(dicom, "write_dicom_series", half_then_ctrl_c)
+    with pytest.raises(KeyboardInterrupt):
+        generate_ct_dataset(tmp_path / "d", **counts)
+    assert stopped and not (tmp_path / "d" / "split.json").exists()
+    for image in (tmp_path / "d" / "images").iterdir():
+        load_volume(image)
+    monkeypatch.undo()
+    root = generate_ct_dataset(tmp_path / "d", **counts)
+    fresh = generate_ct_dataset(tmp_path / "fresh", **counts)
+    for case in ("case000", "case001"):
+        again, first = (load_volume(find_image(r, case)) for r in (root, fresh))
+        assert np.array_equal(again.data, first.data)
+    assert (root / "images" / stopped[0].name).is_dir()  # the series, whole this time

@@ -15,6 +15,8 @@ or redoes an unfinished synthetic dataset of its own (its marker, no ``split.jso
 which every file is one it wrote, unchanged; anything else in the way is refused by name
 and never replaced (:mod:`heatmap3d.data.synthetic_folder`). Any other non-empty folder,
 even one holding only ``images/`` and ``landmarks/``, is a user's (:func:`start_dataset`).
+A case's image and landmark file appear whole or not at all (:func:`write_case`), so a run
+stopped at any point (Ctrl-C, SIGTERM, SIGKILL) is finished by running it again.
 The counts are bounded (``MAX_SYNTHETIC_CASES``), and the disk and memory they need are
 checked before anything is written: ``--n-train 1000000000`` is refused at once.
 """
@@ -22,7 +24,11 @@ checked before anything is written: ``--n-train 1000000000`` is refused at once.
 from __future__ import annotations
 
 import json
+import os
+from collections.abc import Callable
+from contextlib import suppress
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -34,13 +40,15 @@ from heatmap3d import __version__
 from heatmap3d.config_checks import MAX_SYNTHETIC_CASES
 from heatmap3d.data.synthetic_folder import (
     MARKER_FILE,
+    STAGING,
     check_resources,
     claim_folder,
-    record_written,
+    clear_staging,
+    place_files,
 )
 from heatmap3d.errors import InputError, one_line
 from heatmap3d.geometry import Volume, voxel_to_world
-from heatmap3d.io.atomic import atomic_write_bytes
+from heatmap3d.io.atomic import atomic_write_bytes, ctrl_c_after
 from heatmap3d.io.landmarks import Landmarks, write_landmarks
 from heatmap3d.io.volumes import save_volume
 
@@ -158,9 +166,7 @@ def generate_dataset(
     ids = start_dataset(root, n_train, n_val, n_test, seed=seed)
     for i, case in enumerate(tqdm(ids, desc="synthetic data", disable=None if progress else True)):
         vol, lm = generate_case(np.random.default_rng([seed, i]))
-        image = root / "images" / f"{case}.nii.gz"
-        save_volume(image, vol)
-        record_written(root, [image, write_case_landmarks(root, case, i, lm)])
+        write_case(root, case, i, lm, ".nii.gz", partial(save_volume, vol=vol))
     return finish_dataset(root, ids, n_train, n_val)
 
 
@@ -196,8 +202,8 @@ def start_dataset(
 ) -> list[str]:
     """Check the counts and the disk and memory they need (scans of up to
     ``case_voxels`` voxels, ``work_bytes`` a voxel to make one), claim ``root``
-    (:func:`claim_folder`, then its marker), create ``root/images`` and
-    ``root/landmarks``; the case ids ``case000``, ...
+    (:func:`claim_folder`, then its marker), create ``root/images``, ``root/landmarks``
+    and the staging folder cases are written in first; the case ids ``case000``, ...
 
     Refuses (InputError) a folder that is not empty unless it holds generation's marker
     and no ``split.json`` and every file in it is one generation wrote, unchanged (an
@@ -213,29 +219,67 @@ def start_dataset(
         (root / "landmarks").mkdir(parents=True, exist_ok=True)
         marker = {"written_by": f"heatmap3d {__version__}", "seed": seed}
         atomic_write_bytes(root / MARKER_FILE, (json.dumps(marker) + "\n").encode())
+        (root / STAGING).mkdir(exist_ok=True)  # after the marker: the folder is claimed
     except OSError as err:
         raise InputError(f"{root}: cannot write the dataset there ({one_line(err)})") from None
     return [f"case{i:03d}" for i in range(n_train + n_val + n_test)]
 
 
-def write_case_landmarks(root: Path, case: str, index: int, lm: Landmarks) -> Path:
-    """Case ``index``'s landmarks: CSV in RAS and Slicer ``.mrk.json`` in LPS, alternately
-    (both formats and both frames in every dataset); the file's path."""
+def write_case(
+    root: Path,
+    case: str,
+    index: int,
+    lm: Landmarks,
+    suffix: str,
+    write_image: Callable[[Path], None],
+) -> None:
+    """Case ``index``'s scan, named ``case + suffix`` (``write_image(path)`` writes it: a
+    file, or a folder for a DICOM series, ``suffix`` ""), and its landmarks ``lm``
+    (:func:`write_case_landmarks`), written in the staging folder, then placed in
+    ``images/`` and ``landmarks/`` together
+    (:func:`~heatmap3d.data.synthetic_folder.place_files`): a scan cut short by Ctrl-C or
+    a kill never stands under a case's name, where a rerun would have to refuse it."""
+    staging, image = root / STAGING, case + suffix
+    try:
+        write_image(staging / image)
+        landmarks = write_case_landmarks(staging, case, index, lm)
+        place_files(
+            root,
+            [
+                (staging / image, root / "images" / image),
+                (landmarks, root / "landmarks" / landmarks.name),
+            ],
+        )
+    except BaseException:  # Ctrl-C or a write error: leave no half-written file behind
+        clear_staging(root)
+        raise
+
+
+def write_case_landmarks(folder: Path, case: str, index: int, lm: Landmarks) -> Path:
+    """Case ``index``'s landmarks in ``folder``: CSV in RAS and Slicer ``.mrk.json`` in LPS,
+    alternately (both formats and both frames in every dataset); the file's path."""
     if index % 2 == 0:
-        path = root / "landmarks" / f"{case}.csv"
+        path = folder / f"{case}.csv"
         write_landmarks(path, lm, coordinate_system="RAS")
     else:
-        path = root / "landmarks" / f"{case}.mrk.json"
+        path = folder / f"{case}.mrk.json"
         write_landmarks(path, lm, coordinate_system="LPS")
     return path
 
 
 def finish_dataset(root: Path, ids: list[str], n_train: int, n_val: int) -> Path:
-    """Write ``split.json`` last: its presence means the dataset is complete."""
+    """Write ``split.json`` last: its presence means the dataset is complete. Written in
+    the staging folder and renamed into place, so that a kill leaves no temporary file
+    beside it that a rerun would have to refuse; the emptied staging folder is removed."""
     split = {
         "train": ids[:n_train],
         "val": ids[n_train : n_train + n_val],
         "test": ids[n_train + n_val :],
     }
-    atomic_write_bytes(root / "split.json", (json.dumps(split, indent=2) + "\n").encode())
+    staged = root / STAGING / "split.json"
+    atomic_write_bytes(staged, (json.dumps(split, indent=2) + "\n").encode())
+    with ctrl_c_after():  # a complete dataset leaves no staging folder behind
+        os.replace(staged, root / "split.json")
+        with suppress(OSError):  # not empty (a file someone put there): harmless, left
+            (root / STAGING).rmdir()
     return root

@@ -32,6 +32,7 @@ Case ``i`` depends only on ``(seed, i)``.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import nibabel as nib
@@ -41,8 +42,7 @@ from scipy.spatial.transform import Rotation
 from tqdm import tqdm
 
 from heatmap3d.data.painter import Painter
-from heatmap3d.data.synthetic import finish_dataset, start_dataset, write_case_landmarks
-from heatmap3d.data.synthetic_folder import record_written
+from heatmap3d.data.synthetic import finish_dataset, start_dataset, write_case
 from heatmap3d.errors import InputError
 from heatmap3d.geometry import Volume, world_to_voxel
 from heatmap3d.io.landmarks import Landmarks
@@ -299,16 +299,14 @@ def generate_ct_dataset(
     for i, case_id in enumerate(tqdm(ids, desc="synthetic CT", disable=None if progress else True)):
         vol, lm, case = generate_ct_case(np.random.default_rng([seed, i]), inplane_mm, slice_mm)
         if i % 5 == 4:
-            image = root / "images" / f"{case_id}.nrrd"
-            save_volume(image, vol)
+            suffix, write = ".nrrd", partial(save_volume, vol=vol)
         elif not dicom_done and np.linalg.det(case.affine[:3, :3]) > 0:
-            image = root / "images" / case_id
-            save_volume(image, vol)
+            suffix, write = "", partial(save_volume, vol=vol)  # no suffix: a DICOM series
             dicom_done = True
         else:
-            image = root / "images" / f"{case_id}.nii.gz"
-            _write_nifti_int16(image, vol)
-        record_written(root, [image, write_case_landmarks(root, case_id, i, lm)])
+            suffix, write = ".nii.gz", partial(_write_nifti_int16, vol=vol)
+        # Written aside, then placed whole: a stopped run leaves no scan cut short.
+        write_case(root, case_id, i, lm, suffix, write)
     return finish_dataset(root, ids, n_train, n_val)
 
 
