@@ -222,7 +222,9 @@ def test_gpus_without_a_gpu_says_so(monkeypatch, capsys):
 
     _fake_cuda(monkeypatch, [])
     assert main(["gpus"]) == 0
-    assert "no CUDA GPU visible" in capsys.readouterr().out
+    said = capsys.readouterr()  # stdout's last line stays the recipe's value: empty
+    assert "no CUDA GPU visible" in said.err
+    assert said.out.splitlines()[-1] == "CUDA_VISIBLE_DEVICES="
 
 
 def test_channels_last_layout_keeps_1x1x1_weights_in_their_gradients_layout():

@@ -202,8 +202,19 @@ def _add_collect(sub: argparse._SubParsersAction) -> None:
 
 
 def _add_gpus(sub: argparse._SubParsersAction) -> None:
+    def count(text: str) -> int:
+        """argparse type of ``gpus --n``: a whole number >= 1 (0 or -3 picked one GPU
+        without a word)."""
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text[:40]!r} is not a whole number") from None
+        if value < 1:
+            raise argparse.ArgumentTypeError(f"{text[:40]!r} is not a number of GPUs (1 or more)")
+        return value
+
     p = sub.add_parser("gpus", help="list visible GPUs by free memory; pick the freest N")
-    p.add_argument("--n", type=int, default=1, help="how many GPUs to pick (default 1)")
+    p.add_argument("--n", type=count, default=1, help="how many GPUs to pick (default 1)")
 
 
 def _add_config(sub: argparse._SubParsersAction) -> None:
