@@ -17,7 +17,8 @@ from assertions import raises_naming
 
 from heatmap3d.evaluation.evaluate import evaluate_dirs, write_evaluation
 from heatmap3d.io.landmarks import Landmarks, write_landmarks
-from heatmap3d.predictions.reading import is_evaluation_output, read_dir
+from heatmap3d.io.tool_tables import is_evaluation_output
+from heatmap3d.predictions.reading import read_dir
 
 NAMES = ["a", "b", "c"]
 TRUTH = {

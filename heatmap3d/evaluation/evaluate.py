@@ -44,9 +44,10 @@ from heatmap3d.io.landmark_fields import spreadsheet_safe
 from heatmap3d.io.landmarks import Landmarks, read_landmarks
 from heatmap3d.io.layout import find_landmark_file
 from heatmap3d.io.seal import seal, seal_state
+from heatmap3d.io.tool_tables import is_evaluation_output
 from heatmap3d.packaged import catalogue as packaged
 from heatmap3d.predictions import resume
-from heatmap3d.predictions.reading import is_evaluation_output, landmark_files
+from heatmap3d.predictions.reading import landmark_files
 
 N_WORST = 10
 MARKER = f"heatmap3d {__version__}"

@@ -24,10 +24,10 @@ import numpy as np
 from heatmap3d.errors import InputError, listed, one_line
 from heatmap3d.io.landmark_fields import from_spreadsheet_safe
 from heatmap3d.io.landmarks import read_landmarks
-from heatmap3d.predictions.reading import TABLES as COHORT_TABLES
+from heatmap3d.io.tool_tables import TABLES as COHORT_TABLES
+from heatmap3d.io.tool_tables import is_evaluation_output
 from heatmap3d.predictions.reading import (
     PredictionTable,
-    is_evaluation_output,
     read_prediction_table,
     same_points,
 )

@@ -15,7 +15,8 @@ import numpy as np
 
 from heatmap3d.errors import listed
 from heatmap3d.io.landmarks import Landmarks, read_landmarks
-from heatmap3d.predictions.reading import is_evaluation_output, read_radius_column, same_points
+from heatmap3d.io.tool_tables import is_evaluation_output
+from heatmap3d.predictions.reading import read_radius_column, same_points
 
 
 def _pct(value: float) -> str:

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import csv
 import math
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,62 +27,19 @@ from heatmap3d.io.landmark_fields import from_spreadsheet_safe
 from heatmap3d.io.landmarks import Landmarks, read_landmarks
 from heatmap3d.io.layout import landmark_candidates, landmark_case_id
 from heatmap3d.io.seal import without_seal
+from heatmap3d.io.tool_tables import has_table_header, is_evaluation_output
 from heatmap3d.predictions.scan_files import BASIS_COLUMNS
 
-TABLES = ("landmarks.csv", "review.csv")
-"""The cohort tables ``predict`` and ``collect`` write (:mod:`heatmap3d.predictions.tables`)."""
-TABLE_HEAD = ("scan", "landmark", "x", "y", "z", "confidence", "radius_mm", "status", "review")
-"""Their first columns (then the review basis's and ``written_by``)."""
-OUTPUTS = ("metrics.csv", "errors.csv")
-"""The files ``heatmap3d evaluate`` writes into its output folder."""
 RADIUS_COLUMN = "radius_mm"
 """The column of heatmap3d's prediction CSV with each landmark's expected error radius, mm
 (coverage as calibrated for the model; empty where no radius is stated)."""
 STATUSES = ("ok", "review", "moved", "absent", "missing")
 """The ``status`` values of a prediction CSV (see :mod:`heatmap3d.predictions.scan_files`)."""
-# Leading columns of metrics.csv as written before the written_by column existed.
-_METRICS_HEAD = ["landmark", "n", "missed", "mre_mm", "median_mm"]
 
 
 # --------------------------------------------------------------------------------------
 # Evaluation outputs among the predictions
 # --------------------------------------------------------------------------------------
-
-
-def is_evaluation_output(path: Path) -> bool:
-    """Whether ``path`` is a metrics.csv or errors.csv that heatmap3d evaluation wrote.
-
-    Ours: a ``written_by`` last column with the marker on every row; or, as written
-    before that column, metrics.csv with the header ``landmark,n,missed,mre_mm,median_mm,
-    sdr_...`` or errors.csv with ``case,<names>`` and numbers (``nan``/``inf`` included)
-    in every other cell. A landmark file (which starts with a coordinate system line) is
-    never ours.
-    """
-    path = Path(path)
-    if path.name not in OUTPUTS or not path.is_file():
-        return False
-    try:
-        rows = list(csv.reader(path.read_text(encoding="utf-8").splitlines()))
-    except (OSError, UnicodeDecodeError, csv.Error):
-        return False
-    if not rows:
-        return False
-    head, body = rows[0], rows[1:]
-    if head and head[-1] == "written_by":
-        return all(row and row[-1].startswith("heatmap3d ") for row in body)
-    if path.name == "metrics.csv":
-        return head[: len(_METRICS_HEAD)] == _METRICS_HEAD
-    return head[:1] == ["case"] and all(_numbers(row[1:]) for row in body)
-
-
-def _numbers(cells: Sequence[str]) -> bool:
-    """Whether every cell reads as a float (``nan`` and ``inf`` included, ``""`` not)."""
-    try:
-        for cell in cells:
-            float(cell)
-    except ValueError:
-        return False
-    return True
 
 
 # --------------------------------------------------------------------------------------
@@ -114,20 +70,6 @@ def landmark_files(directory: Path) -> dict[str, Path]:
 def read_dir(directory: Path) -> dict[str, Landmarks]:
     """Every landmark file in ``directory`` by case id (one file per case)."""
     return {stem: read_landmarks(path) for stem, path in landmark_files(directory).items()}
-
-
-def has_table_header(path: Path) -> bool:
-    """Whether ``path`` is named and headed like one of the two tables (edited or not):
-    what a reader of per-scan prediction files skips."""
-    path = Path(path)
-    if path.name not in TABLES or not path.is_file():
-        return False
-    try:
-        with open(path, encoding="utf-8", newline="") as f:
-            head = next(csv.reader(f), [])
-    except (OSError, UnicodeDecodeError, csv.Error):
-        return False
-    return head[: len(TABLE_HEAD)] == list(TABLE_HEAD)  # the basis columns came later
 
 
 # A landmark's position in a scan's .mrk.json and in its .csv count as the same within this

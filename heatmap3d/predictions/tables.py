@@ -46,7 +46,8 @@ from heatmap3d.io.destination import Destination
 from heatmap3d.io.landmark_fields import spreadsheet_safe
 from heatmap3d.io.provenance import MARKER, is_ours
 from heatmap3d.io.seal import seal, seal_state
-from heatmap3d.predictions.reading import TABLE_HEAD, TABLES, table_rows
+from heatmap3d.io.tool_tables import TABLE_HEAD, TABLES
+from heatmap3d.predictions.reading import table_rows
 from heatmap3d.predictions.resume import RECORDS, mixed_models, read_records
 from heatmap3d.predictions.scan_files import BASIS_COLUMNS
 
