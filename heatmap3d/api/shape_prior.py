@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from heatmap3d import __version__
-from heatmap3d.errors import InputError
+from heatmap3d.errors import InputError, one_line
 from heatmap3d.io.atomic import atomic_write_bytes
 from heatmap3d.io.destination import Destination, make_folder
 from heatmap3d.io.json_file import read_text
@@ -73,7 +73,10 @@ def fit_prior(
     prior = dataclasses.replace(prior, power=measure_power(prior, shapes, progress=True))
     # The aligned configurations are kept for anatomy augmentation (augment.anatomy_prior).
     doc = {"written_by": MARKER, **prior.to_dict(configurations=True), "files": len(shapes)}
-    atomic_write_bytes(out, seal(json.dumps(doc) + "\n", MARKER).encode("utf-8"))
+    try:  # a disk that filled up during the fit: one line, as evaluate's writes say it
+        atomic_write_bytes(out, seal(json.dumps(doc) + "\n", MARKER).encode("utf-8"))
+    except OSError as exc:
+        raise InputError(f"{out}: cannot write the prior ({one_line(exc)})") from exc
     left_out = f"; files skipped: {len(files) - len(shapes)}" if len(shapes) < len(files) else ""
     log.info(
         f"wrote {out}: {len(names)} landmarks from {len(shapes)} configurations "
