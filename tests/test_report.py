@@ -16,7 +16,7 @@ from heatmap3d.commands.main import main
 from heatmap3d.evaluation.pictures import landmark_views
 from heatmap3d.evaluation.report import write_report
 from heatmap3d.evaluation.report_html import GENERATOR
-from heatmap3d.predictions.resume import write_record
+from heatmap3d.predictions.resume import input_identity, write_record
 from heatmap3d.predictions.tables import write_tables
 
 
@@ -31,9 +31,9 @@ def first_screen(html: str) -> str:
     return html[: html.index('<table id="cohort"')]
 
 
-def report_head(capsys, pred: Path) -> str:
-    """``heatmap3d report PRED`` (which must succeed), then its first screen."""
-    code, _, err = run(capsys, "report", pred)
+def report_head(capsys, pred: Path, *extra: str | Path) -> str:
+    """``heatmap3d report PRED EXTRA...`` (which must succeed), then its first screen."""
+    code, _, err = run(capsys, "report", pred, *extra)
     assert code == 0, err
     return first_screen((pred / "report.html").read_text(encoding="utf-8"))
 
@@ -178,6 +178,37 @@ def test_a_point_moved_in_one_of_a_scans_two_files_is_said_first(tmp_path, capsy
     (pred / "case001.csv").write_text("\n".join(lines) + "\n")
     head = report_head(capsys, pred)
     assert "landmarks placed elsewhere in the .mrk.json than in the .csv: case001 (L01)" in head
+
+
+def test_a_truth_folder_that_is_not_one_is_refused(tmp_path, capsys):
+    """It drew no + on any tile, and the page said nothing of it (exit 0)."""
+    pred, scans, _ = prediction_folder(tmp_path, n_scans=1)
+    code, _, err = run(capsys, "report", pred, "--scans", scans, "--truth", tmp_path / "nope")
+    said = f"error: {tmp_path / 'nope'}: not a folder (of true landmark files, for the tiles)"
+    assert code == 2 and err == said, err
+
+
+def test_scans_and_truth_that_do_not_match_the_predictions_are_said_first(tmp_path, capsys):
+    """Scans matched by no prediction's name drew no tile, a truth file that cannot be read
+    no +, and a scan other than the one predicted had the landmarks drawn on it: each
+    without a word."""
+    pred, scans, truth = prediction_folder(tmp_path, truth=True)
+    for n in range(4):  # records of what predict read, as predict writes them
+        stem = f"case{n:03d}"
+        scan = scans / f"{stem}.nii.gz"
+        write_record(pred, stem, scan, input_identity(scan), "m" * 64, [f"{stem}.csv"])
+    (scans / "case000.nii.gz").write_bytes((scans / "case001.nii.gz").read_bytes())
+    (scans / "case003.nii.gz").rename(scans / "other.nii.gz")
+    (truth / "case002.csv").write_text("not a landmark file")
+    head = report_head(capsys, pred, "--scans", scans, "--truth", truth)
+    assert "scan case000: not drawn" in head and "not the scan case000 was predicted from" in head
+    assert "no scan given for: case003 (no tiles)" in head
+    assert "true landmarks not drawn: case002 (" in head
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (scans / "other.nii.gz").rename(elsewhere / "other.nii.gz")
+    head = report_head(capsys, pred, "--scans", elsewhere)
+    assert "none of the 1 scan(s) given is named as a prediction here" in head
 
 
 def test_unreadable_prediction_is_said_first(tmp_path, capsys):

@@ -30,7 +30,7 @@ import numpy as np
 from tqdm import tqdm
 
 from heatmap3d import __version__
-from heatmap3d.errors import InputError, one_line
+from heatmap3d.errors import InputError, listed, one_line
 from heatmap3d.evaluation import report_pictures as pictures
 from heatmap3d.evaluation import report_plots as plots
 from heatmap3d.evaluation.evaluate import worst_cases
@@ -44,6 +44,7 @@ from heatmap3d.io.png import write_png
 from heatmap3d.io.provenance import is_ours
 from heatmap3d.io.volumes import load_volume
 from heatmap3d.packaged import catalogue as packaged
+from heatmap3d.predictions.resume import input_identity
 
 REPORT = "report.html"
 FILES = "report_files"
@@ -88,8 +89,11 @@ def write_report(
     # The page's folder: the prediction folder's, or out's (by the same rule).
     where = dest if out is None else Destination(Path(out).parent, dest.replace)
     out = check_target(where, REPORT if out is None else Path(out).name)
+    if isinstance(truth, Path) and not truth.is_dir():  # else no + on a tile, no word
+        raise InputError(f"{truth}: not a folder (of true landmark files, for the tiles)")
     cohort = read_cohort(folder, evaluation)
     found = pictures.scan_paths(scans)
+    _check_scans_given(cohort, found, given=bool(scans))
     page = Page(
         cohort,
         __version__,
@@ -168,6 +172,7 @@ def _draw(
 ) -> set[Path]:
     """Thumbnails, tiles and plots into ``files``, their links into ``page``."""
     cohort, written = page.cohort, set()
+    untrue: list[str] = []  # scans whose true landmarks could not be drawn, and why
 
     def save(name: str, rgb: np.ndarray) -> str:
         written.add(write_png(files, name, rgb))
@@ -193,11 +198,13 @@ def _draw(
             if stem == scan.stem and name in scan.names
         ]
         path = found.get(scan.stem)
-        thumb, tiles = _scan_pictures(cohort, scan, path, truth, which, nifti_frame)
+        thumb, tiles = _scan_pictures(cohort, scan, path, truth, which, nifti_frame, untrue)
         if thumb is not None:
             page.thumbs[scan.stem] = save(f"s{n}.png", thumb)
         for i, rgb in tiles.items():
             page.tiles[(scan.stem, i)] = save(f"s{n}-l{i}.png", rgb)
+    if untrue:
+        cohort.problems.append(f"true landmarks not drawn: {listed(untrue, 5)}")
     return written
 
 
@@ -207,24 +214,31 @@ def _scan_pictures(
     path: Path | None,
     truth: Path | Mapping[str, Path] | None,
     which: list[int],
-    nifti_frame: str | None = None,
+    nifti_frame: str | None,
+    untrue: list[str],
 ) -> tuple[np.ndarray | None, dict[int, np.ndarray]]:
-    """A scan's thumbnail and tiles; from its snapshot (no tiles) without the scan."""
+    """A scan's thumbnail and tiles; from its snapshot (no tiles) without the scan. A scan
+    whose true landmarks cannot be read is added to ``untrue``, with why."""
     if path is None:
         thumb = None if scan.snapshot is None else pictures.snapshot_thumbnail(scan.snapshot)
         return thumb, {}
     try:
+        _check_same_scan(scan, path)
         vol = load_volume(path, nifti_frame=nifti_frame)
     except InputError as err:
         cohort.problems.append(f"scan {scan.stem}: not drawn ({err})")
         return None, {}
-    points = _truth_points(truth, scan) if truth is not None else None
+    points = _truth_points(truth, scan, untrue) if truth is not None else None
     tiles = pictures.tiles(vol, scan, list(dict.fromkeys(which)), points)
     return pictures.thumbnail(vol, scan), tiles
 
 
-def _truth_points(truth: Path | Mapping[str, Path], scan: ScanRecord) -> np.ndarray | None:
-    """The scan's true landmarks ``(N, 3)`` RAS mm in its prediction's order, if any."""
+def _truth_points(
+    truth: Path | Mapping[str, Path], scan: ScanRecord, untrue: list[str]
+) -> np.ndarray | None:
+    """The scan's true landmarks ``(N, 3)`` RAS mm in its prediction's order; None, the
+    scan and why added to ``untrue``, when they cannot be read (a tile without its ``+``
+    said nothing)."""
     try:
         if isinstance(truth, Mapping):
             if scan.stem not in truth:
@@ -234,7 +248,8 @@ def _truth_points(truth: Path | Mapping[str, Path], scan: ScanRecord) -> np.ndar
             lm = read_landmarks(find_landmark_file(truth, scan.stem))
         lm = lm.renamed(packaged.same_landmarks(scan.names, lm.names))  # AC as the model's 1
         return lm.only(scan.names).select(scan.names, source=str(truth)).points
-    except InputError:
+    except InputError as err:
+        untrue.append(f"{scan.stem} ({err})")
         return None
 
 
@@ -260,3 +275,31 @@ def _remove_stale(files: Path, written: set[Path]) -> None:
     for path in files.glob("*.png"):
         if path not in written and is_ours(path):
             path.unlink(missing_ok=True)
+
+
+def _check_scans_given(cohort: Cohort, found: Mapping[str, Path], *, given: bool) -> None:
+    """Problems: scans given (``--scans``) of which none, or not every one, is named as a
+    prediction here (tiles are matched by name: a mismatch drew no tile, without a word)."""
+    if not given:
+        return
+    predicted = {s.stem for s in cohort.scans}
+    unmatched = sorted(predicted - set(found))
+    if not predicted & set(found):
+        cohort.problems.append(
+            f"none of the {len(found)} scan(s) given is named as a prediction here (scans "
+            f"are matched by name: {listed(sorted(found), 3)} against {listed(unmatched, 3)})"
+        )
+    elif unmatched:
+        cohort.problems.append(f"no scan given for: {listed(unmatched, 5)} (no tiles)")
+
+
+def _check_same_scan(scan: ScanRecord, path: Path) -> None:
+    """InputError when ``path`` is not the scan ``scan`` was predicted from (its bytes
+    differ from those predict recorded): its landmarks would be drawn on another image."""
+    if scan.input_sha256 is None:  # no record (another tool's files): nothing to check
+        return
+    if input_identity(path) != scan.input_sha256:
+        raise InputError(
+            f"{path}: not the scan {scan.stem} was predicted from (its bytes differ from "
+            "those predict read); give the scans predicted, or predict this one again"
+        )

@@ -44,7 +44,8 @@ UNSTATED_NOTE = (
 class ScanRecord:
     """One scan's prediction files and its table (see :class:`PredictionTable`);
     ``model``: the model's identity as recorded (None: not recorded); ``scan``: the path
-    the scan was read from, as recorded (a hint only: never opened from here)."""
+    the scan was read from, as recorded (a hint only: never opened from here);
+    ``input_sha256``: the digest of the bytes predict read (None: not recorded)."""
 
     stem: str
     csv: Path
@@ -53,6 +54,7 @@ class ScanRecord:
     snapshot: Path | None
     model: str | None
     scan: str | None = None
+    input_sha256: str | None = None
 
     @property
     def names(self) -> list[str]:
@@ -181,6 +183,7 @@ def _read_scans(folder: Path, problems: list[str]) -> list[ScanRecord]:
                 png if png.is_file() else None,
                 None if model is None else str(model),
                 None if record.get("scan") is None else str(record["scan"]),
+                None if record.get("input_sha256") is None else str(record["input_sha256"]),
             )
         )
     lone = sorted(
