@@ -188,18 +188,25 @@ def _write_failure(err: BaseException) -> BaseException | None:
     return err if "PytorchStreamWriter failed" in str(err) else None
 
 
-def load(path: str | Path) -> Checkpoint:
-    """Read a checkpoint onto the CPU with ``weights_only=True``.
-
-    Raises :class:`InputError` when the file is missing, not a checkpoint, or would need
-    arbitrary unpickling (which is refused, never attempted).
-    """
+def check_path(path: str | Path) -> Path:
+    """``path`` as a Path when it is a file; InputError naming it when it is missing or a
+    folder (what :func:`load` says first, for a command that checks its paths early)."""
     path = Path(path)
     if path.is_dir():
         model = " (a model folder: give it to --model)" if (path / "model.json").is_file() else ""
         raise InputError(f"{path}: a folder, not a checkpoint file{model}")
     if not path.is_file():
         raise InputError(f"{path}: checkpoint not found")
+    return path
+
+
+def load(path: str | Path) -> Checkpoint:
+    """Read a checkpoint onto the CPU with ``weights_only=True``.
+
+    Raises :class:`InputError` when the file is missing, not a checkpoint, or would need
+    arbitrary unpickling (which is refused, never attempted).
+    """
+    path = check_path(path)
     _check_torch_file(path)
     try:
         raw = torch.load(path, map_location="cpu", weights_only=True)

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from heatmap3d import distributed
+from heatmap3d import checkpoint, distributed
 from heatmap3d.api.predict_options import ModelSpec, PredictOptions
 from heatmap3d.data.case_threads import usable_cpus
 from heatmap3d.errors import InputError
@@ -88,7 +88,9 @@ def predict_files(spec: ModelSpec, scans: Sequence[Path | str], options: Predict
     world = distributed.setup(options.device, timeout=WAIT, option="--device")
     try:
         # Every rank lists the same scans: sorted folders, the arguments' order. Listed
-        # before the model loads, so a mistyped path is the only line a user reads.
+        # before the model loads (its paths checked first), so that a mistyped path is
+        # the only line a user reads.
+        _check_model_paths(spec)
         found = _scans(scans)
         stems = output_stems(found)  # two scans named alike: refused before anything is written
         pipeline = load_model(spec, world.device)
@@ -143,6 +145,16 @@ def _report(spec: ModelSpec, scans: Sequence[Path], options: PredictOptions) -> 
         nifti_frame=options.nifti_frame,
     )
     return f"wrote {path}"
+
+
+def _check_model_paths(spec: ModelSpec) -> None:
+    """InputError naming a model folder or checkpoint that is not there (reading
+    ``model.json`` at most), before the scans are listed and the model loads."""
+    if spec.model is not None:
+        read_model_folder(spec.model)
+    for path in (spec.checkpoint, spec.refine):
+        if path is not None:
+            checkpoint.check_path(path)
 
 
 def _scans(paths: Sequence[Path]) -> list[Path]:
