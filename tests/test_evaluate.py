@@ -147,6 +147,26 @@ def test_predicted_landmarks_no_truth_file_names_are_left_out_and_said(tmp_path)
     assert float(metrics["all"]["mre_mm"]) == pytest.approx(1.0)
 
 
+def test_truth_landmarks_no_prediction_names_are_left_out_and_said(tmp_path):
+    """Truth files naming landmarks the model does not (AFIDs by their descriptions:
+    "infracollicular sulcus"): each was a miss in every case, and "declared absent", of a
+    model that had found every landmark it knows."""
+    pred, truth = folders(tmp_path)
+    for case in TRUTH:
+        lm = read_dir(truth)[case]
+        points = np.vstack([lm.points, [[5.0, 5, 5]]])
+        culmen = Landmarks([*lm.names, "culmen"], points)
+        write_landmarks(truth / f"{case}.fcsv", culmen, coordinate_system="LPS")
+    report = evaluate_dirs(pred, truth)
+    assert (
+        "not scored: 1 truth landmark(s) that no prediction names (culmen): the model does "
+        "not find them, or names them otherwise; the figures are of the 3 both name"
+    ) in report.splitlines()
+    metrics = {r["landmark"]: r for r in rows(pred / "evaluation" / "metrics.csv")}
+    assert list(metrics) == [*NAMES, "all"] and "inf" not in report
+    assert report.splitlines()[-1].endswith("declared absent: 0)")  # was 2: culmen twice
+
+
 def test_a_prediction_sharing_no_landmark_name_with_the_truth_is_refused(tmp_path):
     pred, truth = folders(tmp_path)
     write_landmarks(pred / "case001.csv", Landmarks(["x", "y", "z"], TRUTH["case001"]))
@@ -302,7 +322,9 @@ def test_the_report_joins_short_named_truth_to_numbered_predictions(tmp_path):
     write_landmarks(tmp_path / "case000.csv", Landmarks(["PC", "AC"], points))
     table = SimpleNamespace(radius_mm=np.array([1.5, 2.5]))
     scan = SimpleNamespace(stem="case000", names=["1", "2"], table=table)
-    np.testing.assert_array_equal(_truth_points(tmp_path, scan), points[[1, 0]])
+    untrue: list[str] = []
+    np.testing.assert_array_equal(_truth_points(tmp_path, scan, untrue), points[[1, 0]])
+    assert untrue == []
     radii = _radii(SimpleNamespace(scans=[scan]), ["case000"], ["AC", "PC"])
     np.testing.assert_array_equal(radii, [[1.5, 2.5]])
 

@@ -211,7 +211,9 @@ def _renamed_line(renamed: Mapping[str, str]) -> list[str]:
     return [f"note: predicted landmarks read by the truth's names for them ({shown}{more})"]
 
 
-def _unscored_names(paths: Mapping[str, Path], pred, names: Sequence[str]) -> list[str]:
+def _unscored_names(
+    paths: Mapping[str, Path], pred, names: Sequence[str], n_scored: int
+) -> list[str]:
     """The note on predicted landmarks that no truth file names, left out of the figures (a
     model's 32 AFIDs scored against truth files of 10 of them); InputError naming the file
     where a case shares no landmark name with the truth: another landmark set?"""
@@ -229,7 +231,26 @@ def _unscored_names(paths: Mapping[str, Path], pred, names: Sequence[str]) -> li
         return []
     return [
         f"not scored: {len(unscored)} predicted landmark(s) that no truth file names "
-        f"({listed(list(unscored))}); the figures are of the truth's {len(names)}"
+        f"({listed(list(unscored))}); the figures are of the truth's {n_scored}"
+    ]
+
+
+def _names_predicted(
+    pred: Mapping[str, Landmarks], names: Sequence[str]
+) -> tuple[list[str], list[str]]:
+    """The truth's ``names`` that some prediction file names (all of them where none
+    does: :func:`_unscored_names` then refuses), and the note on the others: no prediction
+    names them, so they are no misses of the model (it does not find them, or names them
+    otherwise); each was counted a miss in every case, and declared absent."""
+    predicted = {n for lm in pred.values() for n in lm.names}
+    scored = [n for n in names if n in predicted]
+    unpredicted = [n for n in names if n not in predicted]
+    if not scored or not unpredicted:
+        return list(names), []
+    return scored, [
+        f"not scored: {len(unpredicted)} truth landmark(s) that no prediction names "
+        f"({listed(unpredicted)}): the model does not find them, or names them otherwise; "
+        f"the figures are of the {len(scored)} both name"
     ]
 
 
@@ -268,7 +289,10 @@ def evaluate_dirs(
     truth = {c: read_landmarks(p) for c, p in truth_paths.items()}
     names = union_names(truth.values())
     pred, renamed = _named_as_truth(pred, names)
-    unnamed = _unscored_names(paths, pred, names)
+    scored, unpredicted = _names_predicted(pred, names)
+    unnamed = _unscored_names(paths, pred, names, len(scored))
+    names = scored
+    truth = {c: lm.only(names) for c, lm in truth.items()}  # the others: _names_predicted
     pred = {c: lm.only(names) for c, lm in pred.items()}  # the others: _unscored_names
     stats, errors, ids = evaluate(pred, truth, names)
     text = write_evaluation(Destination(out, replace=overwrite), stats, errors, ids, names)
@@ -279,7 +303,7 @@ def evaluate_dirs(
     extra.append(presence_line(pred, truth, names, ids))
     unscored = unpredicted_line(pred_dir, truth_dir, set(pred))
     moved = moved_line(pred_dir, paths, pred, names, renamed)
-    notes = [*warning, *_renamed_line(renamed), *unnamed, *moved]
+    notes = [*warning, *_renamed_line(renamed), *unnamed, *unpredicted, *moved]
     return "\n".join([*notes, text, *extra, *unscored])
 
 
