@@ -328,6 +328,13 @@ BROKEN = {
         # A point and a comma in one number of a semicolon file: no guess at which is which.
         ("thousands.csv", "# coordinate_system = RAS\nname;x;y;z\nAC;1.234,5;2;3\n"),
     ],
+    # 1e308 passed, and overflowed to inf in every distance squared (evaluate: "inf mm").
+    "beyond 1 km": [
+        ("huge.csv", CSV_HEAD + "AC,1e308,2,3\n"),
+        ("huge.fcsv", FCSV_HEAD + fcsv_row("AC", y="-2e6")),
+        ("huge.json", json_doc('{"AC": [1, 2, 1e300]}')),
+        ("huge.mrk.json", mrk_doc([{"label": "AC", "position": [1e7, 2, 3]}])),
+    ],
     "expected 3 coordinates": [
         ("short.json", json_doc('{"AC": [1, 2]}')),
         ("short.mrk.json", mrk_doc([{"label": "AC", "position": [1, 2, 3, 4]}])),

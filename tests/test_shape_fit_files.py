@@ -257,14 +257,19 @@ def test_a_landmark_far_off_is_refused_naming_it_or_left_out_when_asked(tmp_path
     (line,) = [ln for ln in out.splitlines() if ln.startswith("skipped ")]
     assert line.startswith(f"skipped {paths[6]}: landmark 'L7' ")
     assert "from 12 configurations" in out
-    # A non-physical coordinate is named before any fit (it was "degenerate ... a line").
+    # A non-physical coordinate is named before any fit (it was "degenerate ... a line"),
+    # by the landmark reader.
     huge = read_landmarks(paths[1])
+    kept = huge.points.copy()
     huge.points[2] = [1e300, 0.0, 0.0]
     write_landmarks(paths[1], huge)
     code, _, err = run(capsys, str(folder), "--out", str(prior))
-    assert err.startswith(f"error: {paths[1]}: landmark 'L2' at (1e+300, ") and code == 2, err
-    assert "not a physical coordinate" in err
+    assert err.startswith(f"error: {paths[1]}: line ") and code == 2, err
+    assert "coordinate '1e+300' is beyond 1 km: no position in a scan" in err
+    huge.points[:] = kept
+    write_landmarks(paths[1], huge)
     # Too few left once they are left out: refused, the files listed.
+    far_off(paths[1], 2, 5000.0)
     code, out, err = run(capsys, *map(str, paths[:11]), "--out", str(prior), "--skip-outliers")
     assert code == 2 and "9 of 11 landmark files" in err, err
     assert sum(ln.startswith("skipped ") for ln in out.splitlines()) == 2

@@ -49,7 +49,7 @@ def add_shape_arguments(parser: argparse.ArgumentParser) -> None:
         "--skip-outliers",
         action="store_true",
         help="leave out (and list, naming the landmark) files with a landmark no anatomy "
-        "puts there: far from the file's other landmarks, or a coordinate beyond 1 km",
+        "puts there, far from the file's other landmarks",
     )
     p.add_argument(
         "--overwrite", action="store_true", help="replace a file heatmap3d did not write"

@@ -42,11 +42,16 @@ def parse_system(path: Path, system: object) -> str:
     return name
 
 
+MAX_COORDINATE_MM = 1e6
+"""The largest coordinate a landmark file may hold, in mm (1 km: beyond any scanner, and far
+from where squaring it in a distance overflows)."""
+
+
 def parse_xyz(path: Path, where: str, values: Sequence[Any]) -> list[float]:
     """Three coordinates from text or JSON values; all empty/None/NaN = missing (NaN row).
 
-    Raises InputError for a wrong count, non-numeric or infinite values, or a point with
-    only some coordinates given.
+    Raises InputError for a wrong count, non-numeric or infinite values, a value beyond
+    :data:`MAX_COORDINATE_MM`, or a point with only some coordinates given.
     """
     if len(values) != 3:
         raise InputError(f"{path}: {where}: expected 3 coordinates, got {len(values)}")
@@ -66,6 +71,11 @@ def parse_xyz(path: Path, where: str, values: Sequence[Any]) -> list[float]:
             number = math.inf
         if math.isinf(number):
             raise InputError(f"{path}: {where}: infinite coordinate {short(value)}")
+        if abs(number) > MAX_COORDINATE_MM:  # 1e308 passed, and overflowed every distance
+            raise InputError(
+                f"{path}: {where}: coordinate {short(value)} is beyond "
+                f"{MAX_COORDINATE_MM / 1e6:g} km: no position in a scan (a wrong unit or value?)"
+            )
         out.append(number)
     n_missing = sum(math.isnan(v) for v in out)
     if 0 < n_missing < 3:

@@ -15,8 +15,8 @@ fit is false (a held-out case's copy stays in the fit): a file named twice (the 
 a link to it) is read once; files holding the same points are counted once; ``predict``'s
 ``<scan>.csv`` and ``<scan>.mrk.json`` are one scan; its cohort tables (``landmarks.csv``,
 ``review.csv``) and ``evaluate``'s ``metrics.csv``/``errors.csv`` are no landmark files.
-Each is said in one note. A configuration with a landmark no anatomy puts there (a
-coordinate beyond 1 km, or a landmark far from the others: :func:`implausible`) is refused
+Each is said in one note. A configuration with a landmark no anatomy puts there (far
+from the others: :func:`implausible`) is refused
 naming the file and the landmark, or, asked to (``shape fit --skip-outliers``), left out.
 """
 
@@ -38,7 +38,6 @@ from heatmap3d.review.shape_prior import MIN_CASES
 MIN_LANDMARKS = 5  # a landmark is judged from at least 4 others
 MIN_SHARE = 0.5  # a file must hold at least this share of the configuration's landmarks
 _FLAT = 1e-3  # second singular value below this share of the first: points on a line
-PHYSICAL_MM = 1e6  # a coordinate beyond 1 km is no position in a scanner
 # A landmark this many times farther from the middle of its file's landmarks than their
 # median distance is no anatomy: on the 320 real AFIDs files (4 sets, raters' files with
 # their gross errors included) the farthest landmark was at most 3.2 times the median
@@ -264,23 +263,14 @@ def _counted_once(paths: list[Path], shapes: np.ndarray) -> np.ndarray:
 
 def implausible(configurations: Sequence[tuple[Path, Landmarks]]) -> list[tuple[Path, str]]:
     """``(path, why)`` of each configuration (a file's landmarks, world mm) with a landmark
-    no anatomy puts there, in order: a coordinate beyond 1 km (:data:`PHYSICAL_MM`), or a
-    landmark farther from the middle of the file's landmarks (their coordinate-wise
-    median) than :data:`FAR` times their median distance from it, and 3 times the files'
-    typical such ratio (a set spread so by design is not refused whole)."""
+    no anatomy puts there, in order: one farther from the middle of the file's landmarks
+    (their coordinate-wise median) than :data:`FAR` times their median distance from it,
+    and 3 times the files' typical such ratio (a set spread so by design is not refused
+    whole). A coordinate beyond 1 km never gets here: the landmark reader refuses it."""
     found: dict[int, str] = {}
     reach: dict[int, tuple[np.ndarray, float]] = {}
     for i, (_, lm) in enumerate(configurations):
-        beyond = np.flatnonzero((np.abs(np.nan_to_num(lm.points)) > PHYSICAL_MM).any(axis=1))
-        if beyond.size:
-            k = beyond[0]
-            at = ", ".join(f"{v:g}" for v in lm.points[k])
-            found[i] = (
-                f"landmark {lm.names[k]!r} at ({at}) mm: not a physical coordinate (beyond "
-                f"{PHYSICAL_MM / 1e6:g} km); fix the file"
-            )
-        else:
-            reach[i] = _reach(lm.points)
+        reach[i] = _reach(lm.points)
     ratios = [d.max() / size for d, size in reach.values() if size > 0]
     limit = max(FAR, _TYPICAL * float(np.median(ratios))) if ratios else FAR
     for i, (d, size) in reach.items():
