@@ -18,6 +18,7 @@ import pytest
 from assertions import raises_naming
 
 from heatmap3d.evaluation.evaluate import MARKER, evaluate_dirs
+from heatmap3d.evaluation.evaluated import RECORD
 from heatmap3d.io.landmarks import Landmarks, write_landmarks
 
 NAMES = ["a", "b", "c"]
@@ -101,7 +102,8 @@ def test_without_the_columns_the_report_is_as_before(tmp_path):
     assert old_text.splitlines()[-1] == PRESENCE_LINE  # presence is read from positions
     assert old_text.splitlines()[:-1] == new_text.splitlines()[:-2]
     assert {n: (out / n).read_bytes() for n in new_files} == new_files
-    assert sorted(p.name for p in out.iterdir()) == ["errors.csv", "metrics.csv"]
+    # and the record of the predictions scored (heatmap3d.evaluation.evaluated)
+    assert sorted(p.name for p in out.iterdir()) == [RECORD, "errors.csv", "metrics.csv"]
 
 
 def test_other_formats_give_no_radius_line(tmp_path):

@@ -16,6 +16,7 @@ from heatmap3d.commands.main import main
 from heatmap3d.evaluation.pictures import landmark_views
 from heatmap3d.evaluation.report import write_report
 from heatmap3d.evaluation.report_html import GENERATOR
+from heatmap3d.io.landmarks import read_landmarks, write_landmarks
 from heatmap3d.predictions.resume import input_identity, write_record
 from heatmap3d.predictions.tables import write_tables
 
@@ -105,6 +106,26 @@ def test_evaluate_report_draws_the_plots(tmp_path, capsys):
             assert np.asarray(img.convert("L")).std() > 5  # drawn, not blank
     # The worst case links to its tile, which shows the truth: drawn for it.
     assert '<a href="#s' in page.split('id="worst"')[1]
+
+
+def test_an_evaluation_of_other_predictions_is_said_first(tmp_path, capsys):
+    """The page showed an errors.csv of earlier predictions (a scan predicted again since),
+    or of another folder's cases, as this folder's figures, without a word."""
+    pred, _, truth = prediction_folder(tmp_path, truth=True)
+    code, _, err = run(capsys, "evaluate", "--pred", pred, "--truth", truth)
+    assert code == 0, err
+    assert "scored earlier" not in report_head(capsys, pred)  # current: nothing to say
+    moved = read_landmarks(pred / "case001.mrk.json")
+    moved.points[0] += 4.0  # a reviewer's move in Slicer, after the evaluation
+    write_landmarks(pred / "case001.mrk.json", moved, coordinate_system="LPS")
+    head = report_head(capsys, pred)
+    assert f"{pred / 'evaluation' / 'errors.csv'} scored earlier predictions of case001" in head
+    other, _, _ = prediction_folder(tmp_path / "other", n_scans=2, seed=5)
+    for n in range(2):
+        (other / f"case{n:03d}.csv").rename(other / f"scan{n}.csv")
+        (other / f"case{n:03d}.mrk.json").rename(other / f"scan{n}.mrk.json")
+    head = report_head(capsys, other, "--evaluation", pred / "evaluation")
+    assert "scores 4 case(s) not predicted here: case000, case001, case002, case003" in head
 
 
 def test_no_radius_plot_without_stated_radii(tmp_path, capsys):

@@ -30,6 +30,7 @@ import numpy as np
 
 from heatmap3d import __version__
 from heatmap3d.errors import InputError, listed, one_line
+from heatmap3d.evaluation.evaluated import RECORD, is_record, write_evaluated
 from heatmap3d.evaluation.metrics import (
     LandmarkStats,
     format_table,
@@ -295,7 +296,13 @@ def evaluate_dirs(
     truth = {c: lm.only(names) for c, lm in truth.items()}  # the others: _names_predicted
     pred = {c: lm.only(names) for c, lm in pred.items()}  # the others: _unscored_names
     stats, errors, ids = evaluate(pred, truth, names)
-    text = write_evaluation(Destination(out, replace=overwrite), stats, errors, ids, names)
+    dest = Destination(out, replace=overwrite)
+    dest.check(RECORD, is_record, foreign="exists and was not written by heatmap3d evaluate")
+    text = write_evaluation(dest, stats, errors, ids, names)
+    try:  # what the report checks its figures against (heatmap3d.evaluation.evaluated)
+        write_evaluated(out, paths, MARKER)
+    except OSError as exc:
+        raise InputError(f"{out / RECORD}: cannot write ({one_line(exc)})") from exc
     radii = stated_radii(pred_dir, pred, names, ids, renamed)
     # A model without a calibration writes the column empty: no line about nothing stated.
     stated = radii is not None and bool(np.isfinite(radii).any())

@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from heatmap3d.errors import InputError, listed, one_line
+from heatmap3d.evaluation.evaluated import changed_since
 from heatmap3d.io.landmark_fields import from_spreadsheet_safe
 from heatmap3d.io.landmarks import read_landmarks
 from heatmap3d.io.tool_tables import TABLES as COHORT_TABLES
@@ -153,6 +154,7 @@ def read_cohort(folder: Path, evaluation: Path | None = None) -> Cohort:
     default = folder / "evaluation"
     if evaluation is not None or (default / "errors.csv").is_file():
         cohort.evaluation = read_evaluation(Path(evaluation or default))
+        _check_evaluation(cohort)
     return cohort
 
 
@@ -264,6 +266,28 @@ def _check_markups(cohort: Cohort) -> None:
         cohort.problems.append(
             f"landmarks placed elsewhere in the .mrk.json than in the .csv: {'; '.join(moved)}; "
             "this page shows the .csv's, heatmap3d evaluate scores the .mrk.json's"
+        )
+
+
+def _check_evaluation(cohort: Cohort) -> None:
+    """Problems: an ``errors.csv`` of cases not predicted here, or of earlier predictions
+    of these scans (predicted again, or edited, since it was written): the page showed its
+    figures as this folder's."""
+    ev = cohort.evaluation
+    assert ev is not None
+    table = ev.folder / "errors.csv"
+    here = {s.stem for s in cohort.scans}
+    other = [case for case in ev.ids if case not in here]
+    if other:
+        cohort.problems.append(
+            f"{table} scores {len(other)} case(s) not predicted here: {listed(other)}; its "
+            "figures are not this folder's"
+        )
+    changed = changed_since(ev.folder, cohort.folder)
+    if changed:
+        cohort.problems.append(
+            f"{table} scored earlier predictions of {listed(changed)} (predicted again, or "
+            "edited, since): run heatmap3d evaluate again"
         )
 
 
