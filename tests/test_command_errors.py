@@ -60,3 +60,12 @@ def test_output_into_a_pipe_whose_reader_has_gone_ends_quietly(tmp_path, argv):
     printed logging's "--- Logging error ---" trace instead."""
     proc = _into_a_closed_pipe(*argv, cwd=tmp_path)
     assert proc.returncode == 141 and proc.stderr == "", proc.stderr
+
+
+def test_evaluate_refuses_scans_it_would_not_look_at(capsys, tmp_path):
+    """evaluate --scans without --report took the scans and drew nothing, without a word."""
+    argv = ["evaluate", "--pred", str(tmp_path), "--truth", str(tmp_path), "--scans", "s"]
+    assert main(argv) == 2
+    assert capsys.readouterr().err.strip() == (
+        "error: --scans: the scans are drawn in the report; add --report"
+    )

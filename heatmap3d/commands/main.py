@@ -66,6 +66,8 @@ def _run(args: argparse.Namespace) -> None:
     elif args.command == "evaluate":
         from heatmap3d.evaluation.evaluate import evaluate_dirs
 
+        if args.scans and not args.report:  # else they were taken and never looked at
+            raise InputError("--scans: the scans are drawn in the report; add --report")
         text = evaluate_dirs(
             args.pred,
             args.truth,
