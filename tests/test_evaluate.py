@@ -339,3 +339,14 @@ def test_the_reports_summary_counts_predicted_landmarks_no_truth_names():
     assert _unscored(cohort, ["PC"]) == (
         " 2 predicted landmark(s) that no truth file names are not scored."
     )
+
+
+def test_truth_files_without_a_single_position_are_refused(tmp_path):
+    """Names and no coordinates: every figure was nan, and evaluate exited 0."""
+    pred, truth = folders(tmp_path)
+    for case in TRUTH:
+        empty = Landmarks(NAMES, np.full((3, 3), np.nan))
+        write_landmarks(truth / f"{case}.fcsv", empty, coordinate_system="LPS")
+    with raises_naming(truth, "give no position for the landmarks scored"):
+        evaluate_dirs(pred, truth)
+    assert not (pred / "evaluation").exists()

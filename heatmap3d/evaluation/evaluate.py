@@ -295,6 +295,11 @@ def evaluate_dirs(
     names = scored
     truth = {c: lm.only(names) for c, lm in truth.items()}  # the others: _names_predicted
     pred = {c: lm.only(names) for c, lm in pred.items()}  # the others: _unscored_names
+    if not any(np.isfinite(lm.points).all(axis=1).any() for lm in truth.values()):
+        raise InputError(  # else every figure was nan, and the command exited 0
+            f"{truth_dir}: its landmark files give no position for the landmarks scored "
+            "(every coordinate empty or nan): nothing to score"
+        )
     stats, errors, ids = evaluate(pred, truth, names)
     dest = Destination(out, replace=overwrite)
     dest.check(RECORD, is_record, foreign="exists and was not written by heatmap3d evaluate")
