@@ -22,7 +22,9 @@ Format 3 is an export for prediction only (``heatmap3d export``): each stage lis
 members' ``weights`` (safetensors: tensors, no pickle, no optimizer state) and states its
 resolved ``config``; the folder states its ``landmarks``, the ``heatmap3d`` version that
 wrote it, its model card (``MODEL.md``) and, when exported with ``--onnx``, each member's
-network as ONNX (``onnx``: the files per stage, and the ``opset``).
+network as ONNX (``onnx``: the files per stage, and the ``opset``). An export also records
+what it wrote (``written_by``, sealed, and under ``files`` each file's digest), which a
+later export into the folder reads (:mod:`heatmap3d.api.export`); prediction does not.
 """
 
 from __future__ import annotations
