@@ -76,11 +76,12 @@ def landmark_files(paths: Sequence[Path]) -> list[Path]:
         else:
             raise InputError(f"{path}: not found")
     if tables:
-        log.warning(f"passed over heatmap3d's tables (no landmark files): {listed(_s(tables), 3)}")
+        shown = listed(_as_text(tables), 3)
+        log.warning(f"passed over heatmap3d's tables (no landmark files): {shown}")
     return _one_per_scan(_each_once(out))
 
 
-def _s(paths: Sequence[Path]) -> list[str]:
+def _as_text(paths: Sequence[Path]) -> list[str]:
     return [str(p) for p in paths]
 
 
@@ -108,7 +109,7 @@ def _each_once(paths: list[Path]) -> list[Path]:
             out.append(path)
     if again:
         log.warning(
-            f"named more than once, read once: {len(again)} file(s): {listed(_s(again), 3)}"
+            f"named more than once, read once: {len(again)} file(s): {listed(_as_text(again), 3)}"
         )
     return out
 
@@ -117,6 +118,8 @@ def _one_per_scan(paths: list[Path]) -> list[Path]:
     """``paths`` with one file per scan ``predict`` wrote as ``<scan>.csv`` and
     ``<scan>.mrk.json`` (the same landmarks in two formats): the ``.csv``, or the markups
     when a reviewer edited and saved them since (no longer ours: their correction)."""
+    # Here, not at the top: provenance brings in scipy, which the command's parser (it
+    # imports this module for shape fit's --map) must not wait for.
     from heatmap3d.io.provenance import is_ours
 
     given = set(paths)
@@ -135,7 +138,7 @@ def _one_per_scan(paths: list[Path]) -> list[Path]:
     if dropped:
         log.warning(
             f"one file per predicted scan (<scan>.csv and <scan>.mrk.json hold its landmarks "
-            f"twice): {len(dropped)} left out: {listed(_s(dropped), 3)}"
+            f"twice): {len(dropped)} left out: {listed(_as_text(dropped), 3)}"
         )
     gone = set(dropped)
     return [p for p in paths if p not in gone]
