@@ -90,6 +90,18 @@ def test_part_of_the_set_by_short_names_reads_the_prior_when_named():
     assert packaged.PRIORS["afids"].names_map(short + ["XY"], whole=False) is None
 
 
+def test_the_afids_by_their_descriptions_are_the_same_landmarks():
+    """Truth exported from 3D Slicer may name the AFIDs by the files' descriptions
+    ("infracollicular sulcus"): only the 3 of 32 that are also short names were known, the
+    29 others scored as misses by evaluate, and a dataset so named was not the AFIDs."""
+    descriptions = packaged.AFIDS_DESCRIPTIONS
+    assert len(descriptions) == len(set(descriptions)) == 32
+    prior, found = packaged.recognise(list(descriptions))
+    assert prior.name == "afids" and found == dict(zip(descriptions, NUMBERS))
+    mixed = ["Culmen", "PC", "r mb"]  # any case, with short names alongside
+    assert packaged.same_landmarks(NUMBERS, mixed) == {"Culmen": "10", "PC": "2", "r mb": "12"}
+
+
 def test_the_prior_of_some_landmarks_is_fitted_again_on_them():
     """A case of ten AFIDs is aligned on those ten alone: the prior for them is fitted on
     the people's configurations of those ten (its own limit), not the marginal of the

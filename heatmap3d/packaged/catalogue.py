@@ -22,6 +22,7 @@ from heatmap3d.errors import InputError
 from heatmap3d.io.model_folder import MODEL_FILE
 
 __all__ = [
+    "AFIDS_DESCRIPTIONS",
     "AFIDS_SHORT_NAMES",
     "PRIORS",
     "PackagedPrior",
@@ -74,12 +75,49 @@ AFIDS_SHORT_NAMES = [
 ]
 """The 32 AFIDs in the order of their labels 1-32 (the AFIDs protocol's short names)."""
 
+AFIDS_DESCRIPTIONS = [
+    "AC",
+    "PC",
+    "infracollicular sulcus",
+    "PMJ",
+    "superior interpeduncular fossa",
+    "R superior LMS",
+    "L superior LMS",
+    "R inferior LMS",
+    "L inferior LMS",
+    "culmen",
+    "intermammillary sulcus",
+    "R MB",
+    "L MB",
+    "pineal gland",
+    "R LV at AC",
+    "L LV at AC",
+    "R LV at PC",
+    "L LV at PC",
+    "genu of CC",
+    "splenium of CC",
+    "R AL temporal horn",
+    "L AL temporal horn",
+    "R superior AM temporal horn",
+    "L superior AM temporal horn",
+    "R inferior AM temporal horn",
+    "L inferior AM temporal horn",
+    "R indusium griseum origin",
+    "L indusium griseum origin",
+    "R ventral occipital horn",
+    "L ventral occipital horn",
+    "R olfactory sulcal fundus",
+    "L olfactory sulcal fundus",
+]
+"""The same 32 as the AFIDs files describe them (the ``desc`` column of their ``.fcsv``),
+which a landmark file exported from 3D Slicer may use as the names."""
+
 
 @dataclass(frozen=True)
 class PackagedPrior:
     """A shipped population prior: its file (names ``"1"``..``"K"`` as the landmark set
-    numbers them), the other names a dataset may give the same landmarks, and a line for
-    ``plan.yaml``."""
+    numbers them), the other names a dataset may give the same landmarks (short names and
+    descriptions), and a line for ``plan.yaml``."""
 
     name: str
     label: str
@@ -87,26 +125,29 @@ class PackagedPrior:
     numbers: tuple[str, ...]
     short_names: tuple[str, ...]
     description: str
+    descriptions: tuple[str, ...] = ()
 
     def number_of(self, name: str) -> str | None:
-        """The number of the landmark ``name`` names (its number, or its short name in any
-        case) in this set, or None."""
-        return name if name in self.numbers else self._by_short_name().get(name.upper())
+        """The number of the landmark ``name`` names (its number, or its short name or
+        description in any case) in this set, or None."""
+        return name if name in self.numbers else self._by_other_name().get(name.upper())
 
-    def _by_short_name(self) -> dict[str, str]:
-        return {s.upper(): number for s, number in zip(self.short_names, self.numbers)}
+    def _by_other_name(self) -> dict[str, str]:
+        """Short names and descriptions, upper-cased, by number (``AC`` is both)."""
+        named = [*zip(self.short_names, self.numbers), *zip(self.descriptions, self.numbers)]
+        return {name.upper(): number for name, number in named}
 
     def names_map(self, names: list[str], *, whole: bool = True) -> dict[str, str] | None:
         """``{dataset name: name in the prior file}`` when ``names`` are this set's
-        landmarks (all of them, or with ``whole`` False some of them; numbered or by
-        short name, any case), else None."""
+        landmarks (all of them, or with ``whole`` False some of them; numbered, or by
+        short name or description, any case), else None."""
         if not names or len(set(names)) != len(names):
             return None
         if whole and len(names) != len(self.numbers):
             return None
         if set(names) <= set(self.numbers):
             return {n: n for n in names}
-        upper = self._by_short_name()
+        upper = self._by_other_name()
         if {n.upper() for n in names} <= set(upper):
             return {n: upper[n.upper()] for n in names}
         return None
@@ -119,6 +160,7 @@ PRIORS = {
         file="priors/afids.json",
         numbers=tuple(str(k) for k in range(1, 33)),
         short_names=tuple(AFIDS_SHORT_NAMES),
+        descriptions=tuple(AFIDS_DESCRIPTIONS),
         description=(
             "the AFIDs placed by raters on 122 people (OASIS-1, HCP, and 7 T controls and "
             "Parkinson's patients; CC0 / CC BY 4.0, Lau et al. 2019, Taha et al. 2023)"
