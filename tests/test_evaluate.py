@@ -350,3 +350,17 @@ def test_truth_files_without_a_single_position_are_refused(tmp_path):
     with raises_naming(truth, "give no position for the landmarks scored"):
         evaluate_dirs(pred, truth)
     assert not (pred / "evaluation").exists()
+
+
+def test_a_json_of_no_landmarks_beside_the_files_is_passed_over_and_said(tmp_path):
+    """A BIDS dataset_description.json among the truth files was a case with no prediction
+    ("not scored: dataset_description"); among the predictions it refused the whole
+    evaluation ("expected an object with a 'landmarks' object")."""
+    pred, truth = folders(tmp_path)
+    for folder in (pred, truth):
+        (folder / "dataset_description.json").write_text('{"Name": "AFIDs"}')
+    lines = evaluate_dirs(pred, truth).splitlines()
+    for folder in (pred, truth):
+        said = f"note: {folder}: passed over 1 JSON file(s) of no landmarks: "
+        assert said + "dataset_description.json" in lines
+    assert not any(line.startswith("not scored") for line in lines)

@@ -42,7 +42,7 @@ from heatmap3d.evaluation.stated import moved_line, presence_line, radius_line, 
 from heatmap3d.io.atomic import atomic_write_bytes
 from heatmap3d.io.destination import Destination, make_folder
 from heatmap3d.io.landmark_fields import spreadsheet_safe
-from heatmap3d.io.landmarks import Landmarks, read_landmarks
+from heatmap3d.io.landmarks import Landmarks, is_other_json, read_landmarks
 from heatmap3d.io.layout import find_landmark_file
 from heatmap3d.io.seal import seal, seal_state
 from heatmap3d.io.tool_tables import is_evaluation_output
@@ -315,8 +315,20 @@ def evaluate_dirs(
     extra.append(presence_line(pred, truth, names, ids))
     unscored = unpredicted_line(pred_dir, truth_dir, set(pred))
     moved = moved_line(pred_dir, paths, pred, names, renamed)
-    notes = [*warning, *_renamed_line(renamed), *unnamed, *unpredicted, *moved]
+    passed = [*_passed_over(pred_dir), *_passed_over(truth_dir)]
+    notes = [*warning, *passed, *_renamed_line(renamed), *unnamed, *unpredicted, *moved]
     return "\n".join([*notes, text, *extra, *unscored])
+
+
+def _passed_over(folder: Path) -> list[str]:
+    """The note naming the plain JSON files in ``folder`` that hold no landmarks (a BIDS
+    ``dataset_description.json``), which are not read as cases: passed over, never
+    silently."""
+    other = sorted(p.name for p in folder.glob("*.json") if p.is_file() and is_other_json(p))
+    if not other:
+        return []
+    said = f"note: {folder}: passed over {len(other)} JSON file(s) of no landmarks"
+    return [f"{said}: {listed(other)}"]
 
 
 def unpredicted_line(pred_dir: Path, truth_dir: Path, predicted: set[str]) -> list[str]:

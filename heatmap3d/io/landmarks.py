@@ -49,13 +49,14 @@ from typing import Any
 import numpy as np
 
 from heatmap3d.errors import InputError, first_line, one_line
-from heatmap3d.io.json_file import read_text
+from heatmap3d.io.json_file import load_json, read_text
 from heatmap3d.io.landmark_fields import LPS_FLIP, check_unique, parse_system, to_ras
 from heatmap3d.io.landmark_formats import READERS, WRITERS
 
 __all__ = [
     "LANDMARK_SUFFIXES",
     "Landmarks",
+    "is_other_json",
     "read_landmarks",
     "write_landmarks",
 ]
@@ -148,6 +149,21 @@ def _suffix_of(path: Path) -> str:
     raise InputError(
         f"{path}: unknown landmark file type (expected one of {', '.join(LANDMARK_SUFFIXES)})"
     )
+
+
+def is_other_json(path: str | Path) -> bool:
+    """Whether ``path`` is a plain ``.json`` that is no landmark file (neither the
+    project's landmark JSON nor Slicer markups: a BIDS ``dataset_description.json`` beside
+    the ``.fcsv`` files), which a reader of a folder of landmark files passes over. One
+    that cannot be read or parsed is not passed over: reading it says why, naming it."""
+    name = Path(path).name.lower()
+    if not name.endswith(".json") or name.endswith(".mrk.json"):
+        return False
+    try:
+        doc = load_json(path, what="landmark file")
+    except InputError:
+        return False
+    return not (isinstance(doc, dict) and ("landmarks" in doc or "markups" in doc))
 
 
 def read_landmarks(path: str | Path) -> Landmarks:

@@ -24,7 +24,7 @@ import numpy as np
 
 from heatmap3d.errors import InputError, one_line
 from heatmap3d.io.landmark_fields import from_spreadsheet_safe
-from heatmap3d.io.landmarks import Landmarks, read_landmarks
+from heatmap3d.io.landmarks import Landmarks, is_other_json, read_landmarks
 from heatmap3d.io.layout import landmark_candidates, landmark_case_id
 from heatmap3d.io.seal import without_seal
 from heatmap3d.io.tool_tables import has_table_header, is_evaluation_output
@@ -49,14 +49,18 @@ STATUSES = ("ok", "review", "moved", "absent", "missing")
 
 def landmark_files(directory: Path) -> dict[str, Path]:
     """Every landmark file directly in ``directory`` by case id, sorted; the CSVs an
-    evaluation wrote there (:func:`is_evaluation_output`) and the cohort tables of
-    ``predict`` (``landmarks.csv``, ``review.csv``) are not landmark files."""
+    evaluation wrote there (:func:`is_evaluation_output`), the cohort tables of
+    ``predict`` (``landmarks.csv``, ``review.csv``) and a plain JSON of no landmarks
+    (:func:`~heatmap3d.io.landmarks.is_other_json`) are not landmark files."""
     if not directory.is_dir():
         raise InputError(f"{directory}: not a folder")
     files = [
         p
         for p in directory.iterdir()
-        if p.is_file() and not is_evaluation_output(p) and not has_table_header(p)
+        if p.is_file()
+        and not is_evaluation_output(p)
+        and not has_table_header(p)
+        and not is_other_json(p)  # a BIDS dataset_description.json: no case of its own
     ]
     stems = sorted({landmark_case_id(p) for p in files} - {None})
     # The first suffix in find_landmark_file's order among the files kept (so that our

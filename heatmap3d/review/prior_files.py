@@ -30,7 +30,7 @@ import numpy as np
 
 from heatmap3d.errors import InputError, first_line, listed
 from heatmap3d.io.json_file import load_json
-from heatmap3d.io.landmarks import LANDMARK_SUFFIXES, Landmarks, read_landmarks
+from heatmap3d.io.landmarks import LANDMARK_SUFFIXES, Landmarks, is_other_json, read_landmarks
 from heatmap3d.io.tool_tables import has_table_header, is_evaluation_output
 from heatmap3d.log import get_logger
 from heatmap3d.review.shape_prior import MIN_CASES
@@ -67,7 +67,7 @@ def landmark_files(paths: Sequence[Path]) -> list[Path]:
         if path.is_dir():
             found = sorted(p for p in path.rglob("*") if p.is_file() and _is_landmarks(p))
             ours = [p for p in found if _is_our_table(p)]
-            found = [p for p in found if not _other_json(p) and p not in ours]
+            found = [p for p in found if not is_other_json(p) and p not in ours]
             if not found and not ours:
                 raise InputError(f"{path}: no landmark files ({', '.join(LANDMARK_SUFFIXES)})")
             out, tables = out + found, tables + ours
@@ -142,17 +142,6 @@ def _one_per_scan(paths: list[Path]) -> list[Path]:
         )
     gone = set(dropped)
     return [p for p in paths if p not in gone]
-
-
-def _other_json(path: Path) -> bool:
-    """A plain ``.json`` that is neither the project's landmark JSON nor Slicer markups."""
-    if not path.name.lower().endswith(".json") or path.name.lower().endswith(".mrk.json"):
-        return False
-    try:
-        doc = load_json(path, what="landmark file")
-    except (OSError, ValueError):
-        return False  # unreadable: read_landmarks says why, naming it
-    return not (isinstance(doc, dict) and ("landmarks" in doc or "markups" in doc))
 
 
 def _is_landmarks(path: Path) -> bool:
