@@ -364,3 +364,16 @@ def test_a_json_of_no_landmarks_beside_the_files_is_passed_over_and_said(tmp_pat
         said = f"note: {folder}: passed over 1 JSON file(s) of no landmarks: "
         assert said + "dataset_description.json" in lines
     assert not any(line.startswith("not scored") for line in lines)
+
+
+@pytest.mark.parametrize("name", ["case", "written_by"])
+def test_a_landmark_named_as_a_column_of_errors_csv_is_refused(tmp_path, name):
+    """errors.csv had two columns of that name (one the landmark's): a spreadsheet or
+    pandas read the table's own column, or the landmark's, by chance."""
+    pred, truth = folders(tmp_path)
+    for folder, suffix in ((pred, ".csv"), (truth, ".fcsv")):
+        for case, points in TRUTH.items():
+            lm = Landmarks(["a", "b", name], points)
+            write_landmarks(folder / f"{case}{suffix}", lm, coordinate_system="LPS")
+    with raises_naming(truth, f"a landmark named {name!r}, as errors.csv names a column"):
+        evaluate_dirs(pred, truth)

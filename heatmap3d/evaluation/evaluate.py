@@ -51,6 +51,7 @@ from heatmap3d.predictions import resume
 from heatmap3d.predictions.reading import landmark_files
 
 N_WORST = 10
+_ERRORS_COLUMNS = ("case", "written_by")  # errors.csv's own columns, beside the landmarks'
 MARKER = f"heatmap3d {__version__}"
 """The ``written_by`` value on every row of the CSVs written here."""
 
@@ -295,6 +296,12 @@ def evaluate_dirs(
     names = scored
     truth = {c: lm.only(names) for c, lm in truth.items()}  # the others: _names_predicted
     pred = {c: lm.only(names) for c, lm in pred.items()}  # the others: _unscored_names
+    taken = [n for n in names if n in _ERRORS_COLUMNS]
+    if taken:  # a landmark column of errors.csv named so reads as the table's own
+        raise InputError(
+            f"{truth_dir}: a landmark named {taken[0]!r}, as errors.csv names a column of its "
+            "own (one column per landmark beside case and written_by): rename it"
+        )
     if not any(np.isfinite(lm.points).all(axis=1).any() for lm in truth.values()):
         raise InputError(  # else every figure was nan, and the command exited 0
             f"{truth_dir}: its landmark files give no position for the landmarks scored "
