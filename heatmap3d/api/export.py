@@ -61,7 +61,7 @@ from heatmap3d.io.provenance import MARKER, write_sealed
 from heatmap3d.io.seal import seal_state
 from heatmap3d.log import get_logger
 from heatmap3d.model import build_model
-from heatmap3d.predictions.resume import file_sha256
+from heatmap3d.predictions.resume import readable_sha256
 from heatmap3d.review.basis import ReviewBasis
 
 __all__ = ["export_model"]
@@ -201,10 +201,8 @@ def _plain_file(path: Path) -> bool:
 
 def _digest(path: Path) -> str | None:
     """The first 16 hex digits of ``path``'s SHA-256 (as a seal's); None if unreadable."""
-    try:
-        return file_sha256(path)[:16]
-    except OSError:
-        return None
+    digest = readable_sha256(path)
+    return None if digest is None else digest[:16]
 
 
 @contextmanager

@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 
 from heatmap3d import __version__
-from heatmap3d.errors import InputError, listed, one_line
+from heatmap3d.errors import InputError, one_line
 from heatmap3d.evaluation.evaluated import RECORD, is_record, write_evaluated
 from heatmap3d.evaluation.metrics import (
     LandmarkStats,
@@ -38,15 +38,22 @@ from heatmap3d.evaluation.metrics import (
     stats_to_rows,
     summarize,
 )
+from heatmap3d.evaluation.scored_names import (
+    named_as_truth,
+    names_predicted,
+    passed_over,
+    renamed_line,
+    unpredicted_line,
+    unscored_names,
+)
 from heatmap3d.evaluation.stated import moved_line, presence_line, radius_line, stated_radii
 from heatmap3d.io.atomic import atomic_write_bytes
 from heatmap3d.io.destination import Destination, make_folder
 from heatmap3d.io.landmark_fields import spreadsheet_safe
-from heatmap3d.io.landmarks import Landmarks, is_other_json, read_landmarks
+from heatmap3d.io.landmarks import Landmarks, read_landmarks
 from heatmap3d.io.layout import find_landmark_file
 from heatmap3d.io.seal import seal, seal_state
 from heatmap3d.io.tool_tables import is_evaluation_output
-from heatmap3d.packaged import catalogue as packaged
 from heatmap3d.predictions import resume
 from heatmap3d.predictions.reading import landmark_files
 
@@ -189,73 +196,6 @@ def _check_not_themselves(pred: Mapping[str, Path], truth: Mapping[str, Path]) -
             )
 
 
-def _named_as_truth(
-    pred: dict[str, Landmarks], names: Sequence[str]
-) -> tuple[dict[str, Landmarks], dict[str, str]]:
-    """The predictions with their names as the truth files name the same landmarks, and
-    ``{predicted name: truth name}`` where they differ: a packaged model's landmarks
-    (the AFIDs by number) against truth files that name them another of the set's ways
-    (``AC``, ``PC``, ...; :func:`~heatmap3d.packaged.catalogue.same_landmarks`). Unchanged
-    where the names are the truth's, or no such set relates them."""
-    predicted = list(dict.fromkeys(n for lm in pred.values() for n in lm.names))
-    found = packaged.same_landmarks(predicted, names)  # truth name -> predicted name
-    renamed = {p: t for t, p in found.items() if p != t}
-    if not renamed:
-        return pred, {}
-    return {c: lm.renamed(renamed) for c, lm in pred.items()}, renamed
-
-
-def _renamed_line(renamed: Mapping[str, str]) -> list[str]:
-    if not renamed:
-        return []
-    shown = ", ".join(f"{p} as {t}" for p, t in list(renamed.items())[:3])
-    more = ", ..." if len(renamed) > 3 else ""
-    return [f"note: predicted landmarks read by the truth's names for them ({shown}{more})"]
-
-
-def _unscored_names(
-    paths: Mapping[str, Path], pred, names: Sequence[str], n_scored: int
-) -> list[str]:
-    """The note on predicted landmarks that no truth file names, left out of the figures (a
-    model's 32 AFIDs scored against truth files of 10 of them); InputError naming the file
-    where a case shares no landmark name with the truth: another landmark set?"""
-    known, unscored = set(names), {}
-    for case_id, lm in pred.items():
-        unknown = [n for n in lm.names if n not in known]
-        if unknown and len(unknown) == len(lm.names):
-            raise InputError(
-                f"{paths[case_id]}: none of its landmark names is in a truth file "
-                f"({listed(unknown)}; the truth's: {listed(list(names))}); is it the same "
-                "landmark set?"
-            )
-        unscored.update(dict.fromkeys(unknown))
-    if not unscored:
-        return []
-    return [
-        f"not scored: {len(unscored)} predicted landmark(s) that no truth file names "
-        f"({listed(list(unscored))}); the figures are of the truth's {n_scored}"
-    ]
-
-
-def _names_predicted(
-    pred: Mapping[str, Landmarks], names: Sequence[str]
-) -> tuple[list[str], list[str]]:
-    """The truth's ``names`` that some prediction file names (all of them where none
-    does: :func:`_unscored_names` then refuses), and the note on the others: no prediction
-    names them, so they are no misses of the model (it does not find them, or names them
-    otherwise); each was counted a miss in every case, and declared absent."""
-    predicted = {n for lm in pred.values() for n in lm.names}
-    scored = [n for n in names if n in predicted]
-    unpredicted = [n for n in names if n not in predicted]
-    if not scored or not unpredicted:
-        return list(names), []
-    return scored, [
-        f"not scored: {len(unpredicted)} truth landmark(s) that no prediction names "
-        f"({listed(unpredicted)}): the model does not find them, or names them otherwise; "
-        f"the figures are of the {len(scored)} both name"
-    ]
-
-
 def evaluate_dirs(
     pred_dir: str | Path,
     truth_dir: str | Path,
@@ -290,12 +230,12 @@ def evaluate_dirs(
     _check_not_themselves(paths, truth_paths)
     truth = {c: read_landmarks(p) for c, p in truth_paths.items()}
     names = union_names(truth.values())
-    pred, renamed = _named_as_truth(pred, names)
-    scored, unpredicted = _names_predicted(pred, names)
-    unnamed = _unscored_names(paths, pred, names, len(scored))
+    pred, renamed = named_as_truth(pred, names)
+    scored, unpredicted = names_predicted(pred, names)
+    unnamed = unscored_names(paths, pred, names, len(scored))
     names = scored
-    truth = {c: lm.only(names) for c, lm in truth.items()}  # the others: _names_predicted
-    pred = {c: lm.only(names) for c, lm in pred.items()}  # the others: _unscored_names
+    truth = {c: lm.only(names) for c, lm in truth.items()}  # the others: names_predicted
+    pred = {c: lm.only(names) for c, lm in pred.items()}  # the others: unscored_names
     taken = [n for n in names if n in _ERRORS_COLUMNS]
     if taken:  # a landmark column of errors.csv named so reads as the table's own
         raise InputError(
@@ -322,33 +262,9 @@ def evaluate_dirs(
     extra.append(presence_line(pred, truth, names, ids))
     unscored = unpredicted_line(pred_dir, truth_dir, set(pred))
     moved = moved_line(pred_dir, paths, pred, names, renamed)
-    passed = [*_passed_over(pred_dir), *_passed_over(truth_dir)]
-    notes = [*warning, *passed, *_renamed_line(renamed), *unnamed, *unpredicted, *moved]
+    passed = [*passed_over(pred_dir), *passed_over(truth_dir)]
+    notes = [*warning, *passed, *renamed_line(renamed), *unnamed, *unpredicted, *moved]
     return "\n".join([*notes, text, *extra, *unscored])
-
-
-def _passed_over(folder: Path) -> list[str]:
-    """The note naming the plain JSON files in ``folder`` that hold no landmarks (a BIDS
-    ``dataset_description.json``), which are not read as cases: passed over, never
-    silently."""
-    other = sorted(p.name for p in folder.glob("*.json") if p.is_file() and is_other_json(p))
-    if not other:
-        return []
-    said = f"note: {folder}: passed over {len(other)} JSON file(s) of no landmarks"
-    return [f"{said}: {listed(other)}"]
-
-
-def unpredicted_line(pred_dir: Path, truth_dir: Path, predicted: set[str]) -> list[str]:
-    """The line saying which cases of ``truth_dir`` have no prediction in ``pred_dir`` and
-    are not in the figures (none when every one has): a scan whose prediction failed
-    would otherwise leave the cohort's figures silently."""
-    left = [c for c in landmark_files(truth_dir) if c not in predicted]
-    if not left:
-        return []
-    return [
-        f"not scored: {len(left)} case(s) of {truth_dir} have no prediction in {pred_dir} "
-        f"({listed(left)}); the figures are of the {len(predicted)} predicted"
-    ]
 
 
 def _check_one_model(pred_dir: Path, paths: Mapping[str, Path], mixed: bool) -> list[str]:

@@ -18,7 +18,7 @@ from pathlib import Path
 from heatmap3d.io.atomic import atomic_write_bytes
 from heatmap3d.io.seal import seal, seal_state
 from heatmap3d.predictions.reading import landmark_files
-from heatmap3d.predictions.resume import file_sha256
+from heatmap3d.predictions.resume import file_sha256, readable_sha256
 
 RECORD = ".heatmap3d-evaluated.json"
 
@@ -54,12 +54,7 @@ def changed_since(folder: Path, pred_dir: Path) -> list[str] | None:
         return None
     now = landmark_files(pred_dir) if Path(pred_dir).is_dir() else {}
     return [
-        case for case, digest in scored.items() if case not in now or _digest(now[case]) != digest
+        case
+        for case, digest in scored.items()
+        if case not in now or readable_sha256(now[case]) != digest
     ]
-
-
-def _digest(path: Path) -> str | None:
-    try:
-        return file_sha256(path)
-    except OSError:
-        return None

@@ -44,6 +44,7 @@ __all__ = [
     "output_names",
     "read_record",
     "read_records",
+    "readable_sha256",
     "record_path",
     "remove_stale",
     "write_record",
@@ -74,6 +75,15 @@ def file_sha256(path: Path) -> str:
         while block := f.read(_BLOCK):
             digest.update(block)
     return digest.hexdigest()
+
+
+def readable_sha256(path: Path) -> str | None:
+    """:func:`file_sha256`, or None when ``path`` cannot be read (gone, a folder, denied):
+    for comparing a file with a recorded digest, where unreadable means not the same."""
+    try:
+        return file_sha256(path)
+    except OSError:
+        return None
 
 
 def model_identity(files: Iterable[Path], options: Mapping[str, Any]) -> str:
@@ -114,14 +124,9 @@ def is_current(out: Path, stem: str, input_sha: str, model: str, names: list[str
     record = read_record(out, stem)
     if record is None or record.get("input_sha256") != input_sha or record.get("model") != model:
         return False
-    outputs = record["outputs"]
-    if sorted(outputs) != sorted(names):
+    if sorted(record["outputs"]) != sorted(names):
         return False
-    for name in names:
-        path = Path(out) / name
-        if not path.is_file() or file_sha256(path) != outputs[name]:
-            return False
-    return True
+    return _changed_output(Path(out), record) is None
 
 
 def write_record(

@@ -118,8 +118,8 @@ def _one_per_scan(paths: list[Path]) -> list[Path]:
     """``paths`` with one file per scan ``predict`` wrote as ``<scan>.csv`` and
     ``<scan>.mrk.json`` (the same landmarks in two formats): the ``.csv``, or the markups
     when a reviewer edited and saved them since (no longer ours: their correction)."""
-    # Here, not at the top: provenance brings in scipy, which the command's parser (it
-    # imports this module for shape fit's --map) must not wait for.
+    # Here, not at the top: provenance reads NIfTI headers (nibabel, scipy with it), which
+    # the command's parser (it imports this module for shape fit's --map) must not wait for.
     from heatmap3d.io.provenance import is_ours
 
     given = set(paths)
