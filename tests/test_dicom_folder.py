@@ -142,7 +142,7 @@ def test_every_slice_counts_or_the_folder_is_refused(tmp_path: Path) -> None:
     dup = tmp_path / "dup"
     series(dup)
     (dup / "0003b.dcm").symlink_to(dup / "0003.dcm")
-    with raises_naming(dup, "non-uniform"):
+    with raises_naming(dup, "0003.dcm and 0003b.dcm lie at the same position"):
         load_volume(dup)
     mixed = tmp_path / "mixed"
     series(mixed)

@@ -190,6 +190,36 @@ def test_dicom_rescale_is_applied(tmp_path: Path) -> None:
     np.testing.assert_array_equal(back.data[:, :, 0], raw.T * 2.0 - 1024)
 
 
+def test_dicom_slices_of_different_rescales_each_keep_their_own(tmp_path: Path) -> None:
+    """A PET-like series: every slice with its own RescaleSlope/Intercept. ITK left to
+    choose takes the first file's int16 for all, and the others wrap around (a value
+    of 20 x 3000 read as -5536) or lose their fraction (0.25 steps)."""
+    folder = tmp_path / "series"
+    vol = written_series(folder, AFFINES["identity"])
+    slopes = [1.0] + [20.0, 0.25] * ((SHAPE[2] - 1) // 2) + [20.0] * ((SHAPE[2] - 1) % 2)
+
+    def rescale(k, ds):
+        ds.RescaleSlope, ds.RescaleIntercept = slopes[k], 1.0
+
+    edit_tags(folder, rescale)
+    back = load_volume(folder)
+    expected = vol.data * np.asarray(slopes, dtype=np.float32) + 1.0
+    np.testing.assert_array_equal(back.data, expected)
+    assert back.data.max() > 32767  # beyond int16: what wrapped around before
+
+
+def test_dicom_slices_at_one_position_are_named(tmp_path: Path) -> None:
+    """Two echoes filed as one series: pairs of slices at the same place. Refused naming
+    two of the files, and what usually causes it."""
+    folder = tmp_path / "series"
+    written_series(folder, AFFINES["identity"])
+    files = sorted(folder.iterdir())
+    shutil.copy(files[5], folder / "ZZ-echo2")
+    edit_tags(folder, lambda k, ds: setattr(ds, "SOPInstanceUID", f"1.2.3.{k}"))
+    with raises_naming(folder, files[5].name, "ZZ-echo2", "same position", "echoes"):
+        load_volume(folder)
+
+
 def shift_positions(folder: Path, shift) -> None:
     """Add ``shift(k)`` (LPS mm, (3,)) to slice k's ImagePositionPatient."""
 

@@ -63,3 +63,41 @@ def test_non_positive_pixdim_is_refused(tmp_path: Path, pixdim) -> None:
     np.testing.assert_allclose(
         load_volume(path, allow_no_world_frame=True).affine, AFFINE, atol=1e-5
     )
+
+
+@pytest.mark.parametrize(("units", "mm_per_unit"), [("meter", 1000.0), ("micron", 0.001)])
+def test_sform_and_qform_are_compared_in_mm_whatever_the_unit(
+    tmp_path: Path, units: str, mm_per_unit: float
+) -> None:
+    """The frames' gap is measured in mm: in metres 50 mm apart is 0.05 units (below a
+    tolerance read in the file's unit), and in micrometres 0.01 mm of float rounding is
+    10 units."""
+    far, near = (50.0, 0.01)
+    for gap_mm, refused in ((far, True), (near, False)):
+        scaled = AFFINE.copy()
+        scaled[:3] /= mm_per_unit  # the same grid in the file's unit
+        moved = scaled.copy()
+        moved[0, 3] += gap_mm / mm_per_unit
+        img = nib.Nifti1Image(DATA, scaled)
+        img.set_sform(scaled, code=2)
+        img.set_qform(moved, code=1)
+        img.header.set_xyzt_units(xyz=units)
+        path = tmp_path / f"{units}-{gap_mm:g}.nii.gz"
+        img.to_filename(path)
+        if refused:
+            with raises_naming(path, "disagree by up to 50 mm", "origin (-10, 4, 7)"):
+                load_volume(path)
+        else:
+            np.testing.assert_allclose(load_volume(path).affine, AFFINE, atol=1e-4)
+
+
+@pytest.mark.parametrize("pixdim", [None, [1.5, -1.2, 2.0]])
+def test_a_refused_frame_says_so_in_one_line_and_names_no_option_of_a_command(
+    tmp_path: Path, capfd, pixdim
+) -> None:
+    """The refusal names what a Python caller may pass (no command has such an option),
+    and nibabel's own note of what it "fixed" is not printed beside it."""
+    path = write(tmp_path / "bad.nii.gz", 1 if pixdim else 0, 0, pixdim)
+    with raises_naming(path, "fix the header", "heatmap3d.load_volume(path, allow_no_world_frame"):
+        load_volume(path)
+    assert capfd.readouterr().err == ""

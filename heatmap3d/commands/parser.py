@@ -258,7 +258,8 @@ def build_parser() -> argparse.ArgumentParser:
             "--nifti-frame",
             choices=("sform", "qform"),
             help="for NIfTI scans whose sform and qform disagree (refused without this): the "
-            "frame to trust; nibabel uses the sform, ITK and 3D Slicer the qform",
+            "frame to trust; nibabel uses the sform, ITK and 3D Slicer the qform or the sform "
+            "as the codes decide",
         )
     return parser
 

@@ -3,12 +3,14 @@
 The folder's files are grouped into series by SeriesInstanceUID
 (:mod:`heatmap3d.io.dicom_folder`) and ordered here by ImagePositionPatient along the
 slice normal, as GDCM orders them (not by file name or InstanceNumber); ITK then builds
-the volume from that list of files, applying RescaleSlope/Intercept (CT comes out in HU)
-and taking the slice spacing from the positions (not from SliceThickness, which is the
-slab thickness and may differ). What ITK does not check is checked here, before any pixel
+the volume from that list of files in float32, applying each file's own
+RescaleSlope/Intercept (CT comes out in HU; PET slices may each have their own), and
+taking the slice spacing from the positions (not from SliceThickness, which is the slab
+thickness and may differ). What ITK does not check is checked here, before any pixel
 is read, from the headers alone:
 
 * every slice has the same ImageOrientationPatient (a localizer series has not);
+* no two slices share a position (two echoes or phases filed as one series);
 * the positions, projected onto the slice normal (row x column), step uniformly: no step
   differs from the median by more than ``max(0.01 mm, 1 % of the step)``; a missing slice
   (a gap) or a series of variable spacing is refused, since the volume's one affine would
@@ -91,10 +93,13 @@ def read_dicom_series(folder: Path, series: str | None = None) -> tuple[np.ndarr
     _check_stack(folder, slices)
     files = [str(Path(folder) / s.name) for s in slices]
     columns, rows = headers[0][1].GetSize()[:2]
-    # 8 bytes a voxel: ITK gives float64 when the rescale slope is not a whole number.
-    check_claimed_size(folder, (columns, rows, len(files)), 8)
+    check_claimed_size(folder, (columns, rows, len(files)), 4)
     reader = sitk.ImageSeriesReader()
     reader.SetImageIO("GDCMImageIO")
+    # float32 out, each slice rescaled by its own RescaleSlope/Intercept: left to choose,
+    # ITK takes the first file's pixel type for every slice, and a later slice of another
+    # slope (common in PET) wraps around in int16 or loses its fraction.
+    reader.SetOutputPixelType(sitk.sitkFloat32)
     reader.SetFileNames(files)
     try:
         with preserved_locale():
@@ -245,6 +250,14 @@ def _check_stack(folder: Path, slices: list[_Slice]) -> None:
     steps = np.diff(along)
     step = float(np.median(steps))
     tolerance = max(_TOLERANCE_MM, _TOLERANCE_REL * abs(step))
+    same = np.flatnonzero(np.abs(steps) <= _TOLERANCE_MM)
+    if same.size and abs(step) > tolerance:
+        first, second = slices[same[0]].name, slices[same[0] + 1].name
+        raise InputError(
+            f"{folder}: {first} and {second} lie at the same position ({same.size} such "
+            "pair(s)): two echoes, phases or acquisitions in one series; keep one set of "
+            "slices in the folder"
+        )
     if abs(step) <= tolerance or np.abs(steps - step).max() > tolerance:
         raise InputError(
             f"{folder}: non-uniform slice spacing (steps from {np.abs(steps).min():.4g} to "

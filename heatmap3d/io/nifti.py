@@ -4,9 +4,10 @@ The affine is ``img.affine`` as nibabel returns it (the sform when its code is >
 the qform): voxel ``(i, j, k)`` -> world RAS mm, the project's frame (see
 :mod:`heatmap3d.geometry`), converted to mm when ``xyzt_units`` says metres or micrometres.
 When both sform and qform are set they must agree: nibabel takes the sform, ITK (and so
-3D Slicer) the qform, and landmarks found in one frame land elsewhere in the other; a
-file whose two frames disagree is refused unless the caller says which to trust
-(``frame``: the commands' ``--nifti-frame``, training's ``data.nifti_frame``). Callers use
+3D Slicer) the qform or the sform as the codes and its version decide, and landmarks
+found in one frame land elsewhere in the other; a file whose two frames disagree (in mm,
+whatever its unit) is refused unless the caller says which to trust (``frame``: the
+commands' ``--nifti-frame``, training's ``data.nifti_frame``). Callers use
 :func:`heatmap3d.io.volumes.load_volume`, which adds the checks every format shares.
 
 Reading ``.nii.gz``, nibabel's image opener inflates through zlib-ng (registered when this
@@ -23,6 +24,7 @@ from pathlib import Path
 import nibabel as nib
 import numpy as np
 from nibabel.filebasedimages import ImageFileError
+from nibabel.imageglobals import LoggingOutputSuppressor
 from nibabel.openers import ImageOpener
 from nibabel.spatialimages import HeaderDataError
 
@@ -72,6 +74,12 @@ _XFORM_CODES = frozenset(int(code) for code in nib.nifti1.xform_codes.value_set(
 # mm per unit of NIfTI's xyz_units code (the low 3 bits of xyzt_units): 0 unknown (read as
 # mm, as every tool does), 1 metre, 2 mm, 3 micrometre; ITK converts the same way.
 _MM_PER_UNIT = {0: 1.0, 1: 1000.0, 2: 1.0, 3: 0.001}
+
+# What the refusals of a header without a world frame offer: no command reads one (a
+# made-up frame puts landmarks anywhere), only a caller in Python who knows the frame.
+_IN_PYTHON = (
+    " (in Python, heatmap3d.load_volume(path, allow_no_world_frame=True) reads it as it is)"
+)
 
 
 def check_frame_choice(frame: str | None) -> str | None:
@@ -128,13 +136,17 @@ def read_nifti(
     cannot hold (:func:`~heatmap3d.io.volume_checks.check_float32_copy`).
     """
     try:
-        img = nib.load(path)
+        # nibabel's loader prints what it "fixes" (pixdim, qfac, codes) to stderr; the
+        # checks below refuse those headers in one line of their own.
+        with LoggingOutputSuppressor():
+            img = nib.load(path)
     except _NIBABEL_READ_ERRORS as exc:
         raise InputError(f"{path}: cannot read image ({one_line(exc)}){_gzip_hint(path)}") from exc
     stored = _header_as_stored(path, img)
     _check_codes(path, stored, allow_no_world_frame)
     _check_world_frame(path, stored, allow_no_world_frame)
-    affine = _chosen_affine(path, stored, img.affine, check_frame_choice(frame))
+    mm = _mm_per_unit(path, stored)
+    affine = _chosen_affine(path, stored, img.affine, check_frame_choice(frame), mm)
     _check_dtype(path, img.get_data_dtype())
     check_claimed_size(path, img.shape, img.get_data_dtype().itemsize)
     try:
@@ -143,7 +155,7 @@ def read_nifti(
         check_float32_copy(path, data, lambda: np.asanyarray(img.dataobj))
     except _NIBABEL_READ_ERRORS as exc:
         raise InputError(f"{path}: cannot read image ({one_line(exc)})") from exc
-    return data, _in_mm(path, stored, affine)
+    return data, np.diag([mm] * 3 + [1.0]) @ affine
 
 
 def _gzip_hint(path: Path) -> str:
@@ -168,9 +180,12 @@ def _check_dtype(path: Path, dtype: np.dtype) -> None:
         )
 
 
-def _chosen_affine(path: Path, header, affine: np.ndarray, trusted: str | None) -> np.ndarray:
-    """nibabel's affine, unless sform and qform are both set and disagree: then the frame
-    the user ``trusted``, else InputError naming both."""
+def _chosen_affine(
+    path: Path, header, affine: np.ndarray, trusted: str | None, mm: float
+) -> np.ndarray:
+    """nibabel's affine, unless sform and qform are both set and disagree (by more than
+    :data:`_FRAME_TOLERANCE_MM`; ``mm`` per the file's unit of length): then the frame the
+    user ``trusted``, else InputError naming both, in mm."""
     if int(header["sform_code"]) == 0 or int(header["qform_code"]) == 0:
         return np.asarray(affine, dtype=np.float64)
     if header["pixdim"][0] == 0:  # qfac 0 means 1 (the NIfTI standard; nibabel sets it too)
@@ -184,7 +199,7 @@ def _chosen_affine(path: Path, header, affine: np.ndarray, trusted: str | None) 
             return np.asarray(sform, dtype=np.float64)
         raise InputError(
             f"{path}: the qform is corrupt ({one_line(exc)}); nibabel uses the sform, ITK "
-            "and 3D Slicer the qform: fix the header, or trust the sform with "
+            "and 3D Slicer may use the qform: fix the header, or trust the sform with "
             "--nifti-frame sform"
         ) from exc
     if not (np.all(np.isfinite(sform)) and np.all(np.isfinite(qform))):
@@ -193,36 +208,38 @@ def _chosen_affine(path: Path, header, affine: np.ndarray, trusted: str | None) 
     n = np.asarray(shape + (1,) * (3 - len(shape)), dtype=np.float64)
     corners = np.array(np.meshgrid(*[[0.0, m - 1] for m in n], indexing="ij")).reshape(3, -1)
     corners = np.vstack([corners, np.ones(corners.shape[1])])
-    gap = float(np.linalg.norm((sform - qform)[:3] @ corners, axis=0).max())
+    gap = mm * float(np.linalg.norm((sform - qform)[:3] @ corners, axis=0).max())
     if gap <= _FRAME_TOLERANCE_MM:
         return np.asarray(affine, dtype=np.float64)
     if trusted is not None:
         return np.asarray(sform if trusted == "sform" else qform, dtype=np.float64)
     raise InputError(
-        f"{path}: sform ({_describe(sform)}) and qform ({_describe(qform)}) disagree by up "
-        f"to {gap:.3g} mm; nibabel uses the sform, ITK and 3D Slicer the qform: fix the "
-        "header, or say which to trust with --nifti-frame sform or --nifti-frame qform"
+        f"{path}: sform ({_describe(sform, mm)}) and qform ({_describe(qform, mm)}) disagree "
+        f"by up to {gap:.3g} mm; nibabel uses the sform, ITK and 3D Slicer the qform or the "
+        "sform as the codes decide: fix the header, or say which to trust with "
+        "--nifti-frame sform or --nifti-frame qform"
     )
 
 
-def _describe(affine: np.ndarray) -> str:
-    """``"LAS, origin (1.0, -2.0, 3.0)"``: a frame's axis directions and origin."""
+def _describe(affine: np.ndarray, mm: float = 1.0) -> str:
+    """``"LAS, origin (1.0, -2.0, 3.0)"``: a frame's axis directions and origin (in mm,
+    ``mm`` per the file's unit)."""
     try:
         axes = "".join(code or "?" for code in nib.aff2axcodes(affine))
     except np.linalg.LinAlgError:
         axes = "???"
-    origin = ", ".join(f"{v:.4g}" for v in affine[:3, 3])
+    origin = ", ".join(f"{v:.4g}" for v in mm * affine[:3, 3])
     return f"{axes}, origin ({origin})"
 
 
-def _in_mm(path: Path, header, affine: np.ndarray) -> np.ndarray:
-    """``affine`` with its world lengths in mm, by the header's ``xyz_units``."""
+def _mm_per_unit(path: Path, header) -> float:
+    """mm per unit of the header's world lengths (``xyz_units``)."""
     unit = int(header["xyzt_units"]) & 0x07
     if unit not in _MM_PER_UNIT:  # 4-7 are not lengths: time units in the space bits
         raise InputError(
             f"{path}: spatial units code {unit} in xyzt_units; expected mm, m or micrometres"
         )
-    return np.diag([_MM_PER_UNIT[unit]] * 3 + [1.0]) @ affine
+    return _MM_PER_UNIT[unit]
 
 
 def _header_as_stored(path: Path, img):
@@ -276,13 +293,12 @@ def _check_world_frame(path: Path, header, allow_no_world_frame: bool) -> None:
     if not np.all(pixdim > 0):
         raise InputError(
             f"{path}: voxel sizes pixdim = {pixdim.tolist()} must be positive (the header is "
-            "corrupt); pass allow_no_world_frame=True to read it anyway"
+            f"corrupt); fix the header{_IN_PYTHON}"
         )
     if int(header["sform_code"]) == 0 and int(header["qform_code"]) == 0:
         raise InputError(
             f"{path}: no world frame (sform_code = qform_code = 0): nibabel's fallback affine "
-            "is not a world frame; fix the header, or pass allow_no_world_frame=True to "
-            "accept it"
+            f"is not a world frame; fix the header{_IN_PYTHON}"
         )
 
 
