@@ -47,7 +47,10 @@ RADIUS_LINE = (
 )
 # Predicted present 8 (3+2+3+0), in the truth 9 (3+3+2+1), both 7: precision 7/8,
 # recall 7/9; absent in truth 3 (case002 c, case003 b c), declared absent 4.
-PRESENCE_LINE = "presence: precision 87.5%, recall 77.8% (absent in truth: 3, declared absent: 4)"
+PRESENCE_LINE = (
+    "presence: precision 87.5%, recall 77.8% (absent in truth: 3, declared absent: 4; a truth "
+    "landmark without a position counts as absent from its scan)"
+)
 
 
 def fmt(value: float) -> str:

@@ -229,6 +229,7 @@ def evaluate_dirs(
     truth_paths = {c: find_landmark_file(truth_dir, c) for c in pred}
     _check_not_themselves(paths, truth_paths)
     truth = {c: read_landmarks(p) for c, p in truth_paths.items()}
+    _check_truth_names(truth_paths, truth)
     names = union_names(truth.values())
     pred, renamed = named_as_truth(pred, names)
     scored, unpredicted = names_predicted(pred, names)
@@ -265,6 +266,14 @@ def evaluate_dirs(
     passed = [*passed_over(pred_dir), *passed_over(truth_dir)]
     notes = [*warning, *passed, *renamed_line(renamed), *unnamed, *unpredicted, *moved]
     return "\n".join([*notes, text, *extra, *unscored])
+
+
+def _check_truth_names(paths: Mapping[str, Path], truth: Mapping[str, Landmarks]) -> None:
+    """Refuse a truth file that names no landmark (an empty file, ``{"landmarks": {}}``, a
+    markup without points): else it reads as the prediction naming none of the truth's."""
+    for case, lm in truth.items():
+        if not lm.names:
+            raise InputError(f"{paths[case]}: no landmarks in the file (the truth of {case})")
 
 
 def _check_one_model(pred_dir: Path, paths: Mapping[str, Path], mixed: bool) -> list[str]:

@@ -95,13 +95,16 @@ def presence_line(
     """One report line: precision and recall of "predicted present" (the prediction has a
     position) against "in the truth" (the truth file has a position), over ``names`` in the
     cases ``ids``. A name a file leaves out counts as absent from it: a landmark the model
-    declared absent, or did not find, has no position."""
+    declared absent, or did not find, has no position. The line says that a truth landmark
+    without a position is taken as absent from the scan: a truth file cannot tell a
+    landmark the scan cuts off from one nobody placed (a Slicer point left unplaced)."""
     p = np.stack([_has_point(pred[c].select(names, source=c)) for c in ids])
     t = np.stack([_has_point(truth[c].select(names, source=c)) for c in ids])
     precision, recall = presence_scores(p, t)
     return (
         f"presence: precision {_pct(precision)}, recall {_pct(recall)} "
-        f"(absent in truth: {int((~t).sum())}, declared absent: {int((~p).sum())})"
+        f"(absent in truth: {int((~t).sum())}, declared absent: {int((~p).sum())}; a truth "
+        "landmark without a position counts as absent from its scan)"
     )
 
 
