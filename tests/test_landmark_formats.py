@@ -368,6 +368,10 @@ BROKEN = {
         ("status.mrk.json", mrk_doc([{"label": "A", "position": [1, 2, 3], "positionStatus": "x"}]))
     ],
     "empty name": [("noname.csv", CSV_HEAD + " ,1,2,3\n")],
+    # A unit other than mm was passed over: centimetres read as mm, 10 times too close.
+    "units 'cm'": [
+        ("cm.json", '{"coordinate_system": "RAS", "units": "cm", "landmarks": {"AC": [1, 2, 3]}}')
+    ],
 }
 
 
@@ -398,6 +402,21 @@ def test_csv_of_a_spreadsheet_reads_as_the_plain_one(tmp_path: Path, table: str)
     assert got.names == ["AC", "PC"]
     np.testing.assert_array_equal(got.points[0], [-1.5, 82.0, -12.25])  # LPS -> RAS
     assert np.isnan(got.points[1]).all()
+
+
+def test_blank_lines_above_the_csv_header_are_passed_over(tmp_path: Path) -> None:
+    """A blank line after the system line read as the header ("header '' lacks columns")."""
+    path = tmp_path / "gap.csv"
+    path.write_text("# coordinate_system = RAS\n\n# a note\n  \nname,x,y,z\nAC,1,2,3\n\nPC,4,5,6\n")
+    got = read_landmarks(path)
+    assert got.names == ["AC", "PC"]
+    np.testing.assert_array_equal(got.points, [[1, 2, 3], [4, 5, 6]])
+
+
+def test_a_json_stating_mm_reads(tmp_path: Path) -> None:
+    path = tmp_path / "mm.json"
+    path.write_text('{"coordinate_system": "RAS", "units": "mm", "landmarks": {"AC": [1, 2, 3]}}')
+    np.testing.assert_array_equal(read_landmarks(path).points, [[1, 2, 3]])
 
 
 def test_a_header_without_the_columns_is_quoted_in_the_message(tmp_path: Path) -> None:

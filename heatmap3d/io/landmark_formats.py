@@ -58,8 +58,11 @@ def _read_csv(path: Path, text: str) -> Parsed:
             f"{path}: first line must state the frame of x,y,z: add a line "
             "'# coordinate_system = RAS' (or '= LPS') above the header"
         )
-    # '#' lines between it and the header are notes (a prediction's review basis).
-    notes = next((i for i, line in enumerate(lines[1:]) if not line.startswith("#")), 0)
+    # '#' lines between it and the header are notes (a prediction's review basis); blank
+    # lines there are passed over as well.
+    notes = next(
+        (i for i, line in enumerate(lines[1:]) if line.strip() and not line.startswith("#")), 0
+    )
     body = lines[1 + notes :]
     delimiter = _delimiter(body[0] if body else "")
     if delimiter is None:
@@ -150,6 +153,7 @@ def _read_project_json(path: Path, text: str) -> Parsed:
         raise InputError(f"{path}: expected an object with a 'landmarks' object")
     if "coordinate_system" not in doc:
         raise InputError(f'{path}: no coordinate system: add "coordinate_system": "RAS" (or "LPS")')
+    _check_units(path, doc)
     names, points = [], []
     for name, value in doc["landmarks"].items():
         where = f"landmark {name!r}"
@@ -158,6 +162,21 @@ def _read_project_json(path: Path, text: str) -> Parsed:
         names.append(name.strip())
         points.append([math.nan] * 3 if value is None else parse_xyz(path, where, value))
     return names, points, doc["coordinate_system"]
+
+
+# Keys a file may state its unit of length under; the project's JSON is in mm (a file of
+# centimetres read as mm puts every landmark 10 times too close to the origin).
+_UNIT_KEYS = ("units", "unit", "coordinate_units", "coordinateUnits")
+
+
+def _check_units(path: Path, doc: dict) -> None:
+    """Refuse a project JSON that states a unit of length other than mm."""
+    for key in _UNIT_KEYS:
+        if key in doc and str(doc[key]).strip().lower() not in ("mm", "millimeter", "millimetre"):
+            raise InputError(
+                f"{path}: {key} {doc[key]!r}: the landmarks of a .json file are read in mm; "
+                "convert them to mm"
+            )
 
 
 def _project_json_text(
