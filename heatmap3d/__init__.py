@@ -21,8 +21,12 @@ to that, lazy imports included):
   converts coordinates), ``heatmaps``, ``model``, ``precision``, ``distributed`` and
   ``checkpoint``.
 
-The names below are the Python entry points; they are imported on first use, so
-``import heatmap3d`` stays light (no torch until a model is needed).
+The Python entry points, ``heatmap3d.NAME`` (the API reference in ``docs/api`` describes
+each): ``load_model``, ``Model``, ``ScanResult``, ``predict_files``, ``ModelSpec``,
+``PredictOptions``, ``Predictor``, ``Cascade``, ``load_volume``, ``save_volume``, ``Volume``,
+``read_landmarks``, ``write_landmarks``, ``Landmarks``, ``load_config``, ``check_dataset``,
+``plan``, ``train``, ``evaluate_dirs`` and ``export_model``. Each is imported on first use,
+so ``import heatmap3d`` stays light (no torch until a model is needed).
 """
 
 from __future__ import annotations
@@ -55,6 +59,11 @@ _PUBLIC = {
     "export_model": "heatmap3d.api.export",
 }
 __all__ = sorted(_PUBLIC)
+
+
+def __dir__() -> list[str]:
+    """The public names too (they load on first use), for ``dir()`` and completion."""
+    return sorted({*globals(), *__all__})
 
 
 def __getattr__(name: str) -> Any:

@@ -161,6 +161,15 @@ def check_device(device: str, option: str, world_size: int = 1) -> tuple[bool, i
     return True, int(index)
 
 
+def torch_device(device: str | torch.device, option: str = "device") -> torch.device:
+    """``device`` for one process, checked as :func:`check_device` checks it (InputError,
+    one line, where torch's own errors name neither the argument nor what to do)."""
+    use_cuda, index = check_device(str(device), option)
+    if not use_cuda:
+        return torch.device("cpu")
+    return torch.device("cuda") if index is None else torch.device("cuda", index)
+
+
 def _attempt_store(rank: int, world: int, timeout: datetime.timedelta) -> dist.Store:
     """torchrun's key-value store, with keys private to this restart attempt.
 

@@ -170,6 +170,9 @@ def test_every_public_name_is_there(tmp_path):
     (tmp_path / "c.yaml").write_text("train:\n  lr: 0.01\n")
     cfg = heatmap3d.load_config(tmp_path / "c.yaml", ["train.epochs=3"])
     assert cfg.train.epochs == 3 and cfg.train.lr == 0.01
+    # help(heatmap3d) and dir(heatmap3d) showed none of them (they load on first use).
+    assert set(heatmap3d.__all__) <= set(dir(heatmap3d))
+    assert all(f"``{name}``" in heatmap3d.__doc__ for name in heatmap3d.__all__)
 
 
 def test_a_device_that_cannot_run_is_one_line_naming_it(folder):
@@ -181,6 +184,46 @@ def test_a_device_that_cannot_run_is_one_line_naming_it(folder):
     if not torch.cuda.is_available():
         with pytest.raises(InputError, match="device=cuda:1: no CUDA GPU is visible"):
             heatmap3d.load_model(folder, device="cuda:1")
+
+
+def test_a_predictor_on_a_device_that_cannot_run_is_one_line_naming_it(folder):
+    """``Predictor.from_checkpoint(path, "cuda")`` without a GPU raised torch's
+    AssertionError ("Torch not compiled with CUDA enabled"), "gpu" a RuntimeError."""
+    ckpt = folder / "coarse" / "best.pt"
+    with pytest.raises(InputError, match="device=gpu: unknown device"):
+        heatmap3d.Predictor.from_checkpoint(ckpt, "gpu")
+    if not torch.cuda.is_available():
+        with pytest.raises(InputError, match="device=cuda: no CUDA GPU is visible"):
+            heatmap3d.Predictor.from_checkpoint(ckpt, "cuda")
+    assert heatmap3d.Predictor.from_checkpoint(ckpt, torch.device("cpu")).device == CPU
+
+
+def test_one_scan_where_a_list_is_taken_is_a_type_error(tmp_path, folder, scans):
+    """A str was taken letter by letter: "/: no DICOM series found among its 3 files", or
+    "s: image file not found"; ``Model("afids-t1")`` failed at its first predict with an
+    AttributeError."""
+    model = heatmap3d.load_model(folder)
+    with pytest.raises(TypeError, match="predict_many takes a list of scans, not one str"):
+        model.predict_many(str(scans[0]))
+    with pytest.raises(TypeError, match="predict_many takes a list of scans, not one PosixPath"):
+        model.predict_many(scans[0])
+    options = heatmap3d.PredictOptions(out=tmp_path / "p", device="cpu")
+    with pytest.raises(TypeError, match="predict_files takes a list of scans"):
+        heatmap3d.predict_files(heatmap3d.ModelSpec(model=folder), str(scans[0]), options)
+    assert not (tmp_path / "p").exists()
+    with pytest.raises(TypeError, match="heatmap3d.load_model"):
+        heatmap3d.Model("afids-t1")
+
+
+def test_predict_many_checks_every_path_before_the_first_scan(folder, scans, monkeypatch):
+    """A mistyped third path raised after two scans were predicted, and their results were
+    lost with the exception."""
+    model = heatmap3d.load_model(folder)
+    calls = []
+    monkeypatch.setattr(model, "predict", lambda scan: calls.append(scan))
+    with pytest.raises(InputError, match=r"nope\.nii\.gz: no such file or folder \(1 of"):
+        model.predict_many([scans[0], scans[1], scans[0].parent / "nope.nii.gz"])
+    assert calls == []
 
 
 def test_api_mistakes_say_what_was_meant(tmp_path):

@@ -168,3 +168,22 @@ def test_a_read_only_volume_runs_without_torchs_warning_and_unchanged(tmp_path):
         heat = stage.heatmaps(vol)
     writable = Volume(vol.data.copy(), vol.affine)
     assert torch.equal(heat, stage.heatmaps(writable))
+
+
+def test_every_public_predict_volume_refuses_what_a_file_of_it_would_be(tmp_path):
+    """``Predictor``, ``Cascade`` and ``Pipeline`` took a volume with one NaN voxel and
+    returned every landmark NaN at confidence 0 (read as "found nothing"), and predicted a
+    sheared grid; ``heatmap3d.Model.predict`` refused both."""
+    coarse = _stage(tmp_path / "c.pt")
+    fine = _stage(tmp_path / "f.pt", role="refiner")
+    vol = scan(8, FRAMES["oblique"])
+    holes = vol.data.copy()
+    holes[0, 0, 0] = np.nan
+    sheared = vol.affine.copy()
+    sheared[0, 1] += 0.5 * abs(sheared[:3, 1]).max() + 0.5
+    for predictor in (coarse, Cascade(coarse, fine), Pipeline(coarse)):
+        with pytest.raises(InputError, match=r"^the volume: 1 voxel is NaN or Inf"):
+            predictor.predict_volume(Volume(holes, vol.affine))
+        with pytest.raises(InputError, match=r"^s\.nii\.gz: sheared frame"):
+            predictor.predict_volume(Volume(vol.data, sheared, "s.nii.gz"))
+        assert np.isfinite(predictor.predict_volume(vol).landmarks.points).any()

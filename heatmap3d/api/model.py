@@ -23,7 +23,8 @@ import torch
 
 from heatmap3d.api.predict_files import load_model as load_pipeline_of
 from heatmap3d.api.predict_options import ModelSpec, check_review, check_shard
-from heatmap3d.distributed import check_device
+from heatmap3d.distributed import torch_device
+from heatmap3d.errors import InputError
 from heatmap3d.geometry import Volume
 from heatmap3d.inference.pipeline import DEFAULT_REVIEW_RADIUS_MM, Pipeline
 from heatmap3d.inference.prediction import Prediction
@@ -102,6 +103,12 @@ class Model:
     def __init__(
         self, pipeline: Pipeline, review_below: float = 0.5, nifti_frame: str | None = None
     ) -> None:
+        if not isinstance(pipeline, Pipeline):  # Model("afids-t1") failed at its first predict
+            raise TypeError(
+                f"Model wraps a loaded pipeline, not {type(pipeline).__name__}: load a model "
+                "with heatmap3d.load_model (a model folder, its export, a packaged model's "
+                "name or a checkpoint)"
+            )
         self.pipeline, self.review_below = pipeline, float(review_below)
         self.nifti_frame = nifti_frame
 
@@ -127,7 +134,7 @@ class Model:
                 f"affine), not {type(scan).__name__}: without an affine no landmark has a "
                 "place in world mm"
             )
-        pred = self.pipeline.predict_volume(vol)
+        pred = self.pipeline.predict_preprocessed(self.pipeline.prepare(vol))  # checked above
         where = "" if isinstance(scan, Volume) else str(scan)
         return ScanResult.of(pred, self.basis, self.review_below, where)
 
@@ -136,19 +143,19 @@ class Model:
     ) -> list[ScanResult]:
         """Share ``shard = (i, n)`` of ``scans``: items ``i, i + n, ...`` (what ``predict
         --shard i/n`` takes), each predicted in turn; InputError for a share that is not one
-        (as ``PredictOptions`` refuses it)."""
+        (as ``PredictOptions`` refuses it), and for a path of the share that is not there
+        (before any scan is predicted)."""
         index, count = check_shard(shard)  # InputError, as PredictOptions' shard
-        return [self.predict(scan) for scan in list(scans)[index::count]]
-
-
-def _device(device: str | torch.device) -> torch.device:
-    """``device`` checked as ``--device`` is: InputError, one line, for a device name torch
-    does not know and for CUDA where no GPU is visible (torch's own errors there say
-    neither which argument nor what to do)."""
-    use_cuda, index = check_device(str(device), "device")
-    if not use_cuda:
-        return torch.device("cpu")
-    return torch.device("cuda") if index is None else torch.device("cuda", index)
+        if isinstance(scans, str | Path | Volume):  # a str would be taken letter by letter
+            raise TypeError(
+                f"predict_many takes a list of scans, not one {type(scans).__name__}: "
+                "predict_many([scan, ...]), or predict(scan) for one scan"
+            )
+        share = list(scans)[index::count]
+        missing = [s for s in share if isinstance(s, str | Path) and not Path(s).exists()]
+        if missing:  # before the first scan: else the scans predicted before it were lost
+            raise InputError(f"{missing[0]}: no such file or folder ({len(missing)} of the scans)")
+        return [self.predict(scan) for scan in share]
 
 
 def load_model(
@@ -186,5 +193,5 @@ def load_model(
         preprocess=preprocess,
     )
     check_review(below=review_below)
-    pipeline = load_pipeline_of(spec, _device(device))
+    pipeline = load_pipeline_of(spec, torch_device(device))
     return Model(pipeline, review_below, check_frame_choice(nifti_frame))

@@ -82,6 +82,11 @@ def load_model(spec: ModelSpec, device: torch.device) -> Pipeline:
 def predict_files(spec: ModelSpec, scans: Sequence[Path | str], options: PredictOptions) -> None:
     """Predict ``scans`` (files or folders of them) into ``options.out`` (module docstring);
     InputError (one line) for bad input, or listing the scans that failed."""
+    if isinstance(scans, str | Path):  # a str would be taken letter by letter ("/")
+        raise TypeError(
+            f"predict_files takes a list of scans (files or folders), not one "
+            f"{type(scans).__name__}: predict_files(spec, [{str(scans)!r}], options)"
+        )
     scans = [Path(scan) for scan in scans]  # strs too, as the docs write them
     if options.workers is not None:  # refused now, not after forking them
         check_workers(options.workers, usable_cpus())

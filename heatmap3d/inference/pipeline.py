@@ -42,6 +42,7 @@ from heatmap3d.inference.prediction import Prediction
 from heatmap3d.inference.predictor import Predictor
 from heatmap3d.inference.refine import Cascade, refine_landmarks
 from heatmap3d.io.landmarks import Landmarks
+from heatmap3d.io.volumes import check_volume
 from heatmap3d.review.basis import ReviewBasis
 from heatmap3d.review.calibration import Calibration
 from heatmap3d.review.pose import Pose
@@ -109,8 +110,9 @@ class Pipeline:
         return (vol, inner) if self.pose is not None else inner
 
     def predict_volume(self, vol) -> Prediction:
-        """Landmarks of a raw volume (any orientation and spacing), reviewed, in world mm."""
-        return self.predict_preprocessed(self.prepare(vol))
+        """Landmarks of a raw volume (any orientation and spacing), reviewed, in world mm;
+        refused as a file of it would be (:func:`check_volume`; InputError)."""
+        return self.predict_preprocessed(self.prepare(check_volume(vol)))
 
     def predict_preprocessed(self, prepared, *, keep_heatmaps: bool = False) -> Prediction:
         """The model's landmarks, reviewed (module docstring); ``status``, ``radius_mm``,

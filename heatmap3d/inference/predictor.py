@@ -22,6 +22,7 @@ from heatmap3d import checkpoint
 from heatmap3d.config import Config, DataConfig
 from heatmap3d.data.preprocess import preprocess
 from heatmap3d.data.tensor_preprocess import preprocess_tensor
+from heatmap3d.distributed import torch_device
 from heatmap3d.errors import InputError, first_line
 from heatmap3d.geometry import Volume, padded_shape, voxel_to_world
 from heatmap3d.inference.cpu_threads import split_forward
@@ -31,7 +32,7 @@ from heatmap3d.inference.prediction import Prediction, pass_spread
 from heatmap3d.inference.settings import FORWARD_VOXELS, InferenceSettings
 from heatmap3d.inference.sliding import sliding_window
 from heatmap3d.io.landmarks import Landmarks
-from heatmap3d.io.volumes import load_volume
+from heatmap3d.io.volumes import check_volume, load_volume
 from heatmap3d.model import build_model, set_layout
 from heatmap3d.precision import autocast_context
 
@@ -111,10 +112,11 @@ class Predictor:
     def from_loaded(
         cls, ckpt: checkpoint.Checkpoint, device: str | torch.device, *, source: str
     ) -> Predictor:
-        """Around a checkpoint already read (``source`` names it in errors)."""
+        """Around a checkpoint already read (``source`` names it in errors); ``device``
+        as ``--device`` takes it (InputError for CUDA without a GPU, or an unknown name)."""
         cfg = ckpt.resolved_config(source=source)
         cfg.data.landmarks = list(ckpt.landmarks)
-        device = torch.device(device)
+        device = torch_device(device)
         settings = InferenceSettings.from_config(cfg, device)
         # In the weights' own dtype before loading: float64 weights stay exact.
         model = build_model(cfg.model, len(ckpt.landmarks)).to(settings.param_dtype)
@@ -299,12 +301,16 @@ class Predictor:
         return Volume(host, affine)  # float32 already: Volume keeps this very array
 
     def predict_volume(self, vol: Volume, *, keep_heatmaps: bool = False) -> Prediction:
-        """Landmarks of a raw volume (any orientation and spacing), in its world mm."""
-        return self.predict_preprocessed(self.prepare(vol), keep_heatmaps=keep_heatmaps)
+        """Landmarks of a raw volume (any orientation and spacing), in its world mm;
+        refused as a file of it would be (:func:`check_volume`: NaN voxels, a sheared or
+        singular grid, one value everywhere; InputError)."""
+        prepared = self.prepare(check_volume(vol))
+        return self.predict_preprocessed(prepared, keep_heatmaps=keep_heatmaps)
 
     def predict_file(self, path: str | Path, *, nifti_frame: str | None = None) -> Prediction:
         """Landmarks of the scan at ``path`` (``nifti_frame``: as :func:`load_volume`)."""
-        return self.predict_volume(load_volume(path, nifti_frame=nifti_frame))
+        vol = load_volume(path, nifti_frame=nifti_frame)  # checked as it is read
+        return self.predict_preprocessed(self.prepare(vol))
 
 
 def _recipe(p: Predictor) -> tuple:

@@ -33,6 +33,7 @@ from heatmap3d.inference.prediction import Prediction, pass_spread
 from heatmap3d.inference.predictor import Predictor
 from heatmap3d.inference.settings import FORWARD_VOXELS
 from heatmap3d.io.landmarks import Landmarks
+from heatmap3d.io.volumes import check_volume
 
 
 def search_prior(size: Sequence[int], spacing: Sequence[float], sigma_mm: float) -> torch.Tensor:
@@ -187,5 +188,6 @@ class Cascade:
         )
 
     def predict_volume(self, vol: Volume) -> Prediction:
-        """Landmarks of a raw volume (any orientation and spacing), in its world mm."""
-        return self.predict_preprocessed(self.prepare(vol))
+        """Landmarks of a raw volume (any orientation and spacing), in its world mm;
+        refused as a file of it would be (:func:`check_volume`; InputError)."""
+        return self.predict_preprocessed(self.prepare(check_volume(vol)))
