@@ -568,6 +568,29 @@ def test_state_radii_never_says_ok_without_a_finite_radius():
     assert list(pred.status) == ["ok"] * 3  # a value: stating makes a new prediction
 
 
+@pytest.mark.parametrize(("n_scans", "bound"), [(None, False), (1, False), (8, False), (9, True)])
+def test_state_radii_says_ok_only_under_a_calibrated_bound(n_scans, bound):
+    """A calibration on fewer held-out scans than a 90 % bound needs (the packaged AFIDs
+    model's: one) gave ``ok`` to every landmark within the review radius, while the note
+    of the same prediction said "NOT CALIBRATED ... check every landmark" (on Colin27: 0
+    flagged, a 16 mm miss inside a stated 4 mm). Its radii are still stated."""
+    from heatmap3d.inference.pipeline import state_radii
+    from heatmap3d.inference.prediction import Prediction
+
+    names = ["a", "b"]
+    cal = Calibration(names, 0.9, np.ones(2), 0.0, 20, n_scans)
+    pred = Prediction(
+        Landmarks(names, np.zeros((2, 3))),
+        confidence=np.ones(2),
+        voxels=np.zeros((2, 3)),
+        status=np.array(["ok", "moved"], dtype=object),
+        signal_mm=np.array([2.0, 2.0]),
+    )
+    stated = state_radii(pred, cal, review_radius_mm=5.0)
+    assert list(stated.status) == ["ok" if bound else "review", "moved"]
+    np.testing.assert_array_equal(stated.radius_mm, [2.0, 2.0])
+
+
 def test_stating_again_with_a_calibration_is_stating_once_with_it():
     """Held-out predictions are stated before their calibration exists (nothing ok), then
     with it: the second statement must not keep the first one's review (issue 43, "the

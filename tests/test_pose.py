@@ -323,7 +323,7 @@ def test_whether_a_landmark_is_there_is_the_stored_scans_question():
     vol = scan_of(apply(placement(), REFERENCE), LINEAR["identity"])
     first, posed = [0.2, 1, 1, 1, 1], [1.0, 1, 1, 1, 1]  # landmark 0: absent as stored
     model = BallFinder(presence=[first, posed])
-    cal = Calibration(list(NAMES), 0.9, np.ones(len(NAMES)), 0.5, 10)
+    cal = Calibration(list(NAMES), 0.9, np.ones(len(NAMES)), 0.5, 10, 10)
     pred = Pipeline(model, calibration=cal, pose=pose_of_reference()).predict_volume(vol)
     assert len(model.seen) == 2
     assert pred.status[0] == "absent" and np.isnan(pred.landmarks.points[0]).all()
@@ -361,7 +361,7 @@ def test_the_field_of_view_is_the_stored_scans_in_both_passes():
     configs = REFERENCE + np.random.default_rng(0).normal(0, 1.0, (20, *REFERENCE.shape))
     configs[:, 4] += v
     shape = ShapeModel.fit(NAMES, configs)
-    cal = Calibration(list(NAMES), 0.9, np.ones(len(NAMES)), 0.5, 10)
+    cal = Calibration(list(NAMES), 0.9, np.ones(len(NAMES)), 0.5, 10, 10)
     model = HeatBallFinder()
     pipeline = Pipeline(model, shape=shape, calibration=cal, pose=pose_of_reference())
     pred = pipeline.predict_volume(vol)
@@ -398,7 +398,7 @@ def test_a_landmark_the_stored_scan_does_not_show_states_no_radius():
     vol = scan_of(apply(t, REFERENCE), LINEAR["identity"])
     stray = apply(t, np.array([[-33.0, 0.0, 0.0]]))
     assert not in_field_of_view(stray, vol.affine, vol.shape)[0]
-    cal = Calibration(list(NAMES), 0.9, np.ones(len(NAMES)), 0.5, 10)
+    cal = Calibration(list(NAMES), 0.9, np.ones(len(NAMES)), 0.5, 10, 10)
     pipeline = Pipeline(StrayBallFinder(), calibration=cal, pose=pose_of_reference())
     pred = pipeline.predict_volume(vol)
     # Mapped back through the pose the balls give (their centroids: within 0.05 mm of t's).

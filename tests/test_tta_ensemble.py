@@ -115,12 +115,12 @@ def test_landmarks_cut_off_by_the_field_of_view_are_declared_absent():
     def presence(right_in_view: bool, shift: float) -> np.ndarray:
         return predictor.predict_volume(scan(right_in_view, shift)).presence
 
-    shifts = [-2.0, 0.0, 1.5, 3.0]
+    shifts = [-2.0, -1.0, 0.0, 1.5, 3.0]  # 10 scans: 9 make the radii a 90 % bound
     conf = np.stack([presence(view, s) for view in (True, False) for s in shifts])
     present = np.stack([[view, True] for view in (True, False) for _ in shifts])
     t = presence_threshold(conf, present)
     assert 0 < t < 1
-    cal = Calibration(["R", "L"], 0.9, np.ones(2), t, len(conf))
+    cal = Calibration(["R", "L"], 0.9, np.ones(2), t, len(conf), len(conf))
     pipeline = Pipeline(predictor, calibration=cal)
     cut = pipeline.predict_volume(scan(False, 0.7))
     assert list(cut.status) == ["absent", "ok"]
@@ -209,7 +209,7 @@ def test_landmarks_declared_absent_stay_out_of_the_shape_check():
     true = scene.true
     heat = np.stack([scene.peak(p, 0.9) for p in true])
     heat[:5] = scene.peak([26.0, -18.0, 22.0], 0.3)  # the cut-off ones: faint, at the edge
-    cal = Calibration(scene.names, 0.9, np.ones(len(true)), 0.6, 20)
+    cal = Calibration(scene.names, 0.9, np.ones(len(true)), 0.6, 20, 20)
     pipeline = Pipeline(scene.predictor(heat), shape=scene.shape, calibration=cal)
     pred = pipeline.predict_preprocessed(scene.grid)
     assert list(pred.status[:5]) == ["absent"] * 5
@@ -231,7 +231,7 @@ def test_a_landmark_moved_outside_the_scan_states_no_radius():
     found = scene.true.copy()
     found[0] = [0.0, 0.0, -12.0]
     heat = np.stack([scene.peak(p, 0.9) for p in found])
-    cal = Calibration(scene.names, 0.9, np.ones(len(found)), 0.6, 20)
+    cal = Calibration(scene.names, 0.9, np.ones(len(found)), 0.6, 20, 20)
     pipeline = Pipeline(scene.predictor(heat), shape=scene.shape, calibration=cal)
     pred = pipeline.predict_preprocessed(scene.grid)
     assert pred.shape_residual_mm[0] > 40  # judged off: it is 52 mm from where the others say
