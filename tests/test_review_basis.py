@@ -53,6 +53,9 @@ def test_a_check_fitted_on_a_population_catches_gross_errors_and_says_so():
     assert power.caught == tuple(sorted(power.caught))  # bigger errors: caught as often
     assert power.false_flags < 0.5
     assert power.label().startswith("caught ")
+    # The table cell says what it rests on, as the sentence does: "caught 100% of 10 mm
+    # errors" read the same for 6 phantoms as for 122 people.
+    assert power.label().endswith(" mm errors (40 configurations)"), power.label()
     assert "10-fold on the 40 landmark configurations" in power.sentence()
     assert "vary less than new people" not in power.sentence()  # 40 is not few
 
@@ -67,6 +70,7 @@ def test_a_check_of_two_alike_configurations_is_reported_inert():
     power = measure_power(check, shapes)
     assert power.method == "in-sample" and power.inert
     assert power.label().startswith("inert: caught ")
+    assert power.label().endswith(" (2 configurations, in-sample)"), power.label()
     assert "vary less than new people" in power.sentence() and "inert" in power.sentence()
 
 

@@ -59,15 +59,19 @@ class ShapePower:
         return next((m for m, c in zip(self.magnitudes_mm, self.caught) if c >= CAUGHT), None)
 
     def label(self) -> str:
-        """A short cell for tables: ``inert (...)`` or what it catches."""
+        """A short cell for tables: ``inert (...)`` or what it catches, and on how many
+        configurations (a share of 6 phantoms' reads otherwise as one of 122 people's)."""
         big = f"{self.caught[-1]:.0%} of {self.magnitudes_mm[-1]:g} mm errors"
+        on = f" ({self.n_configurations} configurations" + (
+            ", in-sample)" if self.method == "in-sample" else ")"
+        )
         if self.inert:
-            return f"inert: caught {big}"
+            return f"inert: caught {big}{on}"
         mm = self.smallest_caught_mm()
         if mm is None:
-            return f"weak: caught {big}"
+            return f"weak: caught {big}{on}"
         caught = self.caught[self.magnitudes_mm.index(mm)]
-        return f"caught {caught:.0%} of {mm:g} mm errors"
+        return f"caught {caught:.0%} of {mm:g} mm errors{on}"
 
     def sentence(self) -> str:
         """One sentence for a reader: every figure, and what they rest on."""
