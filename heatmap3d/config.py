@@ -138,9 +138,11 @@ class TrainConfig:
     epochs: int = 100  # epochs to train when train.budget_minutes is 0
     # Minutes of training for everything the command trains (0 = train.epochs decides):
     # one run, or a dataset's plan, whose stages and members share it (each stage's own
-    # config then holds its share). With a budget the number of epochs is estimated from
-    # the time the first epochs take and re-estimated after each one; the cosine schedule
-    # is set over that estimate, so it ends (lr ~ 0) when the budget does.
+    # config then holds its share). heatmap3d train DATA without it trains 60 minutes, or
+    # train.epochs a stage where that alone is given. With a budget the number of epochs
+    # is estimated from the time the first epochs take and re-estimated after each one;
+    # the cosine schedule is set over that estimate, so it ends (lr ~ 0) when the budget
+    # does.
     budget_minutes: float = 0.0
     batch_size: int = 2  # per process
     lr: float = 1e-3  # AdamW learning rate at the start of the cosine schedule

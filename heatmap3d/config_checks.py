@@ -5,7 +5,12 @@ make: every number finite and of its type, every value in the range a run can us
 overrides or in code; each problem is one :class:`InputError` line naming the key. Counts
 that would hang a run or exhaust its machine before anything fails are bounded (the
 ``MAX_`` constants), and ``train.name``, the run folder inside ``train.out_dir``, must be
-one plain folder name (:func:`_check_paths`).
+one plain folder name (:func:`_check_paths`). The network's shape is checked against
+what its norm layers can normalise (:func:`_model_checks`).
+
+:func:`check_run_config` holds the checks of a config a run is about to use
+(:func:`heatmap3d.config_io.load_config`) that a checkpoint's stored config is spared: the
+prior files it names exist (a checkpoint predicts on a machine without them).
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import typing
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from heatmap3d.errors import InputError
@@ -60,6 +66,9 @@ PATH_KEYS = (
     ("train", "init_from"),
     ("train", "out_dir"),
 )
+# Keys naming a population prior: a file of `heatmap3d shape fit`, or a packaged prior's name.
+PRIOR_KEYS = (("train", "shape_prior"), ("augment", "anatomy_prior"))
+MAX_GROUPS = 8  # GroupNorm's groups: min(this, channels) (heatmap3d.model._norm)
 
 
 def validate(cfg: Config) -> None:
@@ -119,11 +128,51 @@ def validate(cfg: Config) -> None:
         (cfg.train.checkpoint_minutes >= 0, "train.checkpoint_minutes: >= 0 (0: every epoch)"),
         *_value_checks(cfg),
         *_bound_checks(cfg),
+        *_model_checks(cfg),
     ]
     for ok, message in checks:
         if not ok:
             raise ConfigValueError(f"invalid config value: {message}")
     _check_paths(cfg)
+
+
+def _model_checks(cfg: Config) -> list[tuple[bool, str]]:
+    """What the U-Net's norm layers (:mod:`heatmap3d.model`) cannot take, which would
+    otherwise fail deep in the first training step. Each level ``l`` has
+    ``model.channels * 2**l`` channels; its voxels are ``data.patch_size // 2**l``.
+
+    * GroupNorm splits a level's ``c`` channels into ``min(8, c)`` groups: ``c`` must be
+      a multiple of them ("num_channels (12) must be divisible by num_groups (8)").
+    * Training normalises each crop's bottleneck (``patch_size // 2**depth`` voxels)
+      alone: InstanceNorm needs more than one voxel there ("Expected more than 1 spatial
+      element when training"); GroupNorm more than one value a group, which a crop of
+      one voxel has only when a group holds several channels (batches of one happen).
+    A patch that is no multiple of ``2**depth`` is refused first (an earlier check).
+    """
+    m, patch = cfg.model, cfg.data.patch_size
+    if not (1 <= m.depth <= MAX_DEPTH and 1 <= m.channels <= MAX_CHANNELS and len(patch) == 3):
+        return []  # the checks before these refuse it, naming the key
+    widths = [m.channels * 2**level for level in range(m.depth + 1)]
+    uneven = [w for w in widths if w % min(MAX_GROUPS, w)]
+    voxels = math.prod(p // 2**m.depth for p in patch)
+    per_group = widths[-1] // min(MAX_GROUPS, widths[-1])
+    values = voxels if m.norm == "instance" else voxels * per_group
+    return [
+        (
+            m.norm != "group" or not uneven,
+            f"model.channels={m.channels} with model.norm=group: the U-Net's levels have "
+            f"{', '.join(map(str, widths))} channels, and GroupNorm splits each of "
+            f"{MAX_GROUPS} or more into {MAX_GROUPS} groups ({', '.join(map(str, uneven))} "
+            f"cannot be); use model.channels 1, 2, 4 or a multiple of {MAX_GROUPS}, or "
+            "model.norm=instance",
+        ),
+        (
+            values > 1,
+            f"data.patch_size={list(patch)} with model.depth={m.depth}: the U-Net's "
+            f"bottleneck is patch_size // 2**depth = 1 voxel, which {m.norm} norm cannot "
+            "normalise in training; use a larger data.patch_size or a smaller model.depth",
+        ),
+    ]
 
 
 def _bound_checks(cfg: Config) -> list[tuple[bool, str]]:
@@ -182,10 +231,61 @@ def _check_paths(cfg: Config) -> None:
             )
 
 
-def _shown(value: str) -> str:
-    """``value`` as Python writes it (escapes keep the message on one line), cut short."""
+def check_run_config(cfg: Config, *, whole: bool = True) -> None:
+    """The checks of a config a run is about to use, beyond :func:`validate`'s (which every
+    config gets, a checkpoint's stored one too): InputError, one line naming the key, for
+    a prior key naming a file that is not there or a packaged prior that does not exist
+    (a dataset's run reads ``train.shape_prior`` before training; a run from a config
+    would otherwise train without a word), and, for a ``whole`` config (not overrides
+    that a plan's stages complete), ``augment.anatomy`` without ``augment.anatomy_prior``
+    (the warps draw people from it: the share means nothing without it) or without
+    ``augment.enabled`` (the warps are part of the augmentation: nothing would warp)."""
+    a = cfg.augment
+    if whole and a.anatomy > 0 and not a.anatomy_prior:
+        raise ConfigValueError(
+            f"invalid config value: augment.anatomy={a.anatomy:g} needs augment.anatomy_prior "
+            "(a prior file of heatmap3d shape fit, or a packaged prior's name: afids); set "
+            "it, or augment.anatomy=0"
+        )
+    if whole and a.anatomy > 0 and not a.enabled:
+        raise ConfigValueError(
+            f"invalid config value: augment.anatomy={a.anatomy:g} warps augmented crops, and "
+            "augment.enabled is false: set augment.enabled=true, or augment.anatomy=0"
+        )
+    for section, key in PRIOR_KEYS:
+        value = getattr(getattr(cfg, section), key)
+        if value:
+            _check_prior(f"{section}.{key}", value)
+
+
+def _check_prior(key: str, value: str) -> None:
+    """InputError when ``value`` of ``key`` is neither a packaged prior nor a file there;
+    what the file holds is its reader's to judge (:mod:`heatmap3d.review.shape_file`)."""
+    # Imported here, as case_ids above: the catalogue's rule tells a packaged prior's name
+    # (no "/", no ".json") from a path, and a config built for --help needs not load it.
+    from heatmap3d.packaged import catalogue
+
+    if catalogue.is_prior_name(value):
+        if value not in catalogue.PRIORS:
+            known = ", ".join(sorted(catalogue.PRIORS))
+            raise ConfigValueError(
+                f"invalid config value: {key}={_shown(value)}: no packaged prior of that name "
+                f"(packaged: {known}); give a prior file by its path (with a / or ending in "
+                ".json)"
+            )
+        return
+    if not Path(value).is_file():
+        raise ConfigValueError(
+            f"invalid config value: {key}={_shown(value, 300)}: no such file; give the path of a "
+            "prior written by heatmap3d shape fit, or a packaged prior's name (afids)"
+        )
+
+
+def _shown(value: str, most: int = 60) -> str:
+    """``value`` as Python writes it (escapes keep the message on one line), cut to
+    ``most`` characters (a path that names a file is worth more of them)."""
     text = ascii(value)
-    return text if len(text) <= 60 else text[:57] + "..."
+    return text if len(text) <= most else text[: most - 3] + "..."
 
 
 def _value_checks(cfg: Config) -> list[tuple[bool, str]]:

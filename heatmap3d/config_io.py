@@ -2,10 +2,13 @@
 or from the plain dicts a checkpoint stores, and back.
 
 Unknown keys are errors (a typo such as ``train.epoch=50`` must not be silently ignored),
-so is a key given twice in a file (:mod:`heatmap3d.io.yaml_file`, the one YAML reader), and
-values are checked against the field's type. The resolved config is stored in every
-checkpoint as plain Python types (:func:`to_dict`), so ``heatmap3d predict`` needs nothing
-but the checkpoint.
+so is a key given twice in a file (:mod:`heatmap3d.io.yaml_file`, the one YAML reader) or
+on the command line, and values are checked against the field's type. Values read as
+YAML 1.2 reads them (``1e-4`` a float, ``no`` and ``ON`` text); a key that takes text gets
+a number's text as written (a landmark ``08`` stays ``08``), and one given a boolean or
+null is refused saying how to quote it. The resolved config is stored in every checkpoint
+as plain Python types (:func:`to_dict`), so ``heatmap3d predict`` needs nothing but the
+checkpoint.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from heatmap3d.config import Config
-from heatmap3d.config_checks import ConfigValueError
+from heatmap3d.config_checks import ConfigValueError, check_run_config
 from heatmap3d.errors import InputError
 from heatmap3d.io.yaml_file import load_yaml, parse_yaml
 
@@ -42,11 +45,22 @@ def from_dict(raw: dict[str, Any], *, source: str = "config") -> Config:
         raise InputError(f"{source}: {err}") from None
 
 
-def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
+def load_config(
+    path: str | Path | None = None,
+    overrides: list[str] | None = None,
+    *,
+    for_plan: bool = False,
+) -> Config:
     """Read a YAML config (or the defaults when ``path`` is None) and apply overrides.
 
     Overrides are ``section.key=value`` strings; the value is parsed as YAML, so
-    ``train.epochs=50``, ``data.spacing=[2,2,2]`` and ``train.amp=false`` all work.
+    ``train.epochs=50``, ``data.spacing=[2,2,2]`` and ``train.amp=false`` all work. A key
+    given twice among them is refused. A config read here is one a run is about to use,
+    so it gets the checks a checkpoint's stored config (:func:`from_dict`) is spared
+    (:func:`~heatmap3d.config_checks.check_run_config`: a missing prior file, one line).
+    ``for_plan``: the overrides go on top of a plan's stages (``heatmap3d train DATA``),
+    which may hold what they lack (``augment.anatomy_prior``): only the prior files they
+    name are checked here, and each stage's config whole once made.
     """
     raw: dict[str, Any] = {}
     source = "overrides" if overrides else "defaults"  # section.key=value given
@@ -57,9 +71,13 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
         raw = load_yaml(path, what="config file", max_bytes=2**20) or {}  # a few kB
         if not isinstance(raw, dict):
             raise InputError(f"{path}: a config must be a mapping of sections")
-    for item in override_list(overrides):
+    items = override_list(overrides)
+    refuse_repeated(items)
+    for item in items:
         apply_override(raw, item)
-    return from_dict(raw, source=source)
+    cfg = from_dict(raw, source=source)
+    check_run_config(cfg, whole=not for_plan)
+    return cfg
 
 
 def override_list(overrides: Sequence[str] | None) -> list[str]:
@@ -80,6 +98,22 @@ def _split_override(item: str) -> tuple[list[str], str]:
         shown = _shown(item)  # an override may be long (a nested list); one line
         raise InputError(f"override {shown}: expected section.key=value, e.g. train.epochs=50")
     return parts, value
+
+
+def refuse_repeated(overrides: Sequence[str]) -> None:
+    """InputError (one line, naming the key and both values) when two of ``overrides`` set
+    the same ``section.key``: the last would win without a word, where a key given twice in
+    a YAML file is refused too."""
+    seen: dict[str, str] = {}
+    for item in overrides:
+        parts, value = _split_override(item)
+        dotted = ".".join(p.strip() for p in parts)
+        if dotted in seen:
+            raise InputError(
+                f"override {dotted} given twice ({_shown(seen[dotted])} and "
+                f"{_shown(value.strip())}); give it once"
+            )
+        seen[dotted] = value.strip()
 
 
 def sets_key(overrides: Sequence[str], dotted: str) -> bool:
@@ -107,7 +141,7 @@ def _build(cls: type, raw: Any, source: str, prefix: str) -> Any:
         raise InputError(f"{source}: {prefix.rstrip('.') or 'config'} must be a mapping")
     hints = typing.get_type_hints(cls)
     names = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(map(str, set(raw) - names))
+    unknown = sorted(map(_text, set(raw) - names))
     if unknown:
         # str: YAML keys may be numbers; split/join: a key may hold a newline
         keys = ", ".join(" ".join((prefix + k).split()) for k in unknown)
@@ -125,13 +159,17 @@ def _build(cls: type, raw: Any, source: str, prefix: str) -> Any:
 
 
 def _coerce(value: Any, hint: Any, key: str, source: str) -> Any:
-    """Check ``value`` against a simple type hint (scalars and ``list[scalar]``)."""
+    """Check ``value`` against a simple type hint (scalars and ``list[scalar]``); the
+    result is of plain types (no :class:`~heatmap3d.io.yaml_file.WrittenInt`: a
+    checkpoint's ``weights_only`` loading knows only those)."""
     origin = typing.get_origin(hint)
     if origin in (list, types.GenericAlias) or origin is list:
         (inner,) = typing.get_args(hint)
         if not isinstance(value, (list, tuple)):
             raise InputError(f"{source}: {key} must be a list, got {_shown(value)}")
         return [_coerce(v, inner, key, source) for v in value]
+    if hint is str:
+        return _as_text(value, key, source)
     if hint is float and isinstance(value, int) and not isinstance(value, bool):
         try:
             return float(value)
@@ -139,14 +177,42 @@ def _coerce(value: Any, hint: Any, key: str, source: str) -> Any:
             raise InputError(
                 f"{source}: {key} must be a finite number, got {_shown(value)}"
             ) from None
-    if hint is str and isinstance(value, (int, float)) and not isinstance(value, bool):
-        try:
-            return str(value)
-        except ValueError:  # an integer of more than 4300 digits (a hostile checkpoint)
-            raise InputError(f"{source}: {key} must be text, got {_shown(value)}") from None
     if not isinstance(value, hint) or (hint is not bool and isinstance(value, bool)):
         raise InputError(f"{source}: {key} must be {hint.__name__}, got {_shown(value)}")
-    return value
+    return bool(value) if hint is bool else hint(value)  # int(WrittenInt): a plain int
+
+
+def _as_text(value: Any, key: str, source: str) -> str:
+    """``value`` for a key that takes text: a number as it was written (YAML reads
+    ``08`` as 8 and ``1e3`` as 1000.0, but a name typed ``08`` is ``08``); a boolean, a
+    null or a mapping is refused, saying how to quote it."""
+    if isinstance(value, str):
+        return str(value)
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        written = getattr(value, "text", None)  # from YAML: what was typed
+        if written is not None:
+            return str(written)
+        try:
+            return str(value)  # from a checkpoint's dict: no text but the number's
+        except ValueError:  # an integer of more than 4300 digits (a hostile checkpoint)
+            raise InputError(f"{source}: {key} must be text, got {_shown(value)}") from None
+    if isinstance(value, bool):
+        word = "true" if value else "false"
+        raise InputError(
+            f"{source}: {key} must be text, but YAML reads {word} as a boolean; quote it "
+            f"('{word}') to mean the text"
+        )
+    if value is None:
+        raise InputError(
+            f"{source}: {key} must be text, but YAML reads an empty value, ~ or null as "
+            "nothing; write '' for no text, or quote the text ('null')"
+        )
+    raise InputError(f"{source}: {key} must be text, got {_shown(value)}")
+
+
+def _text(value: Any) -> str:
+    """A YAML key or value as written (a number's text where YAML kept it)."""
+    return str(getattr(value, "text", value))
 
 
 _REPR = reprlib.Repr()

@@ -74,8 +74,8 @@ def _default(f: dataclasses.Field) -> str:
         value = f.default_factory()
     else:
         return "(required)"
-    # As YAML writes it, so that section.key=<shown> reads back as the default (PyYAML
-    # reads 1e-05 as a string; it writes 1.0e-05).
+    # As YAML writes it, so that section.key=<shown> reads back as the default (1.0e-05:
+    # the config's YAML 1.2 reader takes 1e-05 too, but YAML 1.1 readers want the dot).
     text = yaml.safe_dump(value, default_flow_style=True, width=1000)
     return text.removesuffix("\n...\n").strip()
 

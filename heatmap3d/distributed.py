@@ -53,7 +53,33 @@ class DistInfo:
 
 
 def _env_int(name: str, default: int) -> int:
-    return int(os.environ.get(name, default))
+    """The whole number in the environment variable ``name``; ``default`` when it is unset
+    or empty. InputError, one line naming the variable and what it takes, for text that is
+    not a whole number or one below the least it can mean: ranks and restarts count from
+    0, sizes from 1, and ``HEATMAP3D_THREADS`` (the CPU threads of each process; unset:
+    from the CPU count, :func:`setup`) from 1."""
+    # name -> (least, what it takes); torchrun's own are set right by it, but a job script
+    # may set them by hand (or a mistyped export may reach them).
+    takes = {
+        "HEATMAP3D_THREADS": (
+            1,
+            "the CPU threads of each process (1 or more; unset it to take the CPU count)",
+        ),
+        "WORLD_SIZE": (1, "the number of processes (1 or more; torchrun sets it)"),
+        "LOCAL_WORLD_SIZE": (1, "the processes on this node (1 or more; torchrun sets it)"),
+    }
+    least, what = takes.get(name, (0, "a whole number, 0 or more (torchrun sets it)"))
+    text = os.environ.get(name, "").strip()
+    if not text:
+        return default
+    try:
+        value = int(text)
+    except ValueError:  # int() of 5000 digits too: no count is so long
+        value = None
+    if value is None or value < least:
+        shown = ascii(text) if len(text) <= 40 else ascii(text[:37]) + "..."
+        raise InputError(f"environment variable {name}={shown}: it takes {what}")
+    return value
 
 
 def launched_by_torchrun() -> bool:

@@ -18,6 +18,7 @@ from pathlib import Path
 from heatmap3d import distributed
 from heatmap3d.checkpoint import load_matching
 from heatmap3d.config import Config
+from heatmap3d.config_checks import check_run_config
 from heatmap3d.config_io import load_config, sets_key
 from heatmap3d.data.setup import require_validation
 from heatmap3d.distributed import DistInfo
@@ -70,7 +71,9 @@ def train_dataset(
     model's statistics on held-out scans (on every rank).
     """
     started = time.monotonic()
-    base = load_config(None, overrides)  # bad overrides stop here, before any work
+    # Bad overrides stop here, before any work; the stages' configs are checked whole
+    # once the plan gives them (_planned_stages).
+    base = load_config(None, overrides, for_plan=True)
     # The folder of model folders, and --overwrite's say over an earlier run there.
     out = Destination(Path(base.train.out_dir), replace=overwrite)
     world = distributed.setup(
@@ -168,12 +171,44 @@ def _planned_stages(
         model_dir.mkdir(parents=True, exist_ok=True)
         write_plan(plan, new_plan, fp)
         log.info(f"plan: wrote {plan}")
-    given = sets_key(overrides, "train.budget_minutes")
-    budget = base.train.budget_minutes if given else DEFAULT_BUDGET_MINUTES
+    budget = plan_budget(overrides, base)
     configs = stage_configs(
         read_plan(plan), data_root=root, overrides=overrides, budget_minutes=budget
     )
+    for _, cfg in configs:  # e.g. augment.anatomy given, its prior in neither the plan nor them
+        check_run_config(cfg)
     return configs, model, plan
+
+
+def plan_budget(overrides: list[str], base: Config) -> float:
+    """The minutes a dataset's plan trains, all stages together (0: ``train.epochs``
+    decides each stage), from what ``overrides`` (``section.key=value``) set, each said in
+    one line where the other key is then not used:
+
+    * ``train.budget_minutes`` given: that (with ``train.epochs`` given too and a budget
+      above 0, the budget decides: the epochs are not used);
+    * ``train.epochs`` alone: 0, each stage trains that many epochs (what a user giving
+      ``train.epochs=1`` expects; a default budget would train for an hour instead);
+    * neither: :data:`DEFAULT_BUDGET_MINUTES`.
+    ``base``: the defaults with ``overrides`` (:func:`load_config`).
+    """
+    budget_given = sets_key(overrides, "train.budget_minutes")
+    epochs_given = sets_key(overrides, "train.epochs")
+    epochs, minutes = base.train.epochs, base.train.budget_minutes
+    if budget_given:
+        if epochs_given and minutes > 0:
+            log.info(
+                f"train.budget_minutes={minutes:g} given: the budget decides how many epochs "
+                f"each stage trains; train.epochs={epochs} is not used"
+            )
+        return minutes
+    if epochs_given:
+        log.info(
+            f"train.epochs={epochs} given: trains {epochs} epoch{'s' if epochs != 1 else ''} "
+            "a stage, no time budget"
+        )
+        return 0.0
+    return DEFAULT_BUDGET_MINUTES
 
 
 def _fine_tuned(model: Path, plan: Path | None, data: Path | None) -> ModelFolder:
