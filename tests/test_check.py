@@ -8,6 +8,7 @@ mistake in the command itself).
 
 import gzip
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -281,6 +282,87 @@ def test_landmark_left_out_of_a_file_is_a_warning(data, capsys):
     assert status == 0
     (line,) = lines_about(out, path, "warning")
     assert "landmark names missing: ['cone_apex']" in line and "trained as missing" in line
+
+
+def _leave_out(root: Path, case: str, names: list[str]) -> Path:
+    """The case's landmark file (any format) without ``names``."""
+    from heatmap3d.io.layout import find_landmark_file
+
+    path = find_landmark_file(root / "landmarks", case)
+    lm = read_landmarks(path)
+    write_landmarks(path, lm.only([n for n in lm.names if n not in names]))
+    return path
+
+
+def test_files_that_each_leave_out_another_landmark_check_clean(data, capsys):
+    """Each file without another landmark: the set was "the most common set" (one file's,
+    a tie won by the first), and the other files were errors ("not in the dataset's set"),
+    though each only left a landmark out, as data/README.md says a file may."""
+    cases = sorted(p.name.removesuffix(".nii.gz") for p in (data / "images").iterdir())
+    names = read_landmarks(_leave_out(data, cases[0], [])).names
+    paths = [_leave_out(data, case, [names[k]]) for k, case in enumerate(cases)]
+    status, out = check(data, capsys)
+    assert status == 0, out
+    for k, path in enumerate(paths):
+        (line,) = lines_about(out, path, "warning")
+        assert f"landmark names missing: [{names[k]!r}]" in line and "trained as missing" in line
+    assert check_dataset(data).names == names  # every name, in the fullest file's order
+
+
+def test_a_landmark_only_some_files_hold_is_in_the_set(data, capsys):
+    """Two files with top_pole, three without: the three's set won, and the two files
+    that had it were errors."""
+    cases = sorted(p.name.removesuffix(".nii.gz") for p in (data / "images").iterdir())
+    for case in cases[2:]:
+        _leave_out(data, case, ["top_pole"])
+    status, out = check(data, capsys)
+    assert status == 0, out
+    assert out.count("landmark names missing: ['top_pole']") == 3
+    assert "not in the dataset's set" not in out
+
+
+def test_a_landmark_no_training_case_places_is_an_error(data, capsys):
+    """top_pole named in every file but placed in validation cases only: check passed
+    (warnings), training trained a channel with no target, and predicted it at full
+    confidence."""
+    from heatmap3d.io.layout import find_landmark_file
+
+    train = json.loads((data / "split.json").read_text())["train"]
+    for case in train:
+        path = find_landmark_file(data / "landmarks", case)
+        lm = read_landmarks(path)
+        lm.points[lm.names.index("top_pole")] = np.nan
+        write_landmarks(path, lm)
+    status, out = check(data, capsys)
+    assert status == 1
+    (line,) = lines_about(out, data / "landmarks")
+    assert "no position in any of the 3 training cases: ['top_pole']" in line, line
+
+
+def test_one_scan_under_two_case_ids_is_named(data, capsys):
+    """The same scan as a training case and, renamed and in another format, as a
+    validation case: check said "0 errors", and validation (and the radius calibrated on
+    it) measured a training scan. Within one split it counts twice: a warning."""
+    split = json.loads((data / "split.json").read_text())
+    train, val = split["train"], split["val"]
+    from heatmap3d.io.layout import find_landmark_file
+
+    for new, home in (("copy_val", "val"), ("copy_train", "train")):
+        save_volume(data / "images" / f"{new}.nrrd", load_volume(image(data, train[0])))
+        shutil.copy(
+            find_landmark_file(data / "landmarks", train[0]), data / "landmarks" / f"{new}.csv"
+        )
+        split[home].append(new)
+    (data / "split.json").write_text(json.dumps(split))
+    status, out = check(data, capsys)
+    assert status == 1
+    (err,) = lines_about(out, data / "images" / "copy_val.nrrd")
+    said = f"the same scan as case {train[0]!r} ({train[0]}.nii.gz: identical voxels and grid)"
+    assert said in err and "one in 'train' and one in 'val'" in err, err
+    (warn,) = lines_about(out, data / "images" / "copy_train.nrrd", "warning")
+    assert said in warn and "both in 'train': it counts twice" in warn, warn
+    assert len([line for line in out.splitlines() if "the same scan as" in line]) == 2
+    assert val  # the untouched cases are no copies of each other
 
 
 def test_duplicated_landmark(data, capsys):

@@ -25,7 +25,7 @@ def run_check(
 ) -> int:
     """``heatmap3d check``: print the report; exit status 1 if any error, else 0.
 
-    ``landmarks`` is the comma-separated expected names ("" = most common set). The
+    ``landmarks`` is the comma-separated expected names ("" = every name the files hold). The
     manifest is written only for a dataset without errors, and never over a file that is
     not an earlier manifest of ours unless ``overwrite``. Raises :class:`InputError` for
     mistakes in the command itself (no such folder, duplicated ``--landmarks``, a

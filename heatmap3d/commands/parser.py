@@ -172,7 +172,9 @@ def _add_check(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("data", type=Path, help="dataset folder: images/, landmarks/, split.json")
     p.add_argument("--split-file", default="split.json", help="relative to DATA")
-    p.add_argument("--landmarks", default="", help="expected names a,b,c (default: most common)")
+    p.add_argument(
+        "--landmarks", default="", help="expected names a,b,c (default: every name the files hold)"
+    )
     p.add_argument("--manifest", type=Path, help="write this JSON manifest if there are no errors")
     p.add_argument(
         "--overwrite",

@@ -19,10 +19,13 @@ legal but worth a look. Checks, one function each:
   landmark; the landmarks' coordinate system is plausible: a warning when they fall on the
   image background as stated but on its foreground with x and y negated (a RAS file
   labelled LPS, or the reverse, whose points still fall inside the image);
-* across cases: landmark names against the reference set (``--landmarks``, else the
-  most common set): a name the set lacks is an error, a file that leaves out some of the
-  set's names only a warning (training treats those as missing, as it treats NaN), a
-  name that no file has an error; missing (NaN) landmarks; landmarks outside the image, with a hint
+* across cases: one scan under two case ids (identical voxels and grid: an error across
+  splits, a warning within one); landmark names against the reference set
+  (``--landmarks``, else every name the files hold but one that never shares a file with
+  a name more files hold, another spelling of it): a name the set lacks is an error, a
+  file that leaves out some of the set's names only a warning (training treats those as
+  missing, as it treats NaN), a name that no file has an error, and so is one that no
+  training case places; missing (NaN) landmarks; landmarks outside the image, with a hint
   when negating x and y (LPS read as RAS) or permuting the voxel axes would put them all
   inside; landmarks within 2 voxels of the image border; degenerate files (no position,
   all at one point or on a line, several landmarks at one position);
@@ -44,6 +47,7 @@ of every case's files and the landmark names, which training reads instead of
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 from collections import Counter
 from collections.abc import Callable
@@ -61,6 +65,7 @@ from heatmap3d.data.label_swaps import check_label_swaps
 from heatmap3d.data.landmark_checks import (
     check_case,
     check_unannotated,
+    check_untrained,
     reference_names,
     written_as_indices,
 )
@@ -93,6 +98,7 @@ class _CaseData:
     affine: np.ndarray | None = None
     landmarks: Landmarks | None = None
     measured: object = None  # measure(volume), where the caller gave a measure
+    digest: str | None = None  # SHA-256 of the voxels and the affine: the same scan twice
 
 
 def dataset_folder(root: str | Path) -> Path:
@@ -169,6 +175,7 @@ def check_cases(
     for _, findings in read:
         found.result.findings.extend(findings)
     found.result.measured = {d.case.case_id: d.measured for d in data if d.measured is not None}
+    _check_same_scans(data, cases, found)
     names, source = reference_names([d.landmarks for d in data], landmarks)
     grids = [
         (d.shape, d.affine) if d.shape is not None and d.affine is not None else None for d in data
@@ -178,6 +185,8 @@ def check_cases(
     if unique:
         where = unique[0].landmarks.parent
         check_unannotated(where, [d.landmarks for d in data], names, source, found)
+        train = {c.case_id for c in cases.get("train", [])}
+        check_untrained(where, [d.landmarks for d in data if d.case.case_id in train], names, found)
     placed = [(d.case.landmarks, d.landmarks) for d in data if d.landmarks is not None]
     # Voxel indices of an image stored L-P-S look like RAS turned half round: their
     # "outside the image" error says what they are, and they are no partner in mm.
@@ -276,12 +285,51 @@ def _read_case(
     data.landmarks = _read_landmark_file(case.landmarks, report)
     if vol is not None:
         data.shape, data.affine = vol.shape, vol.affine
+        data.digest = _scan_digest(vol)
         data.measured = measure(vol) if measure is not None else None
         _check_spacing(case.image, vol, report)
         if data.landmarks is not None:
             check_frame(case, vol, data.landmarks, report)
     keep(key, (data, report.result.findings))
     return data, report.result.findings
+
+
+def _scan_digest(vol: Volume) -> str:
+    """SHA-256 of ``vol``'s voxels (as read, float32) and affine (to the micrometre: a
+    format's header rounds it otherwise): equal for the same scan under two names or in
+    two formats (1.5 GB/s, a few % of reading a gzipped scan)."""
+    grid = np.round(np.asarray(vol.affine, dtype=np.float64), 3) + 0.0  # -0.0 -> 0.0
+    digest = hashlib.sha256(grid.tobytes())
+    digest.update(memoryview(np.ascontiguousarray(vol.data)).cast("B"))
+    return digest.hexdigest()
+
+
+def _check_same_scans(
+    data: list[_CaseData], cases: dict[str, list[Case]], report: Collector
+) -> None:
+    """A scan under two case ids: across splits, validation (and the radius calibrated on
+    it) measures a training scan, an error; within one split, a warning (it counts twice)."""
+    homes = {c.case_id: name for name, members in cases.items() for c in members}
+    first: dict[str, Case] = {}
+    for d in data:
+        if d.digest is None:
+            continue
+        other = first.setdefault(d.digest, d.case)
+        if other is d.case:
+            continue
+        here, there = homes.get(d.case.case_id), homes.get(other.case_id)
+        said = (
+            f"the same scan as case {other.case_id!r} ({other.image.name}: identical voxels "
+            "and grid)"
+        )
+        if here != there:
+            report.error(
+                d.case.image,
+                f"{said}, one in {there!r} and one in {here!r}: validation would measure a "
+                "training scan; keep one of them",
+            )
+        else:
+            report.warning(d.case.image, f"{said}, both in {here!r}: it counts twice")
 
 
 def _read_image(path: Path, report: Collector, nifti_frame: str | None) -> Volume | None:

@@ -9,7 +9,6 @@ Each writes :class:`~heatmap3d.data.findings.Finding` s to a collector.
 from __future__ import annotations
 
 import itertools
-from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -26,16 +25,54 @@ _MAX_LISTED = 6  # landmarks named in one message; the rest are counted
 
 
 def reference_names(sets: list[Landmarks | None], given: list[str] | None) -> tuple[list[str], str]:
-    """(reference names, where they come from): ``given``, else the most common set."""
+    """(reference names, where they come from): ``given``, else every name the files hold
+    (:func:`_merged_order`) but those that look like another name under a second spelling
+    (:func:`_renamed`). A file may leave landmarks out (data/README.md): files that each
+    leave out another landmark still give the whole set, and each file's missing ones are
+    warnings (trained as missing).
+    """
     if given:
         return list(given), "--landmarks"
     # Empty files are errors of their own (check_case), not a candidate set.
-    counts = Counter(frozenset(lm.names) for lm in sets if lm is not None and lm.names)
-    if not counts:
+    files = [lm.names for lm in sets if lm is not None and lm.names]
+    if not files:
         return [], ""
-    common, count = counts.most_common(1)[0]
-    first = next(lm for lm in sets if lm is not None and lm.names and frozenset(lm.names) == common)
-    return list(first.names), f"the names of {count} of {sum(counts.values())} landmark files"
+    union = _merged_order(files)
+    renamed = _renamed(files, union)
+    names = [n for n in union if n not in renamed]
+    within = sum(set(f) <= set(names) for f in files)
+    return names, f"the names that {within} of {len(files)} landmark files hold"
+
+
+def _merged_order(files: list[list[str]]) -> list[str]:
+    """Every name of ``files``, in the fullest file's order (the first of the longest), each
+    other name placed after the name its own file lists before it (first: at the front),
+    so that files each leaving one landmark out give the order of a file with all."""
+    order = list(max(files, key=len))
+    seen = set(order)
+    for names in files:
+        for i, name in enumerate(names):
+            if name not in seen:
+                order.insert(order.index(names[i - 1]) + 1 if i else 0, name)
+                seen.add(name)
+    return order
+
+
+def _renamed(files: list[list[str]], union: list[str]) -> set[str]:
+    """The names that never share a file with another name more files hold (a tie: the
+    one that comes later in ``union``): one landmark under two spellings (``top_pol``
+    in one file, ``top_pole`` in the rest), or a file of another landmark set."""
+    holders = {n: 0 for n in union}  # name -> bit set of the files that hold it
+    for i, names in enumerate(files):
+        for n in names:
+            holders[n] |= 1 << i
+    count = {n: bits.bit_count() for n, bits in holders.items()}
+    rank = {n: (-count[n], i) for i, n in enumerate(union)}  # more files first, then order
+    return {
+        n
+        for n in union
+        if any(not holders[n] & holders[m] and rank[m] < rank[n] for m in union if m != n)
+    }
 
 
 def check_case(
@@ -86,6 +123,25 @@ def check_unannotated(
         report.error(
             where,
             f"landmark names in no file: {_names(never)} (set from {source})",
+        )
+
+
+def check_untrained(
+    where: Path, train_sets: list[Landmarks | None], names: list[str], report: Collector
+) -> None:
+    """A name of the set that files hold but no training case places: its channel learns
+    nothing, and predicts an untrained peak at full confidence. (A name in no file at all
+    is :func:`check_unannotated`'s.)"""
+    sets = [lm for lm in train_sets if lm is not None and lm.names]
+    placed = {n for lm in sets for n, p in zip(lm.names, lm.points) if np.isfinite(p).all()}
+    named = {n for lm in sets for n in lm.names}
+    never = [n for n in names if n in named and n not in placed]
+    if never:
+        report.error(
+            where,
+            f"landmark names with no position in any of the {len(sets)} training cases: "
+            f"{_names(never)}; nothing to train them on: place them in some training cases, "
+            "or leave them out of every file",
         )
 
 

@@ -115,7 +115,8 @@ def _cases_from_manifest(
 
 
 def _cases_from_split(cfg: Config, root: Path) -> tuple[list[str], list[Case], list[Case]]:
-    """Names (``data.landmarks``; [] = the check's most common set) and train/val cases."""
+    """Names (``data.landmarks``; [] = the check's set: every name the files hold) and
+    train/val cases."""
     if cfg.synthetic.generate and not (root / cfg.data.split_file).is_file():
         s = cfg.synthetic
         log.info(f"generating the synthetic dataset in {root} (seed {s.seed})")
