@@ -814,3 +814,25 @@ def test_real_afids_dataset_has_no_errors(tmp_path, capsys):
     assert len(report.names) == 32 and not report.errors
     # The true AFIDs positions lie in the brain: no coordinate system warning.
     assert not [f for f in report.warnings if "negated" in f.message], report.text()
+
+
+def test_training_names_data_landmarks_as_where_its_set_came_from(data):
+    """A name mistyped in a plan's data.landmarks was "(expected from --landmarks)", an
+    option nobody gave, and "run heatmap3d check DATA" then found no error (it checks the
+    files' own set): the message names the key, and the command that lists the rest."""
+    names = read_manifest_names(data)
+    mistyped = [n if n != "bright_sphere" else "bright_spher" for n in names]
+    cfg = Config(data=DataConfig(root=str(data), landmarks=mistyped))
+    with pytest.raises(InputError) as refused:
+        prepare_dataset(cfg, CPU_WORLD)
+    message = str(refused.value)
+    assert (
+        "(expected from data.landmarks)" in message
+        and "--landmarks" not in message.split("more errors")[0]
+    ), message
+    assert f"heatmap3d check {data} --landmarks {','.join(mistyped)} lists them" in message
+
+
+def read_manifest_names(root: Path) -> list[str]:
+    """The dataset's landmark names, as check finds them."""
+    return check_dataset(root).names

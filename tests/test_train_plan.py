@@ -220,3 +220,66 @@ def test_training_from_scratch_names_the_packaged_model_that_finds_its_landmarks
         write_landmarks(path, lm.renamed(dict(zip(lm.names, afids))))
     (said,) = log_of(data, "as_afids")
     assert said.startswith("note: packaged model: afids-t1 finds 6 of the dataset's 6 landmarks")
+
+
+def test_a_resumed_run_goes_on_by_the_plan_it_started_with(phantoms, copy_of, tmp_path, caplog):
+    """The dataset's plan.yaml edited between a run's start and its --resume (grid and
+    sigma): the resumed run took the edited plan without a word (12 epochs at 3 mm, the
+    rest at 2 mm), and its record said 2 mm. The record is written as the run starts; a
+    --resume goes on by it, saying so, and refuses an edited plan given with --plan."""
+    from heatmap3d.commands.main import main
+    from heatmap3d.errors import InputError
+
+    data = copy_of(phantoms(n_train=2, n_val=1, seed=1))
+    assert main(["plan", str(data)]) == 0
+    overrides = [f"train.out_dir={tmp_path / 'runs'}", "train.name=r"]
+    world = DistInfo(0, 0, 1, 1, torch.device("cpu"))
+
+    def planned(resume: bool, plan: Path | None = None):
+        caplog.clear()
+        with caplog.at_level("INFO", logger="heatmap3d"):
+            configs, _, used = _planned_stages(
+                data, plan, overrides, load_config(None, overrides), world,
+                resume=resume, out=Destination(tmp_path / "runs"),
+            )  # fmt: skip
+        return configs[0][1], used, [r.getMessage() for r in caplog.records]
+
+    first, _, _ = planned(resume=False)
+    record = tmp_path / "runs" / "r" / "plan.yaml"
+    assert record.is_file()  # written as the run starts, not after training
+    text = (data / "plan.yaml").read_text()
+    sigma, spacing = f"sigma: {first.heatmap.sigma}", f"spacing: {first.data.spacing}"
+    assert sigma in text and spacing in text
+    edited = text.replace(sigma, "sigma: 1.5").replace(spacing, "spacing: [0.5, 0.5, 0.5]")
+    (data / "plan.yaml").write_text(edited)
+    cfg, used, said = planned(resume=True)
+    assert used == record and cfg.heatmap.sigma == first.heatmap.sigma != 1.5
+    assert cfg.data.spacing == first.data.spacing != [0.5, 0.5, 0.5]
+    assert any(s.startswith(f"note: {data / 'plan.yaml'} differs from the plan") for s in said)
+    with pytest.raises(InputError, match=r"--plan .*: its stages differ from those the run"):
+        planned(resume=True, plan=data / "plan.yaml")
+    (data / "plan.yaml").write_text(record.read_text())  # the same stages: no note
+    assert not any("differs" in s for s in planned(resume=True)[2])
+
+
+def test_ctrl_c_after_training_says_how_to_finish(phantoms, copy_of, tmp_path, capsys, monkeypatch):
+    """Ctrl-C while the model folder was being finished (shape model, held-out predictions,
+    calibration, report) printed "error: interrupted" and nothing else; --resume finishes it."""
+    from heatmap3d.commands.main import main
+    from heatmap3d.training import stages
+
+    data = copy_of(phantoms(n_train=2, n_val=1, seed=2))
+    args = ["train", str(data), "train.epochs=1", f"train.out_dir={tmp_path / 'runs'}", *TINY]
+    finish = stages.finish_model_folder
+
+    def ctrl_c(*a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(stages, "finish_model_folder", ctrl_c)
+    assert main(args) == 130
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith("error: interrupted after training, while finishing the model folder")
+    assert err.endswith("run the same command with --resume to finish it"), err
+    monkeypatch.setattr(stages, "finish_model_folder", finish)
+    assert main([*args, "--resume"]) == 0
+    assert (tmp_path / "runs" / "data" / "model.json").is_file()

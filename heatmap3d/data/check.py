@@ -157,8 +157,11 @@ def check_cases(
     found: Collector | None = None,
     nifti_frame: str | None = None,
     measure: Callable[[Volume], object] | None = None,
+    landmarks_from: str = "--landmarks",
 ) -> CheckReport:
     """The case-level checks of ``heatmap3d check``, on cases already located.
+    ``landmarks_from``: what the messages say ``landmarks`` came from (training's: the
+    config key ``data.landmarks``).
 
     ``cases`` maps split name -> cases; ``split_path`` is where the split came from (the
     file split problems are reported against). Training runs exactly these checks before
@@ -176,7 +179,7 @@ def check_cases(
         found.result.findings.extend(findings)
     found.result.measured = {d.case.case_id: d.measured for d in data if d.measured is not None}
     _check_same_scans(data, cases, found)
-    names, source = reference_names([d.landmarks for d in data], landmarks)
+    names, source = reference_names([d.landmarks for d in data], landmarks, landmarks_from)
     grids = [
         (d.shape, d.affine) if d.shape is not None and d.affine is not None else None for d in data
     ]

@@ -24,15 +24,18 @@ BORDER_VOXELS = 2.0  # warn when a landmark is closer than this to the image edg
 _MAX_LISTED = 6  # landmarks named in one message; the rest are counted
 
 
-def reference_names(sets: list[Landmarks | None], given: list[str] | None) -> tuple[list[str], str]:
-    """(reference names, where they come from): ``given``, else every name the files hold
+def reference_names(
+    sets: list[Landmarks | None], given: list[str] | None, given_from: str = "--landmarks"
+) -> tuple[list[str], str]:
+    """(reference names, where they come from): ``given`` (from ``given_from``, the option
+    or key that named them), else every name the files hold
     (:func:`_merged_order`) but those that look like another name under a second spelling
     (:func:`_renamed`). A file may leave landmarks out (data/README.md): files that each
     leave out another landmark still give the whole set, and each file's missing ones are
     warnings (trained as missing).
     """
     if given:
-        return list(given), "--landmarks"
+        return list(given), given_from
     # Empty files are errors of their own (check_case), not a candidate set.
     files = [lm.names for lm in sets if lm is not None and lm.names]
     if not files:

@@ -54,6 +54,7 @@ def _prepare_on_main(cfg: Config) -> tuple[list[str], list[Case], list[Case]]:
         landmarks=names,
         split_path=source,
         nifti_frame=cfg.data.nifti_frame or None,
+        landmarks_from="data.landmarks",
     )
     _refuse_errors(report, cfg)
     check_mirror_pairs(cfg.augment, report.names)
@@ -91,7 +92,10 @@ def _refuse_errors(report: CheckReport, cfg: Config) -> None:
         path = errors[0].path
         mine = [f.message for f in errors if f.path == path]
         more = len(errors) - len(mine)
-        tail = f" ({more} more errors: run heatmap3d check {cfg.data.root})" if more else ""
+        # check takes training's names as --landmarks: else it checks another set
+        named = f" --landmarks {','.join(cfg.data.landmarks)}" if cfg.data.landmarks else ""
+        tail = f" ({more} more errors: heatmap3d check {cfg.data.root}{named} lists them)"
+        tail = tail if more else ""
         raise InputError(f"{path}: {'; '.join(mine)}{tail}")
 
 

@@ -22,7 +22,7 @@ from heatmap3d.config_checks import check_run_config
 from heatmap3d.config_io import load_config, sets_key
 from heatmap3d.data.setup import require_validation
 from heatmap3d.distributed import DistInfo
-from heatmap3d.errors import InputError
+from heatmap3d.errors import InputError, Interrupted
 from heatmap3d.evaluation.metrics import LandmarkStats
 from heatmap3d.io.destination import Destination
 from heatmap3d.io.model_folder import ModelFolder, run_checkpoints
@@ -37,6 +37,7 @@ from heatmap3d.planning.plan_file import (
     read_plan,
     stage_configs,
     write_plan,
+    write_plan_copy,
 )
 from heatmap3d.review.shape_file import read_prior
 from heatmap3d.training.after_phase import finish_model_folder
@@ -138,6 +139,7 @@ def _planned_stages(
     """
     source = None if init_from is None else _fine_tuned(init_from, plan, data)
     root = Path(data) if data is not None else Path(plan).parent
+    given = plan  # --plan, as the user gave it (None: the dataset's, or a new one)
     if not (cross_validate or base.data.manifest):  # a manifest lists its own cases
         require_validation(root, base.data.split_file)
     named = sets_key(overrides, "train.name")
@@ -152,8 +154,8 @@ def _planned_stages(
         check_plan_target(record)  # the copy the after-phase writes, or the new plan below
     if lock is not None:  # the last check, and the first thing written (its lock file)
         lock.take(model_dir)
-    if plan is None and resume and record.is_file():
-        plan = record  # a resumed run goes on by the plan it started with, not a new one
+    if resume and record.is_file():
+        plan = _resumed_plan(given, plan, record)  # the plan it started with, not a new one
     if plan is None:
         fp = fingerprint_dataset(
             root, split_file=base.data.split_file, nifti_frame=base.data.nifti_frame or None
@@ -177,7 +179,35 @@ def _planned_stages(
     )
     for _, cfg in configs:  # e.g. augment.anatomy given, its prior in neither the plan nor them
         check_run_config(cfg)
+    if Path(plan).resolve() != record.resolve():
+        # The record from the start, not only after training: a resumed run goes on by it,
+        # whatever the dataset's plan.yaml says by then.
+        model_dir.mkdir(parents=True, exist_ok=True)
+        write_plan_copy(record, plan)
     return configs, model, plan
+
+
+def _resumed_plan(given: Path | None, found: Path | None, record: Path) -> Path:
+    """The plan a resumed run goes on by: the one it started with (``record``, in its model
+    folder). ``found``: the dataset's ``plan.yaml`` (or ``given``, ``--plan``); one whose
+    stages differ from the record's is said and not used, and given with ``--plan`` it is
+    refused (the checkpoints were trained by the record's grid, sigma and patch)."""
+    if found is None or Path(found).resolve() == record.resolve():
+        return record
+    if read_plan(found) == read_plan(record):
+        return record
+    if given is not None:
+        raise InputError(
+            f"--plan {given}: its stages differ from those the run started with ({record}); "
+            "--resume goes on by the run's own plan: drop --plan, or train by it in a new "
+            "run (another train.name, or --overwrite)"
+        )
+    log.info(
+        f"note: {found} differs from the plan this run started with ({record}); a resumed "
+        "run goes on by its own plan (train by the edited one in a new run: another "
+        "train.name, or --overwrite)"
+    )
+    return record
 
 
 def plan_budget(overrides: list[str], base: Config) -> float:
@@ -286,7 +316,14 @@ def run_stages(
             trainers.append(train(cfg, world, resume=resume, out=out, later=later))
         runs.append(trainers)
     after = time.monotonic()
-    stats = finish_model_folder(runs, members, model_dir, plan_file, world)
+    try:
+        stats = finish_model_folder(runs, members, model_dir, plan_file, world)
+    except KeyboardInterrupt as err:  # Ctrl-C or SIGTERM (exit 143: main reads the context)
+        raise Interrupted(
+            "interrupted after training, while finishing the model folder (shape model, "
+            "held-out predictions, calibration, report); every stage's checkpoints are "
+            "kept: run the same command with --resume to finish it"
+        ) from err
     log.info(_time_line(started, training, after, time.monotonic()))
     return stats
 
