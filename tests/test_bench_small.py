@@ -83,8 +83,11 @@ def test_review_reshares_a_two_stage_plan_as_a_user_edits_it(tmp_path):
     assert cli(["plan", str(root)]) == 0
     plan = root / "plan.yaml"
     head, _, stage = plan.read_text().partition("\n  - name: ")
-    fine = stage.replace('"coarse"', '"fine"', 1)
-    plan.write_text(head + "\n  - name: " + stage + "\n  - name: " + fine)  # as a refiner's
+    # The second stage a refiner (a plan is a whole-scan stage, then at most one refiner)
+    fine = stage.replace('"coarse"', '"fine"', 1).replace('"whole_scan"', '"refiner"')
+    fine = fine.replace("landmark_crops: 0.0", "landmark_crops: 1.0")
+    assert 'role: "refiner"' in fine and "landmark_crops: 1.0" in fine
+    plan.write_text(head + "\n  - name: " + stage + "\n  - name: " + fine)
     assert reshare(plan, 0.6) == "budget_share: 0.6\nbudget_share: 0.4"
     assert [s.budget_share for s in read_plan(plan)] == [0.6, 0.4]
     assert plan_state(plan) == "edited"

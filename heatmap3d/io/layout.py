@@ -11,13 +11,16 @@ on what a case is::
 Without ``split.json`` (the default name only: a split file named on purpose must be there)
 every case found under ``images/`` and ``landmarks/`` is a training case
 (:func:`dataset_split`): cross-validation (``--folds K``) pools every case, so such a
-dataset needs no split of its own.
+dataset needs no split of its own. Cases are the files directly in those folders: a
+subfolder holding scans or landmark files (but a DICOM series) is refused, not passed
+over, and so is a split file's key other than ``train``, ``val`` and ``test``.
 
 Every problem raises :class:`heatmap3d.errors.InputError` naming the path.
 """
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +35,7 @@ from heatmap3d.io.volumes import VOLUME_SUFFIXES
 __all__ = [
     "DEFAULT_SPLIT_FILE",
     "IMAGE_SUFFIXES",
+    "SPLIT_KEYS",
     "Case",
     "dataset_split",
     "find_cases",
@@ -47,6 +51,10 @@ __all__ = [
 
 DEFAULT_SPLIT_FILE = "split.json"
 """The split file's name when none is given (``--split-file``, ``data.split_file``)."""
+
+SPLIT_KEYS = ("train", "val", "test")
+"""The splits a split file may list: any other key (``"validation"``) is refused, since
+its cases would be used by nothing."""
 
 IMAGE_SUFFIXES = VOLUME_SUFFIXES
 """Image file suffixes, in order of precedence for :func:`find_image` (NIfTI first); a
@@ -67,10 +75,11 @@ def read_split(
 ) -> dict[str, list[str]]:
     """The case ids of each split, from ``root/split_file``, normalised and checked.
 
-    Every id must be one file name (:mod:`heatmap3d.io.case_ids`): an id such as
-    ``"../x"`` would read a case from outside the dataset and write its predictions
-    outside the run. InputError names the file (and the id) for anything wrong; with
-    ``on_bad``, a split's bad ids go to it instead (one error per split) and are left out.
+    Every key must be one of :data:`SPLIT_KEYS` and every id one file name
+    (:mod:`heatmap3d.io.case_ids`): an id such as ``"../x"`` would read a case from
+    outside the dataset and write its predictions outside the run. InputError names the
+    file (and the key or id) for anything wrong; with ``on_bad``, an unknown split or a
+    split's bad ids go to it instead (one error per split) and are left out.
     """
     path = Path(root) / split_file
     split = load_json(path, what="split file", hint="see data/README.md for the layout")
@@ -78,12 +87,39 @@ def read_split(
         raise InputError(f'{path}: expected {{"train": [case ids], "val": [case ids]}}')
     result = {}
     for name, ids in split.items():
-        result[str(name)], problem = sort_case_ids(path, name, ids)
+        problem = _unknown_split(path, str(name))
+        if problem is None:
+            result[str(name)], problem = sort_case_ids(path, name, ids)
         if problem is not None and on_bad is None:
             raise problem
         if problem is not None:
             on_bad(problem)
     return result
+
+
+def _unknown_split(path: Path, name: str) -> InputError | None:
+    """The error for a split ``name`` that is none of :data:`SPLIT_KEYS` (with the key it
+    most likely means), or None for one of them."""
+    if name in SPLIT_KEYS:
+        return None
+    meant = _meant_split(name)
+    hint = f" (did you mean {meant!r}?)" if meant else ""
+    keys = ", ".join(repr(k) for k in SPLIT_KEYS)
+    return InputError(
+        f"{path}: unknown split {name!r}{hint}; a split file takes the keys {keys} (cases "
+        "under any other key are used by nothing): rename the key"
+    )
+
+
+def _meant_split(name: str) -> str | None:
+    """The key of :data:`SPLIT_KEYS` that ``name`` most likely means: one it begins with
+    (``validation``, ``Training``, ``testing``), else a close spelling (``trian``)."""
+    lowered = name.strip().lower()
+    for key in SPLIT_KEYS:
+        if lowered.startswith(key) or (len(lowered) >= 2 and key.startswith(lowered)):
+            return key
+    close = difflib.get_close_matches(lowered, SPLIT_KEYS, n=1)
+    return close[0] if close else None
 
 
 def split_is_implicit(root: Path, split_file: str) -> bool:
@@ -105,11 +141,14 @@ def found_case_ids(root: Path, *, on_bad: Callable[[InputError], None] | None = 
     The union, so that a scan without a landmark file (or the reverse) becomes a case
     that ``heatmap3d check`` reports rather than one silently left out. Hidden files (a
     leading ``.``: macOS's ``._case001.csv``, editors' files) are no cases. A file name
-    that cannot be a case id (:func:`~heatmap3d.io.case_ids.case_id_problem`) raises
-    :class:`InputError` naming it, or goes to ``on_bad`` and is left out.
+    that cannot be a case id (:func:`~heatmap3d.io.case_ids.case_id_problem`), and a
+    subfolder holding scans or landmark files (cases are the files directly in
+    ``images/`` and ``landmarks/``; a DICOM series folder is one case), raise
+    :class:`InputError` naming it, or go to ``on_bad`` and are left out.
     """
     root = Path(root)
     named: dict[str, Path] = {}
+    subfolders: list[Path] = []
     images = root / "images"
     for path in _visible(images):
         suffix = next((s for s in IMAGE_SUFFIXES if path.name.endswith(s)), None)
@@ -117,11 +156,17 @@ def found_case_ids(root: Path, *, on_bad: Callable[[InputError], None] | None = 
             named.setdefault(path.name[: -len(suffix)], path)
         elif path.is_dir() and holds_dicom(path):
             named.setdefault(path.name, path)
+        elif path.is_dir():
+            subfolders.append(path)
     marks = root / "landmarks"
     for path in _visible(marks):
         case_id = landmark_case_id(path)
         if case_id is not None and path.is_file():
             named.setdefault(case_id, path)
+        elif path.is_dir():
+            subfolders.append(path)
+    for folder in subfolders:
+        _report(_subfolder_problem(folder), on_bad)
     ids = set()
     for name, path in named.items():
         case_id = normalise_case_id(name)  # as read_split does: one case, one spelling
@@ -129,14 +174,66 @@ def found_case_ids(root: Path, *, on_bad: Callable[[InputError], None] | None = 
         if problem is None:
             ids.add(case_id)
             continue
-        err = InputError(
-            f"{path}: this file name cannot name a case ({problem}); rename the file, or "
-            f"list the cases in {root / DEFAULT_SPLIT_FILE}"
+        _report(
+            InputError(
+                f"{path}: this file name cannot name a case ({problem}); rename the file, "
+                f"or list the cases in {root / DEFAULT_SPLIT_FILE}"
+            ),
+            on_bad,
         )
-        if on_bad is None:
-            raise err
-        on_bad(err)
     return sorted(ids)
+
+
+def _report(err: InputError | None, on_bad: Callable[[InputError], None] | None) -> None:
+    """Raise ``err``, or hand it to ``on_bad`` where given (nothing when it is None)."""
+    if err is None:
+        return
+    if on_bad is None:
+        raise err
+    on_bad(err)
+
+
+def _subfolder_problem(folder: Path) -> InputError | None:
+    """The error for ``folder``, a subfolder of ``images/`` or ``landmarks/`` that is no
+    DICOM series, when it holds what would be cases one level up (scans, DICOM series or
+    landmark files: left out, since cases are the files directly in those folders); None
+    when it holds none (a folder of notes is no one's case)."""
+    images = folder.parent.name == "images"
+    held = _case_files_in(folder, images)
+    if not held:
+        return None
+    kind = "scan(s)" if images else "landmark file(s)"
+    return InputError(
+        f"{folder}: a subfolder holding {len(held)} {kind} ({listed(held)}), not read: cases "
+        "are the files directly in images/ and landmarks/ (a DICOM series: its slices "
+        f"directly in images/<case>/); move them up into {folder.parent.name}/, or move the "
+        "subfolder out of the dataset"
+    )
+
+
+def _case_files_in(folder: Path, images: bool) -> list[str]:
+    """The names of the entries of ``folder`` that would be cases directly in its parent:
+    scan files then DICOM series folders (``images``), else landmark files, each in name
+    order, hidden ones aside; [] when ``folder`` cannot be listed (nothing to say about
+    what cannot be seen)."""
+    try:
+        entries = _visible(folder)
+    except InputError:
+        return []
+    if not images:
+        return [p.name for p in entries if landmark_case_id(p) is not None and p.is_file()]
+    scans = [p.name for p in entries if p.name.endswith(IMAGE_SUFFIXES) and p.is_file()]
+    series = [f"{p.name}/" for p in entries if _is_series(p)]
+    return scans + series
+
+
+def _is_series(path: Path) -> bool:
+    """Whether ``path`` is a folder holding a DICOM series; False where it cannot be
+    listed."""
+    try:
+        return path.is_dir() and holds_dicom(path)
+    except OSError:
+        return False
 
 
 def _visible(folder: Path) -> list[Path]:

@@ -3,8 +3,9 @@
 ``yaml.safe_dump`` cannot write comments, so the text is written here, one line per key
 with its reason as a comment; values are written as JSON, which YAML reads as flow
 style. :func:`read_plan` reads any YAML of the same shape (comments and edits welcome)
-and checks each stage's config against :mod:`heatmap3d.config`; :func:`stage_configs`
-turns the stages into full configs for the runner.
+and checks each stage's config against :mod:`heatmap3d.config`, the stages' roles (a
+whole-scan stage, then at most one refiner) and that their budget shares add up to at
+most the budget; :func:`stage_configs` turns the stages into full configs for the runner.
 
 A plan file the tool writes starts with a stamp line, ``# written by heatmap3d <version>;
 sha256 <hex>``, the hash of the text after that line. A plan whose text still matches
@@ -219,21 +220,75 @@ def check_plan_target(path: str | Path) -> None:
 
 def read_plan(path: str | Path) -> list[PlanStage]:
     """The stages of a plan file; :class:`InputError` naming the file for anything wrong
-    (not YAML, wrong shape, an unknown config key or a bad value in a stage)."""
+    (not YAML, wrong shape, an unknown config key or a bad value in a stage, stages that
+    training and prediction cannot run in that order (:func:`_check_roles`), budget shares
+    that add up to more than the budget (:func:`_check_shares`))."""
     path = Path(path)
     # load_yaml: a FIFO, a folder, a key given twice, text that is not YAML: one line
     raw = load_yaml(path, what="plan file")
     stages = raw.get("stages") if isinstance(raw, dict) else None
     if not isinstance(stages, list) or not stages:
         raise InputError(f"{path}: a plan is a mapping with a non-empty 'stages' list")
-    result = [_read_stage(path, i, s) for i, s in enumerate(stages)]
+    read = [_read_stage(path, i, s) for i, s in enumerate(stages)]
+    result = [stage for stage, _ in read]
     names = [s.name for s in result]
     if len(set(names)) != len(names):
         raise InputError(f"{path}: stage names must differ, got {names}")
+    # Checked here, before any stage trains: training runs every stage it is given, and
+    # only the model folder's prediction (after them all) finds the cascade it cannot run.
+    _check_roles(path, [(stage.name, role) for stage, role in read])
+    _check_shares(path, result)
     return result
 
 
-def _read_stage(path: Path, index: int, raw: Any) -> PlanStage:
+_PLAN_SHAPE = (
+    "a plan is one whole-scan stage (model.role whole_scan, the default), then at most one "
+    "refiner stage (model.role refiner)"
+)
+"""The stages training and prediction run (:class:`~heatmap3d.inference.refine.Cascade`:
+a coarse model, then a refinement model), in words for messages."""
+
+_WITH = {"refiner": " (with data.landmark_crops: 1)"}  # what a refiner needs beside its role
+
+_SHARE_SLACK = 1e-6  # shares written by hand (0.3 + 0.7) may add up to 1 + a rounding error
+
+
+def _check_roles(path: Path, roles: list[tuple[str, str]]) -> None:
+    """InputError naming ``path`` and the stage, unless ``roles`` ((name, model.role) of
+    each stage, in order) is ``whole_scan`` alone or ``whole_scan`` then ``refiner``."""
+    for index, (name, role) in enumerate(roles):
+        wanted = "whole_scan" if index == 0 else "refiner"
+        if role != wanted:
+            raise InputError(
+                f"{path}: stage {index + 1} ({name}) has model.role {role}; {_PLAN_SHAPE}: "
+                f"set model.role: {wanted}{_WITH.get(wanted, '')} in its config, or remove "
+                "the stage"
+            )
+    if len(roles) > 2:
+        names = ", ".join(name for name, _ in roles)
+        raise InputError(
+            f"{path}: {len(roles)} stages ({names}); {_PLAN_SHAPE} (prediction runs a "
+            "coarse model and one refinement model): remove the stages after the second"
+        )
+
+
+def _check_shares(path: Path, stages: list[PlanStage]) -> None:
+    """InputError naming ``path`` and each stage's share when the shares of the budget add
+    up to more than 1 (the budget, in minutes, is the whole plan's: each stage trains
+    ``budget x budget_share`` minutes)."""
+    total = math.fsum(s.budget_share for s in stages)
+    if total <= 1 + _SHARE_SLACK:
+        return
+    shares = ", ".join(f"{s.name} {s.budget_share:g}" for s in stages)
+    raise InputError(
+        f"{path}: the stages' budget_share values add up to {total:g} ({shares}); the budget "
+        "is the total training time, split between the stages: make them add up to 1 or less"
+    )
+
+
+def _read_stage(path: Path, index: int, raw: Any) -> tuple[PlanStage, str]:
+    """Stage ``index`` (from 0) of the plan file ``path``, checked, and its ``model.role``
+    (the default where its config sets none)."""
     where = f"{path}: stage {index + 1}"
     if not isinstance(raw, dict) or set(raw) - _STAGE_KEYS or "name" not in raw:
         raise InputError(f"{where}: expected keys {sorted(_STAGE_KEYS)} (name required)")
@@ -249,8 +304,8 @@ def _read_stage(path: Path, index: int, raw: Any) -> PlanStage:
         )
     if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0 < share <= 1:
         raise InputError(f"{where} ({name}): budget_share must be a number in (0, 1]")
-    from_dict(config, source=f"{path} (stage {name})")  # unknown keys, types, values
-    return PlanStage(name, float(share), config)
+    checked = from_dict(config, source=f"{path} (stage {name})")  # unknown keys, types, values
+    return PlanStage(name, float(share), config), checked.model.role
 
 
 def stage_configs(
