@@ -156,8 +156,12 @@ def test_an_earlier_training_run_is_kept_unless_replace(tmp_path):
     with raises_naming(run, "earlier run", "--resume", "--overwrite"):
         claim_run_dir(Destination(tmp_path / "runs").sub("demo"))
     assert (run / "best.pt").read_bytes() == b"best"
+    events = run / "events.out.tfevents.1764000000.host.123.0"
+    events.write_bytes(b"earlier curves")
     claim_run_dir(Destination(tmp_path / "runs", replace=True).sub("demo"))
     assert not (run / "best.pt").exists() and (run / "notes.txt").read_text() == "mine"
+    # The earlier run's curves go with it: TensorBoard drew both runs as one.
+    assert not events.exists()
     claim_run_dir(Destination(run))  # nothing earlier now: a fresh run may start
 
 

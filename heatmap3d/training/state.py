@@ -191,8 +191,8 @@ def check_run_dir(run_dir: Path) -> None:
 
 def claim_run_dir(run: Destination) -> None:
     """Refuse to start a fresh run over an earlier run's checkpoints in the run folder;
-    ``run.replace`` (``--overwrite``) removes them instead. Global rank 0 decides (it alone
-    writes the run folder).
+    ``run.replace`` (``--overwrite``) removes them (and that run's TensorBoard events)
+    instead. Global rank 0 decides (it alone writes the run folder).
 
     Without this, a new run with the same ``train.name`` would replace a better ``best.pt``
     by a worse one without a word.
@@ -206,9 +206,14 @@ def claim_run_dir(run: Destination) -> None:
             f"({', '.join(p.name for p in earlier)}); continue it with --resume, choose "
             "another train.name, or replace it with --overwrite"
         )
-    for path in earlier:
+    # The earlier run's TensorBoard events go with its checkpoints: left, TensorBoard
+    # draws both runs' curves as one run's.
+    events = [p for p in run.folder.glob("events.out.tfevents.*") if p.is_file()]
+    for path in [*earlier, *events]:
         path.unlink()
-    log.info(f"overwrite: removed {', '.join(str(p) for p in earlier)}")
+    said = ", ".join(str(p) for p in earlier)
+    more = f" and {len(events)} TensorBoard event file(s)" if events else ""
+    log.info(f"overwrite: removed {said}{more}")
 
 
 def _fit_gradients_to_buckets(model: torch.nn.Module) -> None:
