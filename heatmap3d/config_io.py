@@ -2,8 +2,9 @@
 or from the plain dicts a checkpoint stores, and back.
 
 Unknown keys are errors (a typo such as ``train.epoch=50`` must not be silently ignored),
-so is a key given twice in a file (:mod:`heatmap3d.io.yaml_file`, the one YAML reader) or
-on the command line, and values are checked against the field's type. Values read as
+so is a key given twice in a file (:mod:`heatmap3d.io.yaml_file`, the one YAML reader); one
+given twice on the command line takes the last value and says so. Values are checked
+against the field's type. Values read as
 YAML 1.2 reads them (``1e-4`` a float, ``no`` and ``ON`` text); a key that takes text gets
 a number's text as written (a landmark ``08`` stays ``08``), and one given a boolean or
 null is refused saying how to quote it. The resolved config is stored in every checkpoint
@@ -26,6 +27,9 @@ from heatmap3d.config import Config
 from heatmap3d.config_checks import ConfigValueError, check_run_config
 from heatmap3d.errors import InputError
 from heatmap3d.io.yaml_file import load_yaml, parse_yaml
+from heatmap3d.log import get_logger
+
+log = get_logger(__name__)
 
 
 def to_dict(cfg: Config) -> dict[str, Any]:
@@ -55,9 +59,10 @@ def load_config(
 
     Overrides are ``section.key=value`` strings; the value is parsed as YAML, so
     ``train.epochs=50``, ``data.spacing=[2,2,2]`` and ``train.amp=false`` all work. A key
-    given twice among them is refused. A config read here is one a run is about to use,
-    so it gets the checks a checkpoint's stored config (:func:`from_dict`) is spared
-    (:func:`~heatmap3d.config_checks.check_run_config`: a missing prior file, one line).
+    given twice among them takes the last value, said in a note. A config read here is
+    one a run is about to use, so it gets the checks a checkpoint's stored config
+    (:func:`from_dict`) is spared (:func:`~heatmap3d.config_checks.check_run_config`: a
+    missing prior file, one line).
     ``for_plan``: the overrides go on top of a plan's stages (``heatmap3d train DATA``),
     which may hold what they lack (``augment.anatomy_prior``): only the prior files they
     name are checked here, and each stage's config whole once made.
@@ -72,7 +77,7 @@ def load_config(
         if not isinstance(raw, dict):
             raise InputError(f"{path}: a config must be a mapping of sections")
     items = override_list(overrides)
-    refuse_repeated(items)
+    note_repeated(items)
     for item in items:
         apply_override(raw, item)
     cfg = from_dict(raw, source=source)
@@ -100,20 +105,20 @@ def _split_override(item: str) -> tuple[list[str], str]:
     return parts, value
 
 
-def refuse_repeated(overrides: Sequence[str]) -> None:
-    """InputError (one line, naming the key and both values) when two of ``overrides`` set
-    the same ``section.key``: the last would win without a word, where a key given twice in
-    a YAML file is refused too."""
+def note_repeated(overrides: Sequence[str]) -> None:
+    """Say (one line each) a ``section.key`` that ``overrides`` set twice to different
+    values: the last wins, as on any command line (a job script's base overrides, then the
+    one it changes), but not without a word."""
     seen: dict[str, str] = {}
     for item in overrides:
         parts, value = _split_override(item)
-        dotted = ".".join(p.strip() for p in parts)
-        if dotted in seen:
-            raise InputError(
-                f"override {dotted} given twice ({_shown(seen[dotted])} and "
-                f"{_shown(value.strip())}); give it once"
+        dotted, value = ".".join(p.strip() for p in parts), value.strip()
+        if dotted in seen and seen[dotted] != value:
+            log.info(
+                f"note: override {dotted} given twice ({_shown(seen[dotted])} and "
+                f"{_shown(value)}): the last is used"
             )
-        seen[dotted] = value.strip()
+        seen[dotted] = value
 
 
 def sets_key(overrides: Sequence[str], dotted: str) -> bool:
