@@ -836,3 +836,15 @@ def test_training_names_data_landmarks_as_where_its_set_came_from(data):
 def read_manifest_names(root: Path) -> list[str]:
     """The dataset's landmark names, as check finds them."""
     return check_dataset(root).names
+
+
+def test_without_a_split_file_a_scan_of_a_format_not_read_is_named(data, capsys):
+    """A MINC scan among the NIfTIs: every file of images/ is a case, and this one was
+    passed over without a word ("5 cases, 0 errors"), as predict names such files."""
+    (data / "split.json").unlink()
+    (data / "images" / "case005.mnc").write_bytes(b"CDF\x01minc")
+    (data / "images" / "README.txt").write_text("notes")  # a document: no scan
+    status, out = check(data, capsys)
+    assert status == 0, out
+    (line,) = lines_about(out, data / "images", "warning")
+    assert "1 file(s) here are no scan heatmap3d reads, left out: case005.mnc" in line, line

@@ -283,3 +283,19 @@ def test_ctrl_c_after_training_says_how_to_finish(phantoms, copy_of, tmp_path, c
     monkeypatch.setattr(stages, "finish_model_folder", finish)
     assert main([*args, "--resume"]) == 0
     assert (tmp_path / "runs" / "data" / "model.json").is_file()
+
+
+def test_a_role_given_on_the_command_line_is_checked_as_the_plans_are(phantoms, copy_of, tmp_path):
+    """``model.role=refiner data.landmark_crops=1`` over a one-stage plan made its only stage
+    a refiner: the plan file's check had passed, and the run failed after training."""
+    from heatmap3d.errors import InputError
+
+    data = copy_of(phantoms(n_train=2, n_val=1, seed=1))
+    overrides = [f"train.out_dir={tmp_path / 'runs'}", "model.role=refiner"]
+    overrides.append("data.landmark_crops=1")  # what a refiner needs: it passes the config's
+    world = DistInfo(0, 0, 1, 1, torch.device("cpu"))
+    with pytest.raises(InputError, match=r"^model.role=refiner given on the command line over"):
+        _planned_stages(
+            data, None, overrides, load_config(None, overrides), world,
+            out=Destination(tmp_path / "runs"),
+        )  # fmt: skip

@@ -75,6 +75,7 @@ from heatmap3d.errors import InputError
 from heatmap3d.geometry import Volume
 from heatmap3d.io.landmarks import Landmarks, read_landmarks
 from heatmap3d.io.layout import Case, dataset_split, no_validation, split_is_implicit
+from heatmap3d.io.scan_paths import files_left_out
 from heatmap3d.io.volumes import load_volume
 
 __all__ = [
@@ -235,6 +236,9 @@ def _check_split(path: Path, report: Collector) -> dict[str, list[str]]:
     except InputError as err:
         report.input_error(named_path(err) if implicit else path, err)
         return {}
+    if implicit:  # every file of images/ is a case: one of a format not read is lost
+        for line in files_left_out([root / "images"]):
+            report.warning(root / "images", line.split(": ", 1)[1])
     if not split.get("train"):
         state = "empty" if "train" in split else "missing"
         report.error(path, f"split 'train' is {state}; training needs training cases")

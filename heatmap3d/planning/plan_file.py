@@ -45,6 +45,7 @@ from heatmap3d.planning.plan import Plan
 __all__ = [
     "PlanStage",
     "check_plan_target",
+    "check_roles",
     "is_our_plan",
     "plan_state",
     "plan_text",
@@ -221,7 +222,7 @@ def check_plan_target(path: str | Path) -> None:
 def read_plan(path: str | Path) -> list[PlanStage]:
     """The stages of a plan file; :class:`InputError` naming the file for anything wrong
     (not YAML, wrong shape, an unknown config key or a bad value in a stage, stages that
-    training and prediction cannot run in that order (:func:`_check_roles`), budget shares
+    training and prediction cannot run in that order (:func:`check_roles`), budget shares
     that add up to more than the budget (:func:`_check_shares`))."""
     path = Path(path)
     # load_yaml: a FIFO, a folder, a key given twice, text that is not YAML: one line
@@ -236,7 +237,7 @@ def read_plan(path: str | Path) -> list[PlanStage]:
         raise InputError(f"{path}: stage names must differ, got {names}")
     # Checked here, before any stage trains: training runs every stage it is given, and
     # only the model folder's prediction (after them all) finds the cascade it cannot run.
-    _check_roles(path, [(stage.name, role) for stage, role in read])
+    check_roles(path, [(stage.name, role) for stage, role in read])
     _check_shares(path, result)
     return result
 
@@ -253,7 +254,7 @@ _WITH = {"refiner": " (with data.landmark_crops: 1)"}  # what a refiner needs be
 _SHARE_SLACK = 1e-6  # shares written by hand (0.3 + 0.7) may add up to 1 + a rounding error
 
 
-def _check_roles(path: Path, roles: list[tuple[str, str]]) -> None:
+def check_roles(path: Path | str, roles: list[tuple[str, str]]) -> None:
     """InputError naming ``path`` and the stage, unless ``roles`` ((name, model.role) of
     each stage, in order) is ``whole_scan`` alone or ``whole_scan`` then ``refiner``."""
     for index, (name, role) in enumerate(roles):

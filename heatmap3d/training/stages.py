@@ -34,6 +34,7 @@ from heatmap3d.planning.from_model import open_model, plan_from_model
 from heatmap3d.planning.plan import make_plan
 from heatmap3d.planning.plan_file import (
     check_plan_target,
+    check_roles,
     read_plan,
     stage_configs,
     write_plan,
@@ -179,6 +180,9 @@ def _planned_stages(
     )
     for _, cfg in configs:  # e.g. augment.anatomy given, its prior in neither the plan nor them
         check_run_config(cfg)
+    if sets_key(overrides, "model.role"):  # it sets every stage's: the plan's check saw none
+        over = f"model.role={configs[0][1].model.role} given on the command line over {plan}"
+        check_roles(over, [(name, cfg.model.role) for name, cfg in configs])
     if Path(plan).resolve() != record.resolve():
         # The record from the start, not only after training: a resumed run goes on by it,
         # whatever the dataset's plan.yaml says by then.
