@@ -158,22 +158,7 @@ def _planned_stages(
     if resume and record.is_file():
         plan = _resumed_plan(given, plan, record)  # the plan it started with, not a new one
     if plan is None:
-        fp = fingerprint_dataset(
-            root, split_file=base.data.split_file, nifti_frame=base.data.nifti_frame or None
-        )
-        log.info(fp.summary())
-        device = world.device.type
-        if source is None:
-            new_plan = make_plan(fp, device=device)
-            for note in new_plan.notes:  # the plan file holds it too, unread by many
-                if note.startswith(packaged_models.NOTE):
-                    log.info(f"note: {note}")
-        else:
-            new_plan = plan_from_model(source, fp, device=device)
-        plan = record
-        model_dir.mkdir(parents=True, exist_ok=True)
-        write_plan(plan, new_plan, fp)
-        log.info(f"plan: wrote {plan}")
+        plan = _new_plan(root, base, world, source, record)
     budget = plan_budget(overrides, base)
     configs = stage_configs(
         read_plan(plan), data_root=root, overrides=overrides, budget_minutes=budget
@@ -189,6 +174,29 @@ def _planned_stages(
         model_dir.mkdir(parents=True, exist_ok=True)
         write_plan_copy(record, plan)
     return configs, model, plan
+
+
+def _new_plan(
+    root: Path, base: Config, world: DistInfo, source: ModelFolder | None, record: Path
+) -> Path:
+    """Plan the dataset ``root`` (from the model ``source`` when fine-tuning) into the
+    model folder's ``record``, which it returns."""
+    fp = fingerprint_dataset(
+        root, split_file=base.data.split_file, nifti_frame=base.data.nifti_frame or None
+    )
+    log.info(fp.summary())
+    device = world.device.type
+    if source is None:
+        new_plan = make_plan(fp, device=device)
+        for note in new_plan.notes:  # the plan file holds it too, unread by many
+            if note.startswith(packaged_models.NOTE):
+                log.info(f"note: {note}")
+    else:
+        new_plan = plan_from_model(source, fp, device=device)
+    record.parent.mkdir(parents=True, exist_ok=True)
+    write_plan(record, new_plan, fp)
+    log.info(f"plan: wrote {record}")
+    return record
 
 
 def _resumed_plan(given: Path | None, found: Path | None, record: Path) -> Path:
