@@ -30,6 +30,17 @@ def raises_naming(path: Path, *fragments: str):
     return _Check()
 
 
+def refused(call, *words: str) -> str:
+    """``call()`` must raise one InputError line holding every one of ``words``; the line."""
+    with pytest.raises(InputError) as caught:
+        call()
+    message = str(caught.value)
+    assert message and "\n" not in message, message
+    for word in words:
+        assert word in message, message
+    return message
+
+
 def table_rows(path: Path) -> list[dict[str, str]]:
     """The rows of a prediction CSV: its table under the ``#`` lines (the coordinate
     system, then the notes on what the radii and the shape check rest on)."""

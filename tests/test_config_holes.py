@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from assertions import one_error, run
+from assertions import one_error, refused, run
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -44,17 +44,6 @@ FAST = settings(
     database=None,  # no .hypothesis/ folder in the checkout; failures print their example
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
-
-
-def refused(call, *words: str) -> str:
-    """``call()`` must raise one InputError line holding every one of ``words``."""
-    with pytest.raises(InputError) as caught:
-        call()
-    message = str(caught.value)
-    assert message and "\n" not in message, message
-    for word in words:
-        assert word in message, message
-    return message
 
 
 def snapshot(root: Path) -> dict[Path, bytes]:

@@ -17,28 +17,15 @@ from typing import Any
 
 import pytest
 import torch
-from assertions import one_error
+from assertions import one_error, refused
 
 from heatmap3d import distributed
 from heatmap3d.config import ModelConfig
 from heatmap3d.config_io import load_config
 from heatmap3d.distributed import DistInfo
-from heatmap3d.errors import InputError
 from heatmap3d.io.destination import Destination
 from heatmap3d.model import build_model
 from heatmap3d.training.stages import _planned_stages
-
-
-def refused(call: Any, *words: str) -> str:
-    """``call()`` must raise one InputError line holding every one of ``words``."""
-    with pytest.raises(InputError) as caught:
-        call()
-    message = str(caught.value)
-    assert message and "\n" not in message, message
-    for word in words:
-        assert word in message, message
-    return message
-
 
 # --------------------------------------------------------------------------------------
 # train.epochs on a dataset

@@ -16,9 +16,9 @@ from typing import Any
 
 import pytest
 import yaml
+from assertions import refused
 
 from heatmap3d.config_io import load_config, to_dict
-from heatmap3d.errors import InputError
 
 # (override, section, key, the value it gives)
 AS_WRITTEN = [
@@ -32,17 +32,6 @@ AS_WRITTEN = [
     ("train.epochs=010", "train", "epochs", 10),  # YAML 1.2: decimal, not octal 8
     ("train.seed=0o17", "train", "seed", 15),
 ]
-
-
-def refused(call: Any, *words: str) -> str:
-    """``call()`` must raise one InputError line holding every one of ``words``."""
-    with pytest.raises(InputError) as caught:
-        call()
-    message = str(caught.value)
-    assert message and "\n" not in message, message
-    for word in words:
-        assert word in message, message
-    return message
 
 
 @pytest.mark.parametrize("override, section, key, value", AS_WRITTEN)
